@@ -1,0 +1,97 @@
+"""The `gpuprov` command line: a thin click group whose subcommands load lazily.
+
+Each subcommand lives in `gpuprov/commands/<name>.py` and is imported only when it runs, so
+`gpuprov plan` does not pay for what `gpuprov generate` imports (pipelines call it often).
+Known errors (GpuprovError) become one line on stderr and exit 2 (drift: 1), never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from gpuprov import __version__
+from gpuprov.errors import GpuprovError
+
+# name -> (module, attribute, one-line help shown in `gpuprov --help` without importing it)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "estimate": ("gpuprov.commands.estimate", "estimate", "Per-GPU peak memory of one training setup, term by term."),
+    "models": ("gpuprov.commands.catalogs", "models", "List the model presets."),
+    "gpus": ("gpuprov.commands.catalogs", "gpus", "List the GPU catalog."),
+    "instances": ("gpuprov.commands.catalogs", "instances", "List cloud instance types and on-prem server templates."),
+    "plan": ("gpuprov.commands.plan", "plan", "Choose GPU type, instance, nodes and sharding for the cheapest run that fits."),
+    "explain": ("gpuprov.commands.plan", "explain", "Show the arithmetic behind a plan, term by term."),
+    "generate": ("gpuprov.commands.generate", "generate", "Write the bundle: Terraform, Ansible, launch scripts, README."),
+    "init": ("gpuprov.commands.generate", "init", "Write a commented starter spec (gpuprov.yaml)."),
+    "schema": ("gpuprov.commands.generate", "schema", "Print the spec's JSON Schema."),
+    "check": ("gpuprov.commands.gitops", "check", "Regenerate a bundle from its lock and report drift (exit 1)."),
+    "validate": ("gpuprov.commands.gitops", "validate", "Run Terraform, Ansible and shell checks on a bundle."),
+    "up": ("gpuprov.commands.up", "up", "Bring a bundle's cluster up: terraform, inventory, ansible, health check."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module_name, attr, _ = COMMANDS[cmd_name]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                return _not_yet(cmd_name)
+            raise
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _not_yet(name: str) -> click.Command:
+    @click.command(name=name, help=COMMANDS[name][2])
+    def missing() -> None:
+        raise GpuprovError(f"'{name}' is not available in this build of gpuprov")
+
+    return missing
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuprov")
+def cli() -> None:
+    """Work backwards from a model to a GPU cluster that can train it.
+
+    \b
+    Typical flow:
+      gpuprov estimate --model llama-3.1-8b --gpu h100-80gb --gpus 8   # memory per GPU
+      gpuprov plan --model 70b --tokens 20B                            # cheapest cluster
+      gpuprov generate --model 70b -o infra/                           # Terraform+Ansible+launch
+    Exit codes: 0 ok, 1 drift or failed check, 2 input that cannot be served.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
+    except GpuprovError as exc:
+        click.echo(f"gpuprov: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpuprov: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if exc.exit_code not in (0, 1) else exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("gpuprov: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)

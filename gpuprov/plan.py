@@ -1,0 +1,216 @@
+"""The Plan: the one input of every renderer (Terraform, Ansible, launch, report).
+
+The planner fills it; renderers only read it and decide nothing (DESIGN.md). Serialised as
+`plan.json` in the bundle with `Plan.model_dump_json(indent=2)`; `Plan.model_validate_json`
+reads it back. Bytes are integers; bandwidths say their unit in the field name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuprov.spec import HostEntry, TrainingSpec
+
+PLAN_SCHEMA_VERSION = 1
+
+FabricName = Literal["efa", "infiniband", "roce", "tcpxo", "ethernet", "none"]
+CloudName = Literal["aws", "gcp", "azure", "oci", "onprem"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelInfo(_Strict):
+    name: str  # preset slug, or the config.json path the user gave
+    display_name: str  # e.g. "Llama 3.1 70B"
+    hf_model_type: str  # llama, mistral, mixtral, qwen2, gemma2
+    params: int
+    trainable_params: int
+    hf_config: dict  # the config.json the trainer builds the model from (AutoConfig.for_model)
+    source: str
+
+
+class GpuInfo(_Strict):
+    slug: str
+    name: str
+    architecture: str  # ampere, ada, hopper, blackwell
+    memory_bytes: int  # usable as the driver reports it
+    bf16_tflops: float  # dense
+    fp8_tflops: float | None
+    nvlink_gbytes_per_s: float | None  # per GPU, one direction; None = PCIe only
+    pcie_gen: int
+    source: str
+
+
+class Memory(_Strict):
+    per_gpu_bytes: int
+    breakdown: dict[str, int]
+    model_states_bytes: int  # weights + grads + optimizer (+ fp32 master), all GPUs
+    rule_of_thumb_bytes: int  # the 18 bytes/param rule, for comparison
+    gpu_memory_bytes: int
+    safety_margin: float
+    fits: bool
+    headroom_bytes: int  # gpu_memory_bytes * (1 - margin) - per_gpu_bytes
+    assumptions: list[str]
+
+
+class InstanceInfo(_Strict):
+    cloud: CloudName
+    name: str  # instance/machine type, or on-prem template name
+    region: str | None
+    gpus: int
+    vcpus: int
+    ram_bytes: int
+    local_nvme_count: int
+    local_nvme_bytes_each: int
+    network_cards: int  # AWS: maximum network cards (one EFA interface each); others: fabric NICs
+    efa_interfaces: int  # AWS only; 0 elsewhere
+    nvswitch: bool  # HGX baseboard: needs nvidia-fabricmanager
+    pcie_gen: int
+    price_per_hour_usd: float | None  # None for on-prem
+    price_date: str | None
+    source: str
+
+
+class FabricInfo(_Strict):
+    """The node-to-node fabric and the one NCCL environment for it (Ansible and env.sh both read it)."""
+
+    name: FabricName
+    gbps_per_gpu: float  # Gb/s of fabric per GPU
+    nccl_env: dict[str, str]  # variables to export, exactly as NCCL/libfabric read them
+    nccl_env_profile: str | None = None  # a vendor script to source first (GCP gIB / TCPXO)
+    hcas: list[str] = Field(default_factory=list)  # InfiniBand/RoCE HCA names, where fixed
+    subnet_manager: Literal["managed", "opensm", "none"] = "none"
+    mtu: int | None = None
+    source: str
+
+
+class Cluster(_Strict):
+    cloud: CloudName
+    region: str | None
+    instance_type: str
+    gpu: str  # slug
+    gpus_per_node: int
+    nodes: int
+    total_gpus: int
+    sharding: Literal["none", "ddp", "zero1", "zero2", "fsdp", "hsdp"]
+    shard_group: int  # GPUs one model replica is sharded over (fsdp: total_gpus; ddp: 1)
+    replicate: int  # total_gpus // shard_group
+    activation_checkpointing: Literal["none", "selective", "full"]
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    global_batch_tokens: int  # micro_batch * seq_len * grad_accum * (total_gpus / model-parallel)
+    precision: str
+    optimizer: str
+    offload: str
+
+
+class Training(_Strict):
+    task: Literal["full", "lora", "qlora"]
+    lora_rank: int | None
+    lora_alpha: int | None
+    lora_targets: list[str]
+    tokens: int
+    steps: int
+    learning_rate: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    checkpoint_every_steps: int
+    log_every_steps: int
+
+
+class Throughput(_Strict):
+    tokens_per_s: float  # whole cluster
+    mfu: float  # model FLOPs utilisation the estimate implies (6N + attention, no recompute)
+    mfu_assumed: float  # the per-GPU-class assumption it starts from
+    mfu_source: str
+    flops_per_token: float  # model FLOPs (6N + attention), what MFU counts
+    step_time_s: float
+    compute_time_s: float
+    comm_time_s: float  # exposed (not overlapped) communication per step
+    bound: Literal["compute", "communication"]
+
+
+class HostCheck(_Strict):
+    rule: str
+    required: str
+    actual: str
+    ok: bool
+    source: str
+
+
+class Host(_Strict):
+    ram_bytes_required: int
+    cpu_cores_required: int
+    nvme_bytes_required: int
+    checkpoint_bytes: int  # one full-state checkpoint
+    checkpoints_kept: int
+    checks: list[HostCheck]
+    bill_of_materials: list[str] | None = None  # on-prem only
+
+
+class Software(_Strict):
+    os: list[str]  # supported images, e.g. ["ubuntu-22.04", "ubuntu-24.04"]
+    driver_branch: str  # e.g. "570"
+    open_kernel_modules: bool
+    cuda_version: str  # e.g. "12.8"
+    nccl_version: str  # e.g. "2.26.2-1+cuda12.8"
+    fabric_manager: bool
+    efa_installer_version: str | None
+    gds: bool
+    source: str
+
+
+class Storage(_Strict):
+    mount_point: str
+    raid_name: str  # mdadm array name: /dev/md/<raid_name>
+    device_glob: str | None  # where this cloud's local NVMe drives appear; None = discover from facts
+    devices: int
+    expected_bytes: int  # array size, before filesystem overhead
+    filesystem: Literal["xfs"] = "xfs"
+
+
+class Health(_Strict):
+    nccl_allreduce_busbw_gbytes_per_s: float | None  # minimum on one node; None = no threshold
+    source: str
+
+
+class Alternative(_Strict):
+    cloud: str
+    instance_type: str
+    gpu: str
+    nodes: int
+    total_gpus: int
+    sharding: str
+    time_hours: float | None
+    cost_usd: float | None
+    reason: str  # why it lost: too small, slower, dearer, over deadline
+
+
+class Plan(_Strict):
+    schema_version: int = PLAN_SCHEMA_VERSION
+    gpuprov_version: str
+    spec: TrainingSpec
+    model: ModelInfo
+    task: Literal["full", "lora", "qlora"]
+    gpu: GpuInfo
+    instance: InstanceInfo
+    fabric: FabricInfo
+    cluster: Cluster
+    training: Training
+    memory: Memory
+    throughput: Throughput
+    time_hours: float
+    cost_usd: float | None
+    host: Host
+    software: Software
+    storage: Storage
+    health: Health
+    hosts: list[HostEntry] | None = None  # on-prem inventory
+    alternatives: list[Alternative] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # e.g. where the rule of thumb is wrong

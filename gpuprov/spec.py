@@ -1,0 +1,55 @@
+"""The user's training spec: what `gpuprov plan`/`generate` take from flags or gpuprov.yaml.
+
+One pydantic model is the single definition: the CLI flags, the YAML file and `gpuprov schema`
+(JSON Schema) all come from it. Unknown keys are errors (a typo must not be ignored silently).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from gpuprov.sizing.types import ActivationCheckpointing, Offload, Optimizer, Precision, Task
+
+Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
+Objective = Literal["cost", "time", "gpus"]
+
+
+class HostEntry(BaseModel):
+    """An on-prem host the user owns (from `--hosts FILE`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    address: str = Field(min_length=1)
+    user: str | None = None
+
+
+class TrainingSpec(BaseModel):
+    """What to train and under which constraints; the planner decides everything else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b) or path to a Hugging Face config.json")
+    task: Task = Field("full", description="full fine-tune / pre-train, LoRA or QLoRA")
+    seq_len: PositiveInt = Field(4096, description="Tokens per sample")
+    global_batch_tokens: PositiveInt = Field(4_194_304, description="Tokens per optimizer step, all GPUs")
+    tokens: PositiveInt = Field(10_000_000_000, description="Training tokens to process in the run")
+    deadline_hours: float | None = Field(None, gt=0, description="Finish within this many hours")
+    budget_usd: float | None = Field(None, gt=0, description="Spend at most this much")
+    cloud: Cloud = Field("any", description="Where to run; 'any' compares all clouds")
+    region: str | None = Field(None, description="Cloud region (default: the catalog's priced region)")
+    gpus: list[str] | None = Field(None, description="Allowed GPU types (slugs); default all")
+    max_nodes: PositiveInt = Field(32, description="Largest node count to consider")
+    objective: Objective = Field("cost", description="Rank by cost to train, time, or GPU count")
+    precision: Precision = "bf16-mixed"
+    optimizer: Optimizer = "adamw"
+    offload: Offload = "none"
+    lora_rank: PositiveInt = 16
+    lora_targets: list[str] | str = Field("all-linear", description="qv, attention, all-linear or module names")
+    safety_margin: float = Field(0.10, ge=0, lt=0.9, description="Fraction of GPU memory kept free")
+    hosts: list[HostEntry] | None = Field(None, description="On-prem hosts (cloud: onprem)")
+    ssh_cidr: str | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
+    capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
+    reservation: str | None = Field(None, description="GCP reservation name")

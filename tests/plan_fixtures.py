@@ -1,0 +1,104 @@
+"""Hand-built sample Plans, one per cloud, for renderer tests that must not depend on the planner.
+
+The numbers are plausible but this is test data, not a source of truth: the catalogs are. Tests
+that check real output use `gpuprov.planner` plans as well.
+"""
+
+from __future__ import annotations
+
+from gpuprov import __version__
+from gpuprov.plan import (
+    Cluster, FabricInfo, GpuInfo, Health, Host, HostCheck, InstanceInfo, Memory, ModelInfo, Plan,
+    Software, Storage, Throughput, Training,
+)
+from gpuprov.spec import HostEntry, TrainingSpec
+
+GiB = 2**30
+TINY_LLAMA_CONFIG = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 172, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+_SHAPES = {
+    # cloud: (instance, gpu slug, region, nvme count, nvme bytes, cards, efa, fabric, gbps, price)
+    "aws": ("p5.48xlarge", "h100-80gb", "us-east-1", 8, 3_840_000_000_000, 32, 32, "efa", 400.0, 98.32),
+    "gcp": ("a3-megagpu-8g", "h100-80gb", "us-central1", 16, 375_000_000_000, 8, 0, "tcpxo", 200.0, 88.25),
+    "azure": ("Standard_ND96isr_H100_v5", "h100-80gb", "eastus", 8, 3_500_000_000_000, 8, 0, "infiniband", 400.0, 98.32),
+    "oci": ("BM.GPU.H100.8", "h100-80gb", "us-ashburn-1", 16, 3_840_000_000_000, 16, 0, "infiniband", 400.0, 80.0),
+    "onprem": ("hgx-h100-8", "h100-80gb", None, 8, 3_840_000_000_000, 8, 0, "infiniband", 400.0, None),
+}
+
+_NCCL_ENV = {
+    "efa": {"FI_EFA_USE_HUGE_PAGE": "0"},
+    "tcpxo": {"NCCL_FASTRAK_USE_SNAP": "1"},
+    "infiniband": {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_IB_GID_INDEX": "3"},
+}
+
+
+def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task: str = "full") -> Plan:
+    instance, gpu_slug, region, nvme_n, nvme_b, cards, efa, fabric, gbps, price = _SHAPES[cloud]
+    gpus_per_node = 8
+    total = nodes * gpus_per_node
+    shard_group = gpus_per_node if sharding == "hsdp" else (1 if sharding in ("ddp", "none") else total)
+    spec = TrainingSpec(model="llama-3.1-8b", task=task, cloud=cloud,
+                        hosts=[HostEntry(name=f"gpu{i}", address=f"10.0.0.{10 + i}") for i in range(nodes)]
+                        if cloud == "onprem" else None)
+    return Plan(
+        gpuprov_version=__version__,
+        spec=spec,
+        model=ModelInfo(name="tiny-llama", display_name="Tiny Llama (test)", hf_model_type="llama",
+                        params=1_000_000, trainable_params=1_000_000 if task == "full" else 10_000,
+                        hf_config=TINY_LLAMA_CONFIG, source="test fixture"),
+        task=task,
+        gpu=GpuInfo(slug=gpu_slug, name="NVIDIA H100 80GB HBM3", architecture="hopper",
+                    memory_bytes=79_646_851_072, bf16_tflops=989.0, fp8_tflops=1979.0,
+                    nvlink_gbytes_per_s=450.0, pcie_gen=5, source="test fixture"),
+        instance=InstanceInfo(cloud=cloud, name=instance, region=region, gpus=gpus_per_node, vcpus=192,
+                              ram_bytes=2048 * GiB, local_nvme_count=nvme_n, local_nvme_bytes_each=nvme_b,
+                              network_cards=cards, efa_interfaces=efa, nvswitch=True, pcie_gen=5,
+                              price_per_hour_usd=price, price_date="2026-11-01" if price else None,
+                              source="test fixture"),
+        fabric=FabricInfo(name=fabric, gbps_per_gpu=gbps, nccl_env=_NCCL_ENV[fabric],
+                          nccl_env_profile="/var/lib/tcpxo/lib64/nccl-env-profile.sh" if fabric == "tcpxo" else None,
+                          hcas=["mlx5_0", "mlx5_1"] if fabric == "infiniband" else [],
+                          subnet_manager="opensm" if cloud == "onprem" else ("managed" if fabric == "infiniband" else "none"),
+                          mtu=8896 if cloud == "gcp" else None, source="test fixture"),
+        cluster=Cluster(cloud=cloud, region=region, instance_type=instance, gpu=gpu_slug,
+                        gpus_per_node=gpus_per_node, nodes=nodes, total_gpus=total, sharding=sharding,
+                        shard_group=shard_group, replicate=total // shard_group,
+                        activation_checkpointing="selective", micro_batch=2, grad_accum=4, seq_len=4096,
+                        global_batch_tokens=2 * 4096 * 4 * total, precision="bf16-mixed", optimizer="adamw",
+                        offload="none"),
+        training=Training(task=task, lora_rank=None if task == "full" else 16,
+                          lora_alpha=None if task == "full" else 32,
+                          lora_targets=[] if task == "full" else ["q_proj", "v_proj"], tokens=10**9,
+                          steps=1000, learning_rate=3e-4, warmup_steps=50, weight_decay=0.1, grad_clip=1.0,
+                          checkpoint_every_steps=200, log_every_steps=10),
+        memory=Memory(per_gpu_bytes=60 * GiB, breakdown={"parameters": 10 * GiB, "activations": 50 * GiB},
+                      model_states_bytes=16 * 10**9, rule_of_thumb_bytes=18 * 10**9,
+                      gpu_memory_bytes=79_646_851_072, safety_margin=0.1, fits=True,
+                      headroom_bytes=int(79_646_851_072 * 0.9) - 60 * GiB, assumptions=["test fixture"]),
+        throughput=Throughput(tokens_per_s=1e5, mfu=0.4, mfu_assumed=0.4, mfu_source="test fixture",
+                              flops_per_token=6e9, step_time_s=10.0, compute_time_s=9.0, comm_time_s=1.0,
+                              bound="compute"),
+        time_hours=2.8,
+        cost_usd=None if price is None else round(price * nodes * 2.8, 2),
+        host=Host(ram_bytes_required=1280 * GiB, cpu_cores_required=64, nvme_bytes_required=2 * 10**12,
+                  checkpoint_bytes=10**11, checkpoints_kept=3,
+                  checks=[HostCheck(rule="host RAM >= 1.5x GPU memory", required="960 GiB", actual="2048 GiB",
+                                    ok=True, source="test fixture")],
+                  bill_of_materials=["2x CPU"] if cloud == "onprem" else None),
+        software=Software(os=["ubuntu-22.04", "ubuntu-24.04"], driver_branch="570", open_kernel_modules=True,
+                          cuda_version="12.8", nccl_version="2.26.2-1+cuda12.8", fabric_manager=True,
+                          efa_installer_version="1.41.0" if fabric == "efa" else None, gds=True,
+                          source="test fixture"),
+        storage=Storage(mount_point="/scratch", raid_name="scratch",
+                        device_glob={"aws": "/dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_*",
+                                     "gcp": "/dev/disk/by-id/google-local-nvme-ssd-*"}.get(cloud),
+                        devices=nvme_n, expected_bytes=nvme_n * nvme_b),
+        health=Health(nccl_allreduce_busbw_gbytes_per_s=460.0, source="test fixture"),
+        hosts=spec.hosts,
+    )
