@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "estimate": ("gpuprov.commands.estimate", "estimate", "Per-GPU peak memory of one training setup, term by term."),
     "models": ("gpuprov.commands.catalogs", "models", "List the model presets."),
     "gpus": ("gpuprov.commands.catalogs", "gpus", "List the GPU catalog."),
-    "instances": ("gpuprov.commands.catalogs", "instances", "List cloud instance types and on-prem server templates."),
+    "instances": ("gpuprov.commands.instances", "instances", "List cloud instance types and on-prem server templates."),
     "plan": ("gpuprov.commands.plan", "plan", "Choose GPU type, instance, nodes and sharding for the cheapest run that fits."),
     "explain": ("gpuprov.commands.plan", "explain", "Show the arithmetic behind a plan, term by term."),
     "generate": ("gpuprov.commands.generate", "generate", "Write the bundle: Terraform, Ansible, launch scripts, README."),
