@@ -1,0 +1,99 @@
+"""Fabric and host-software catalogs: data in data/fabrics.yaml and data/software.yaml.
+
+`get_fabric` returns the node-to-node fabric and the one NCCL environment for it (the Ansible
+nccl role and launch/env.sh both render plan.fabric); `get_software` returns the driver/CUDA/NCCL
+stack for a GPU architecture. Unknown names raise GpuprovError with the known ones listed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuprov.catalog import load_data
+from gpuprov.errors import GpuprovError
+from gpuprov.plan import FabricInfo, Software
+
+_ENTRY_KEYS = ("nccl_env_profile", "hcas", "subnet_manager", "mtu")
+
+
+def _cloud_table(cloud: str) -> dict[str, Any]:
+    data = load_data("fabrics.yaml")
+    clouds = [key for key in data if key != "single_node"]
+    if cloud not in clouds:
+        raise GpuprovError(f"no fabric catalog for cloud {cloud!r}; known: {', '.join(sorted(clouds))}")
+    return data[cloud]
+
+
+def fabric_entry(cloud: str, instance_type: str) -> dict[str, Any]:
+    """The raw catalog entry for (cloud, instance type): exact instance first, then the cloud default."""
+    table = _cloud_table(cloud)
+    instances = table.get("instances") or {}
+    if instance_type in instances:
+        return instances[instance_type]
+    if "default" in table:
+        return table["default"]
+    raise GpuprovError(
+        f"no fabric entry for {cloud} instance {instance_type!r}; known: {', '.join(sorted(instances))}"
+    )
+
+
+def fabric_name_for(cloud: str, instance_type: str) -> str:
+    """Which fabric the catalog has for this instance type (efa, roce, infiniband, tcpxo, ethernet)."""
+    return str(fabric_entry(cloud, instance_type)["fabric"])
+
+
+def _to_fabric_info(entry: dict[str, Any]) -> FabricInfo:
+    fields = {key: entry[key] for key in _ENTRY_KEYS if key in entry}
+    fields["hcas"] = list(fields.get("hcas") or [])
+    return FabricInfo(
+        name=entry["fabric"],
+        gbps_per_gpu=float(entry["gbps_per_gpu"]),
+        nccl_env={str(k): str(v) for k, v in (entry.get("nccl_env") or {}).items()},
+        source=" ".join(str(entry["source"]).split()),
+        **fields,
+    )
+
+
+def get_fabric(name: str, cloud: str, instance_type: str) -> FabricInfo:
+    """Fabric `name` on `cloud`/`instance_type`; `name="none"` is the single-node case.
+
+    The name must agree with the catalog (e.g. OCI cluster networks are `roce`, AWS p5 is `efa`):
+    a mismatch is a planner bug or a user override the hardware cannot honour.
+    """
+    if name == "none":
+        _cloud_table(cloud)  # still reject an unknown cloud
+        return _to_fabric_info(load_data("fabrics.yaml")["single_node"])
+    entry = fabric_entry(cloud, instance_type)
+    if entry["fabric"] != name:
+        raise GpuprovError(
+            f"{cloud} {instance_type} has fabric {entry['fabric']!r} in the catalog, not {name!r}"
+        )
+    return _to_fabric_info(entry)
+
+
+def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool) -> Software:
+    """Driver branch, CUDA, NCCL, EFA installer, GDS and fabric manager for this node type."""
+    data = load_data("software.yaml")
+    stacks = data["stacks"]
+    if gpu_architecture not in stacks:
+        raise GpuprovError(
+            f"no software stack for GPU architecture {gpu_architecture!r}; known: {', '.join(sorted(stacks))}"
+        )
+    stack = stacks[gpu_architecture]
+    fabric_sw = (data.get("fabrics") or {}).get(fabric_name) or {}
+    sources = [stack["source"], data["os"]["source"]]
+    if fabric_sw:
+        sources.append(fabric_sw["source"])
+    if nvswitch:
+        sources.append(data["fabric_manager"]["source"])
+    return Software(
+        os=list(data["os"]["supported"]),
+        driver_branch=str(stack["driver_branch"]),
+        open_kernel_modules=bool(stack["open_kernel_modules"]),
+        cuda_version=str(stack["cuda_version"]),
+        nccl_version=str(stack["nccl_version"]),
+        fabric_manager=bool(nvswitch),
+        efa_installer_version=str(fabric_sw["efa_installer_version"]) if "efa_installer_version" in fabric_sw else None,
+        gds=bool(stack["gds"]),
+        source="; ".join(" ".join(str(s).split()) for s in sources),
+    )

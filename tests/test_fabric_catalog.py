@@ -1,0 +1,101 @@
+"""Fabric and software catalogs: every entry loads into the Plan types, has a source, and the
+NCCL environment matches the installed software (no obsolete variables)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.catalog import load_data
+from gpuprov.catalog.fabrics import fabric_entry, fabric_name_for, get_fabric, get_software
+from gpuprov.errors import GpuprovError
+from gpuprov.plan import FabricInfo, Software
+
+
+def _all_entries():
+    data = load_data("fabrics.yaml")
+    for cloud, table in data.items():
+        if cloud == "single_node":
+            continue
+        for instance in (table.get("instances") or {}):
+            yield cloud, instance
+        if "default" in table:
+            yield cloud, "some-unknown-type"
+
+
+@pytest.mark.parametrize("cloud,instance", list(_all_entries()))
+def test_every_entry_loads_with_a_source(cloud, instance):
+    fabric = get_fabric(fabric_name_for(cloud, instance), cloud, instance)
+    assert isinstance(fabric, FabricInfo)
+    assert fabric.source.strip()
+    assert fabric.gbps_per_gpu > 0
+    assert all(isinstance(v, str) for v in fabric.nccl_env.values())
+    if fabric.name in ("infiniband", "roce") and fabric.hcas and "NCCL_IB_HCA" in fabric.nccl_env:
+        # the exact-match HCA list and the hcas field must name the same devices
+        listed = fabric.nccl_env["NCCL_IB_HCA"].lstrip("=").split(",")
+        assert sorted(listed) == sorted(fabric.hcas)
+
+
+def test_efa_env_is_the_modern_minimal_set():
+    fabric = get_fabric("efa", "aws", "p5.48xlarge")
+    assert fabric.nccl_env == {"FI_EFA_USE_HUGE_PAGE": "0"}
+    for obsolete in ("FI_EFA_USE_DEVICE_RDMA", "FI_PROVIDER", "NCCL_PROTO", "FI_EFA_FORK_SAFE"):
+        assert obsolete not in fabric.nccl_env
+    assert fabric.gbps_per_gpu == 400.0
+    software = get_software("hopper", "efa", nvswitch=True)
+    major, minor, _ = (int(p) for p in software.efa_installer_version.split("."))
+    assert (major, minor) >= (1, 29)  # bundles libfabric >= 1.18 and aws-ofi-nccl >= 1.7
+
+
+def test_gcp_profiles():
+    gib = get_fabric("roce", "gcp", "a3-ultragpu-8g")
+    assert gib.nccl_env_profile == "/usr/local/gib/scripts/set_nccl_env.sh"
+    assert gib.nccl_env["NCCL_NET"] == "gIB"
+    assert get_fabric("roce", "gcp", "a4-highgpu-8g").nccl_env_profile == gib.nccl_env_profile
+    tcpxo = get_fabric("tcpxo", "gcp", "a3-megagpu-8g")
+    assert tcpxo.nccl_env_profile == "/var/lib/tcpxo/lib64/nccl-env-profile.sh"
+    assert tcpxo.mtu == 8896
+
+
+def test_azure_and_oci():
+    nd = get_fabric("infiniband", "azure", "Standard_ND96isr_H100_v5")
+    assert nd.nccl_env["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
+    assert nd.nccl_env["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    assert nd.subnet_manager == "managed" and len(nd.hcas) == 8
+    oci = get_fabric("roce", "oci", "BM.GPU.H100.8")
+    assert oci.nccl_env["NCCL_IB_HCA"].startswith("=mlx5_0,")
+    assert "mlx5_2" not in oci.hcas and len(oci.hcas) == 16  # front-end NIC excluded
+    assert (oci.nccl_env["NCCL_IB_GID_INDEX"], oci.nccl_env["NCCL_IB_TC"], oci.nccl_env["NCCL_IB_TIMEOUT"]) == ("3", "41", "22")
+
+
+def test_onprem_and_single_node():
+    onprem = get_fabric("infiniband", "onprem", "hgx-h100-8")
+    assert onprem.subnet_manager == "opensm"
+    single = get_fabric("none", "aws", "p5.48xlarge")
+    assert single.name == "none" and single.nccl_env == {}
+
+
+def test_errors_are_one_line():
+    with pytest.raises(GpuprovError, match="catalog, not 'infiniband'"):
+        get_fabric("infiniband", "aws", "p5.48xlarge")
+    with pytest.raises(GpuprovError, match="no fabric catalog for cloud"):
+        get_fabric("efa", "mars", "x")
+    with pytest.raises(GpuprovError, match="no fabric entry"):
+        fabric_entry("oci", "VM.Standard.E4")
+    with pytest.raises(GpuprovError, match="no software stack"):
+        get_software("kepler", "efa", False)
+
+
+@pytest.mark.parametrize("arch", ["ampere", "ada", "hopper", "blackwell"])
+def test_software_stack_is_consistent(arch):
+    sw = get_software(arch, "infiniband", nvswitch=True)
+    assert isinstance(sw, Software)
+    assert sw.fabric_manager is True and sw.efa_installer_version is None
+    assert sw.open_kernel_modules
+    assert sw.os == ["ubuntu-22.04", "ubuntu-24.04"]
+    # NCCL must be the build for the chosen CUDA, and CUDA 12.8 needs driver >= 570
+    assert sw.nccl_version.endswith(f"+cuda{sw.cuda_version}")
+    cuda = tuple(int(p) for p in sw.cuda_version.split("."))
+    if cuda >= (12, 8):
+        assert int(sw.driver_branch) >= 570
+    assert sw.source
+    assert get_software(arch, "ethernet", nvswitch=False).fabric_manager is False
