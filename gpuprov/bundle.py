@@ -1,0 +1,399 @@
+"""The bundle: every renderer's files plus plan.json and gpuprov.lock, written atomically or as a tar.
+
+Layout (TEAM.md): README.md, topology.svg, plan.json, gpuprov.lock, terraform/, ansible/, launch/.
+Deterministic bytes: sorted keys, no timestamps, fixed modes (0644, 0755 for *.sh/*.sbatch), and a
+tar stream with sorted entries, mtime 0 and root ownership, so GitOps diffs show only real changes.
+
+Writing a directory never leaves half a bundle: files are built in a temporary directory beside the
+target, then swapped in with renames. Files the user added (terraform state, .terraform/, the
+inventory `gpuprov up` writes, its state file) are carried into the new bundle by hard links; files
+gpuprov wrote and the user edited since (hash differs from the lock) stop the write unless `force`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import importlib
+import io
+import json
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable
+
+from gpuprov.errors import GpuprovError
+from gpuprov.render import EXECUTABLE_SUFFIXES
+
+LOCK_NAME = "gpuprov.lock"
+PLAN_NAME = "plan.json"
+UP_STATE_NAME = ".gpuprov-up.json"  # written by `gpuprov up`; not generated, never drift
+LOCK_FORMAT = 1
+TAR_PREFIX = "infra"
+
+# (bundle folder, module, function): each renderer returns paths relative to its folder
+RENDERERS: tuple[tuple[str, str, str], ...] = (
+    ("terraform", "gpuprov.render.terraform", "render_terraform"),
+    ("ansible", "gpuprov.render.ansible", "render_ansible"),
+    ("launch", "gpuprov.render.launch", "render_launch"),
+    ("", "gpuprov.render.report", "render_report"),
+)
+
+Renderer = Callable[[Any], dict]
+
+
+def load_renderer(module: str, attr: str) -> Renderer | None:
+    """The renderer function, or None when its module is not part of this build."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+def default_renderers() -> list[tuple[str, Renderer]]:
+    found = []
+    for folder, module, attr in RENDERERS:
+        function = load_renderer(module, attr)
+        if function is None:
+            raise GpuprovError(f"renderer {module}.{attr} is not available in this build of gpuprov")
+        found.append((folder, function))
+    return found
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def is_executable(path: str) -> bool:
+    return path.endswith(EXECUTABLE_SUFFIXES)
+
+
+def file_mode(path: str) -> int:
+    return 0o755 if is_executable(path) else 0o644
+
+
+def _check_relative(folder: str, path: Any, renderer: str) -> str:
+    if not isinstance(path, str) or not path:
+        raise GpuprovError(f"renderer {renderer} returned a bad path {path!r}")
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts or path != pure.as_posix() or "\\" in path:
+        raise GpuprovError(f"renderer {renderer} returned a path outside its folder: {path!r}")
+    return f"{folder}/{path}" if folder else path
+
+
+def plan_json(plan: Any) -> str:
+    """plan.json: the Plan with sorted keys and two-space indent (Plan.model_validate_json reads it)."""
+    return json.dumps(json.loads(plan.model_dump_json()), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def render_files(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None) -> dict[str, str]:
+    """Every generated file except the lock, keyed by bundle path, sorted."""
+    files: dict[str, str] = {PLAN_NAME: plan_json(plan)}
+    for folder, function in (default_renderers() if renderers is None else renderers):
+        name = getattr(function, "__qualname__", repr(function))
+        rendered = function(plan)
+        if not isinstance(rendered, dict):
+            raise GpuprovError(f"renderer {name} returned {type(rendered).__name__}, expected a dict")
+        for path, text in rendered.items():
+            full = _check_relative(folder, path, name)
+            if not isinstance(text, str):
+                raise GpuprovError(f"renderer {name} returned non-text content for {full}")
+            if full in files or full in (LOCK_NAME, UP_STATE_NAME):
+                raise GpuprovError(f"renderer {name} wrote {full}, which another part of the bundle owns")
+            files[full] = text
+    return dict(sorted(files.items()))
+
+
+def lock_text(spec: Any, files: dict[str, str]) -> str:
+    """gpuprov.lock: the full input spec, versions and a hash of every generated file (JSON, sorted)."""
+    from gpuprov import __version__
+    from gpuprov.catalog import catalog_version
+
+    lock = {
+        "lock_format": LOCK_FORMAT,
+        "gpuprov_version": __version__,
+        "catalog_version": catalog_version(),
+        "spec": spec.model_dump(mode="json"),
+        "files": {path: sha256_text(text) for path, text in sorted(files.items())},
+    }
+    return json.dumps(lock, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def build_bundle(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None) -> dict[str, str]:
+    """All files of the bundle, lock included, in memory (nothing touches the disk)."""
+    files = render_files(plan, renderers)
+    files[LOCK_NAME] = lock_text(plan.spec, files)
+    return dict(sorted(files.items()))
+
+
+# ---------------------------------------------------------------- reading an existing bundle
+
+
+def read_lock(directory: Path) -> dict:
+    path = Path(directory) / LOCK_NAME
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GpuprovError(f"{directory}: not a gpuprov bundle (no {LOCK_NAME})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise GpuprovError(f"{path}: unreadable lock ({type(exc).__name__}); regenerate with --force") from None
+    if (not isinstance(lock, dict) or not isinstance(lock.get("files"), dict)
+            or not isinstance(lock.get("spec"), dict) or lock.get("lock_format") != LOCK_FORMAT):
+        raise GpuprovError(f"{path}: not a gpuprov lock of format {LOCK_FORMAT}; regenerate with --force")
+    return lock
+
+
+def spec_from_lock(lock: dict, where: str = LOCK_NAME):
+    from pydantic import ValidationError
+
+    from gpuprov.spec import TrainingSpec
+    from gpuprov.specfile import format_validation_error
+
+    try:
+        return TrainingSpec.model_validate(lock["spec"])
+    except ValidationError as exc:
+        raise GpuprovError(f"{where}: spec no longer valid: {format_validation_error(exc)}") from None
+
+
+def edited_files(directory: Path, lock: dict) -> list[str]:
+    """Generated files whose bytes no longer match the lock (someone edited them)."""
+    edited = []
+    for path, digest in sorted(lock["files"].items()):
+        on_disk = directory / path
+        if on_disk.is_file() and not on_disk.is_symlink() and sha256_file(on_disk) != digest:
+            edited.append(path)
+        elif on_disk.exists() and (on_disk.is_symlink() or not on_disk.is_file()):
+            edited.append(path)
+    return edited
+
+
+def _walk_files(directory: Path) -> list[str]:
+    """Every file and symlink under directory, relative POSIX paths, sorted."""
+    found = []
+    for root, dirs, names in os.walk(directory):
+        rel_root = Path(root).relative_to(directory)
+        for name in list(dirs):
+            if os.path.islink(os.path.join(root, name)):
+                dirs.remove(name)
+                names.append(name)
+        for name in names:
+            found.append((rel_root / name).as_posix())
+    return sorted(found)
+
+
+# ---------------------------------------------------------------- writing
+
+
+@dataclass
+class WriteResult:
+    path: Path
+    files: int
+    carried: list[str]
+    replaced: bool
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+        os.chmod(target, file_mode(path))  # explicit: the umask must not change the bundle
+    for directory in sorted({p for path in files for p in PurePosixPath(path).parents if str(p) != "."}):
+        os.chmod(root / directory, 0o755)
+    os.chmod(root, 0o755)
+
+
+def _carry(old: Path, new: Path, paths: list[str]) -> None:
+    """Hard-link the user's own files (state, caches) into the new tree; the old tree keeps them too."""
+    for path in paths:
+        source, target = old / path, new / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+            continue
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (38, 22, 95):  # ENOSYS, EINVAL (filesystem cannot), EOPNOTSUPP: use two renames
+        return False
+    raise OSError(errno, os.strerror(errno), str(b))
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Put `new` at `target`; the old target ends up at `new`'s path (removed by the caller)."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    if _exchange(new, target):
+        return
+    parking = Path(tempfile.mkdtemp(prefix=f".{target.name}.gpuprov-old-", dir=target.parent))
+    os.rmdir(parking)
+    os.rename(target, parking)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(parking, target)
+        raise
+    os.rename(parking, new)
+
+
+def _os_error(target: Path, exc: OSError) -> GpuprovError:
+    where = exc.filename or target
+    return GpuprovError(f"cannot write bundle {target}: {exc.strerror or exc} ({where})")
+
+
+def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = False) -> WriteResult:
+    """Write `files` (from build_bundle) as the directory `target`, atomically."""
+    target = Path(target)
+    if target.is_symlink():
+        target = target.resolve()
+    if target.exists() and not target.is_dir():
+        raise GpuprovError(f"{target} exists and is not a directory")
+    old_lock: dict | None = None
+    carried: list[str] = []
+    replaced = False
+    if target.is_dir():
+        try:
+            existing = _walk_files(target)
+        except OSError as exc:
+            raise _os_error(target, exc) from None
+        if existing or any(target.iterdir()):
+            if not (target / LOCK_NAME).exists():
+                raise GpuprovError(f"{target} is not empty and is not a gpuprov bundle (no {LOCK_NAME}); "
+                                   "choose an empty or new directory")
+            try:
+                old_lock = read_lock(target)
+            except GpuprovError:
+                if not force:
+                    raise
+            replaced = True
+        tracked = set(old_lock["files"]) if old_lock else set()
+        if old_lock is not None:
+            problems = edited_files(target, old_lock)
+        else:
+            problems = []
+        # the user's own file where gpuprov would now write one
+        problems += [p for p in existing if p in files and p not in tracked and p != LOCK_NAME]
+        if problems and not force:
+            shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise GpuprovError(f"refusing to overwrite files edited by hand in {target}: {shown} "
+                               f"(see `gpuprov check {target}`; --force overwrites them)")
+        # without a readable lock (forced), nothing counts as generated: carry everything not regenerated
+        carried = [p for p in existing if p not in files and p not in tracked and p != LOCK_NAME]
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.gpuprov-new-", dir=parent))
+    except OSError as exc:
+        raise _os_error(target, exc) from None
+    try:
+        _write_tree(staging, files)
+        _carry(target, staging, carried)
+        _swap_in(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _os_error(target, exc) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)  # now the previous bundle
+    return WriteResult(path=target, files=len(files), carried=carried, replaced=replaced)
+
+
+def tar_bytes(files: dict[str, str], prefix: str = TAR_PREFIX) -> bytes:
+    """The bundle as a deterministic tar: sorted entries, mtime 0, uid/gid 0, fixed modes."""
+    buffer = io.BytesIO()
+    write_tar(files, buffer, prefix)
+    return buffer.getvalue()
+
+
+def write_tar(files: dict[str, str], stream: Any, prefix: str = TAR_PREFIX) -> None:
+    directories = {prefix} | {f"{prefix}/{p}" for path in files for p in PurePosixPath(path).parents if str(p) != "."}
+    entries = sorted([(d, None) for d in directories] + [(f"{prefix}/{p}", t) for p, t in files.items()])
+    with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name, text in entries:
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if text is None:
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                tar.addfile(info)
+            else:
+                data = text.encode("utf-8")
+                info.size = len(data)
+                info.mode = file_mode(name)
+                tar.addfile(info, io.BytesIO(data))
+
+
+# ---------------------------------------------------------------- comparing (gpuprov check)
+
+
+@dataclass
+class Difference:
+    status: str  # modified, missing, stale, mode
+    path: str
+    diff: str  # short unified diff ('' where it does not apply)
+
+
+def _short_diff(path: str, old: str, new: str, limit: int) -> str:
+    lines = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                      fromfile=f"a/{path} (on disk)", tofile=f"b/{path} (regenerated)", n=1))
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... {len(lines) - limit} more diff lines\n"]
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def compare_bundle(directory: str | Path, files: dict[str, str], *, diff_lines: int = 30) -> list[Difference]:
+    """What `generate` would change in `directory`: generated files only (user files are not drift)."""
+    directory = Path(directory)
+    old_lock = None
+    with contextlib.suppress(GpuprovError):
+        old_lock = read_lock(directory)
+    differences = []
+    for path, text in files.items():
+        on_disk = directory / path
+        if not on_disk.is_file():
+            differences.append(Difference("missing", path, ""))
+            continue
+        data = on_disk.read_bytes()
+        if data != text.encode("utf-8"):
+            old = data.decode("utf-8", errors="replace")
+            differences.append(Difference("modified", path, _short_diff(path, old, text, diff_lines)))
+        elif stat.S_IMODE(on_disk.stat().st_mode) & 0o111 != file_mode(path) & 0o111:
+            differences.append(Difference("mode", path, ""))
+    if old_lock is not None:
+        for path in sorted(set(old_lock["files"]) - set(files)):
+            if (directory / path).exists():
+                differences.append(Difference("stale", path, ""))
+    return differences

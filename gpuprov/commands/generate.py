@@ -1,0 +1,158 @@
+"""`gpuprov generate` (the bundle), `gpuprov init` (a starter spec) and `gpuprov schema`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gpuprov.commands.spec_options import spec_options
+from gpuprov.errors import GpuprovError
+
+
+def make_plan(spec):
+    """The planner, imported when a command needs it (helper B's gpuprov.planner)."""
+    try:
+        from gpuprov.planner import make_plan as planner
+    except ModuleNotFoundError as exc:
+        if exc.name == "gpuprov.planner":
+            raise GpuprovError("the planner is not available in this build of gpuprov") from None
+        raise
+    return planner(spec)
+
+
+def _summary(plan, where: str, files: int) -> str:
+    c = plan.cluster
+    cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
+    return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
+            f"{c.sharding}, ~{plan.time_hours:,.1f} h{cost}")
+
+
+@click.command()
+@spec_options
+@click.option("-o", "--output", "output", metavar="DIR|-",
+              help="Bundle directory, or - for a tar stream on stdout (the default when stdout is redirected)")
+@click.option("--force", is_flag=True, help="Overwrite files edited by hand since the last generate")
+def generate(spec, output: str | None, force: bool) -> None:
+    """Plan the cluster and write the bundle: Terraform, Ansible, launch scripts, README, lock.
+
+    \b
+    gpuprov generate --model 70b -o infra/
+    gpuprov generate -f gpuprov.yaml > infra.tar
+    """
+    from gpuprov import bundle
+
+    if output is None:
+        if sys.stdout.isatty():
+            raise GpuprovError("say where the bundle goes: -o DIR, or redirect stdout for a tar (> infra.tar)")
+        output = "-"
+    plan = make_plan(spec)
+    files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
+    if output == "-":
+        stream = sys.stdout.buffer
+        bundle.write_tar(files, stream)
+        stream.flush()
+        click.echo(_summary(plan, "tar to stdout", len(files)), err=True)
+        return
+    result = bundle.write_bundle(output, files, force=force)
+    kept = f"; kept {len(result.carried)} of your files" if result.carried else ""
+    click.echo(_summary(plan, str(result.path), result.files) + kept, err=True)
+    click.echo(f"next: gpuprov validate {output} && gpuprov up {output} --dry-run", err=True)
+
+
+STARTER = """\
+# gpuprov spec: what to train; gpuprov plans the cluster (`gpuprov generate -f gpuprov.yaml -o infra/`).
+# Every key is optional; `gpuprov schema` prints the full JSON Schema for editors and CI.
+
+# Preset name (gpuprov models) or a path to a Hugging Face config.json
+model: {model}
+# full (pre-train / full fine-tune), lora or qlora
+task: {task}
+# Tokens per sample and per optimizer step (4M = 4,194,304 = 1024 x 4096)
+seq_len: {seq_len}
+global_batch_tokens: 4M
+# Training tokens for the whole run (20B, 1T, ...)
+tokens: 10B
+# Constraints: finish within (30d, 12h, ...) and spend at most (USD); remove to leave open
+# deadline_hours: 7d
+# budget_usd: 50000
+# Where: aws, gcp, azure, oci, onprem or any (compares all clouds)
+cloud: {cloud}
+# Allowed GPU types (gpuprov gpus); leave out to consider all
+# gpus: [h100-80gb, a100-80gb]
+max_nodes: {max_nodes}
+# Rank candidates by cost, time or gpus
+objective: {objective}
+precision: {precision}
+optimizer: {optimizer}
+# CPU offload: none, optimizer or full
+offload: {offload}
+# LoRA/QLoRA only
+lora_rank: {lora_rank}
+lora_targets: {lora_targets}
+# Fraction of GPU memory kept free for fragmentation and spikes
+safety_margin: {safety_margin}
+# On-prem hosts (cloud: onprem); or pass --hosts FILE
+# hosts:
+#   - name: gpu0
+#     address: 10.0.0.10
+# Who may SSH to the nodes (default: none, use SSM / IAP)
+# ssh_cidr: 203.0.113.0/24
+"""
+
+
+def starter_spec() -> str:
+    """The commented starter, filled from TrainingSpec's defaults (so it cannot fall out of date)."""
+    from gpuprov.spec import TrainingSpec
+
+    defaults = TrainingSpec()
+    targets = defaults.lora_targets if isinstance(defaults.lora_targets, str) else json.dumps(defaults.lora_targets)
+    return STARTER.format(model=defaults.model, task=defaults.task, seq_len=defaults.seq_len, cloud=defaults.cloud,
+                          max_nodes=defaults.max_nodes, objective=defaults.objective, precision=defaults.precision,
+                          optimizer=defaults.optimizer, offload=defaults.offload, lora_rank=defaults.lora_rank,
+                          lora_targets=targets, safety_margin=defaults.safety_margin)
+
+
+@click.command()
+@click.argument("path", default="gpuprov.yaml", type=click.Path(dir_okay=False))
+@click.option("--model", "-m", default=None, help="Model to put in the starter spec")
+@click.option("--cloud", default=None, type=click.Choice(("aws", "gcp", "azure", "oci", "onprem", "any")))
+def init(path: str, model: str | None, cloud: str | None) -> None:
+    """Write a commented starter spec (default gpuprov.yaml); never overwrites."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    from gpuprov.specfile import load_spec
+
+    target = Path(path)
+    if target.exists():
+        raise GpuprovError(f"{target} exists; not overwriting it (remove it or pick another name)")
+    yaml = YAML(typ="rt")
+    document = yaml.load(starter_spec())
+    # edits through ruamel's round trip keep every comment in place
+    if model:
+        document["model"] = model
+    if cloud:
+        document["cloud"] = cloud
+    buffer = io.StringIO()
+    yaml.dump(document, buffer)
+    try:
+        with open(target, "x", encoding="utf-8") as handle:
+            handle.write(buffer.getvalue())
+    except FileExistsError:
+        raise GpuprovError(f"{target} exists; not overwriting it") from None
+    except OSError as exc:
+        raise GpuprovError(f"cannot write {target}: {exc.strerror}") from None
+    load_spec(target)  # the starter must itself be a valid spec
+    click.echo(f"wrote {target}; edit it, then: gpuprov generate -f {target} -o infra/", err=True)
+
+
+@click.command()
+def schema() -> None:
+    """Print the JSON Schema of the spec file (for editors and CI)."""
+    from gpuprov.spec import TrainingSpec
+
+    click.echo(json.dumps(TrainingSpec.model_json_schema(), indent=2, sort_keys=True))

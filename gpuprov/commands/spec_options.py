@@ -1,0 +1,110 @@
+"""The spec flags shared by `gpuprov plan`, `explain` and `generate`: one decorator, one TrainingSpec.
+
+    @click.command()
+    @spec_options
+    def plan(spec: TrainingSpec, ...): ...
+
+Flags default to None so that only what the user typed overrides `-f gpuprov.yaml` (and the
+model's defaults apply last). Counts take units: `--tokens 20B`, `--tokens 1T`,
+`--global-batch-tokens 4M` (binary: 4M = 4,194,304), `--deadline 30d` / `12h`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PRECISIONS, TASKS
+
+# field -> (flag declarations, click type, help). Defaults and help come from TrainingSpec's
+# fields where they exist, so `--help` and `gpuprov schema` agree.
+_CLOUDS = ("aws", "gcp", "azure", "oci", "onprem", "any")
+_FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
+    "model": (("--model", "-m"), str, "Preset name (70b, llama-3.1-8b, ...) or a config.json path"),
+    "task": (("--task",), click.Choice(TASKS), "full, lora or qlora"),
+    "seq_len": (("--seq-len",), click.IntRange(min=1), "Tokens per sample"),
+    "global_batch_tokens": (("--global-batch-tokens", "--batch-tokens"), str,
+                            "Tokens per optimizer step (4M = 4,194,304)"),
+    "tokens": (("--tokens",), str, "Training tokens (20B, 1T, ...)"),
+    "deadline_hours": (("--deadline",), str, "Finish within (30d, 12h, 90m; bare number = hours)"),
+    "budget_usd": (("--budget",), float, "Spend at most this many USD"),
+    "cloud": (("--cloud",), click.Choice(_CLOUDS), "Where to run; 'any' compares all clouds"),
+    "region": (("--region",), str, "Cloud region"),
+    "gpus": (("--gpu",), str, "Allowed GPU type (repeat or comma-separate)"),
+    "max_nodes": (("--max-nodes",), click.IntRange(min=1), "Largest node count to consider"),
+    "objective": (("--objective",), click.Choice(("cost", "time", "gpus")), "Rank by cost, time or GPU count"),
+    "precision": (("--precision",), click.Choice(PRECISIONS), "Training precision"),
+    "optimizer": (("--optimizer",), click.Choice(OPTIMIZERS), "Optimizer"),
+    "offload": (("--offload",), click.Choice(OFFLOADS), "CPU offload"),
+    "lora_rank": (("--lora-rank",), click.IntRange(min=1), "LoRA rank"),
+    "lora_targets": (("--lora-targets",), str, "qv, attention, all-linear, or comma-separated module names"),
+    "safety_margin": (("--safety-margin",), float, "Fraction of GPU memory kept free"),
+    "ssh_cidr": (("--ssh-cidr",), str, "CIDR allowed to SSH to the nodes (default: SSM only)"),
+    "capacity_reservation_id": (("--capacity-reservation-id",), str, "AWS capacity reservation / block id"),
+    "reservation": (("--reservation",), str, "GCP reservation name"),
+}
+
+FLAG_NAMES = {field: decls[0] for field, (decls, _, _) in _FLAGS.items()}
+FLAG_NAMES["hosts"] = "--hosts"
+
+
+def _default_text(field: str) -> str | None:
+    from gpuprov.spec import TrainingSpec
+
+    info = TrainingSpec.model_fields.get(field)
+    if info is None or info.default is None:
+        return None
+    return str(info.default)
+
+
+def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[str, Any]):
+    """Build the TrainingSpec: file values, overridden by the flags the user gave."""
+    from gpuprov.specfile import apply_units, build_spec, load_hosts, load_spec_data
+
+    overrides: dict[str, Any] = {}
+    for field, value in values.items():
+        if value is None or value == ():
+            continue
+        if field == "gpus":
+            overrides[field] = [g.strip() for item in value for g in item.split(",") if g.strip()]
+        elif field == "lora_targets":
+            parts = [t.strip() for t in value.split(",") if t.strip()]
+            overrides[field] = parts if len(parts) > 1 else (parts[0] if parts else value)
+        else:
+            overrides[field] = value
+    apply_units(overrides, where=FLAG_NAMES)
+    if hosts_file:
+        overrides["hosts"] = [h.model_dump(exclude_none=True) for h in load_hosts(hosts_file)]
+        overrides.setdefault("cloud", "onprem")
+    file_data, tree = load_spec_data(spec_file) if spec_file else ({}, None)
+    return build_spec(file_data, overrides, source=spec_file, tree=tree, flag_names=FLAG_NAMES)
+
+
+def spec_options(func: Callable) -> Callable:
+    """Add the spec flags plus `-f/--spec FILE` and `--hosts FILE`; pass `spec=TrainingSpec`."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = {field: kwargs.pop(field, None) for field in _FLAGS}
+        spec_file = kwargs.pop("spec_file", None)
+        hosts_file = kwargs.pop("hosts_file", None)
+        kwargs["spec"] = spec_from_flags(spec_file, hosts_file, values)
+        return func(*args, **kwargs)
+
+    options = [
+        click.option("-f", "--spec", "spec_file", type=click.Path(dir_okay=False),
+                     help="Spec file (gpuprov.yaml); flags override its values"),
+        click.option("--hosts", "hosts_file", type=click.Path(dir_okay=False),
+                     help="On-prem hosts: YAML list of name/address, or ini lines (implies --cloud onprem)"),
+    ]
+    for field, (decls, kind, help_text) in _FLAGS.items():
+        default = _default_text(field)
+        options.append(click.option(
+            *decls, field, type=kind, default=None, multiple=field == "gpus",
+            help=help_text + (f"  [default: {default}]" if default else ""),
+        ))
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper

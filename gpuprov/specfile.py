@@ -1,0 +1,292 @@
+"""Read a spec (gpuprov.yaml), a hosts list, and unit-suffixed numbers into a TrainingSpec.
+
+Every failure becomes one GpuprovError line that names the file and line where it can
+(`gpuprov.yaml:7: tokens: ...`): users fix specs in editors, and CI logs show one line.
+Command-line values override file values key by key (`build_spec(file_data, overrides)`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from gpuprov.errors import GpuprovError
+
+# decimal for token counts (20B tokens = 2e10), as papers and model cards write them
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+# binary for batch sizes: a "4M" batch is 2**22 tokens (1024 x 4096), which divides into sequences
+_BINARY = {"": 1, "k": 2**10, "m": 2**20, "b": 2**30, "g": 2**30, "t": 2**40}
+_COUNT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)(i?)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
+_HOURS_PER = {"s": 1 / 3600, "m": 1 / 60, "h": 1, "": 1, "d": 24, "w": 168}
+
+# spec keys whose values may carry units, in files as on the command line
+UNIT_KEYS = {"tokens": "decimal", "global_batch_tokens": "binary", "deadline_hours": "duration"}
+
+
+def parse_count(value: Any, *, binary: bool = False, what: str = "value") -> int:
+    """'20B' -> 20_000_000_000; with binary=True '4M' -> 4_194_304. 'Ki/Mi' suffixes are always binary."""
+    if isinstance(value, bool):
+        raise GpuprovError(f"{what}: expected a number like 20B or 4M, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise GpuprovError(f"{what}: expected a whole number, got {value!r}")
+        return int(value)
+    match = _COUNT.match(str(value))
+    if not match:
+        raise GpuprovError(f"{what}: expected a number like 20B, 1T or 4M, got {value!r}")
+    number, suffix, binary_marker = match.groups()
+    table = _BINARY if (binary or binary_marker) else _DECIMAL
+    scaled = float(number.replace("_", "")) * table[suffix.lower()]
+    if not math.isfinite(scaled) or scaled != int(scaled):
+        raise GpuprovError(f"{what}: {value!r} is not a whole number")
+    return int(scaled)
+
+
+def parse_hours(value: Any, *, what: str = "deadline") -> float:
+    """'30d' -> 720.0, '12h' -> 12.0, '90m' -> 1.5; a bare number is hours."""
+    if isinstance(value, bool):
+        raise GpuprovError(f"{what}: expected a duration like 30d or 12h, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise GpuprovError(f"{what}: expected a duration like 30d, 12h or 90m, got {value!r}")
+    number, unit = match.groups()
+    return float(number) * _HOURS_PER[unit]
+
+
+def apply_units(data: dict[str, Any], where: dict[str, str] | None = None) -> dict[str, Any]:
+    """Convert unit-suffixed values of UNIT_KEYS in place; `where` names each key's origin for errors."""
+    where = where or {}
+    for key, kind in UNIT_KEYS.items():
+        if key not in data or data[key] is None:
+            continue
+        what = where.get(key, key)
+        if kind == "duration":
+            data[key] = parse_hours(data[key], what=what)
+        else:
+            data[key] = parse_count(data[key], binary=kind == "binary", what=what)
+    return data
+
+
+def _yaml_error_line(path: Path, exc: Exception) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+    return f"{where}: invalid YAML: {problem}"
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Round-trip load (keeps line numbers for error messages); one-line errors."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GpuprovError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise GpuprovError(f"{path}: is a directory, expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise GpuprovError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise GpuprovError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return YAML(typ="rt").load(text)
+    except YAMLError as exc:
+        raise GpuprovError(_yaml_error_line(path, exc)) from None
+    except (ValueError, TypeError, RecursionError) as exc:  # odd scalars the constructor rejects
+        raise GpuprovError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def _line_of(node: Any, loc: tuple) -> int | None:
+    """1-based line of the deepest key/item of `loc` found in a ruamel round-trip tree."""
+    line = None
+    for part in loc:
+        lc = getattr(node, "lc", None)
+        try:
+            if isinstance(part, int) and isinstance(node, list):
+                if lc is not None:
+                    line = lc.item(part)[0] + 1
+                node = node[part]
+            elif isinstance(node, dict) and part in node:
+                if lc is not None:
+                    line = lc.key(part)[0] + 1
+                node = node[part]
+            else:
+                break
+        except (KeyError, IndexError, TypeError, AttributeError):
+            break
+    return line
+
+
+def _plain(node: Any) -> Any:
+    """ruamel round-trip containers -> plain dict/list/scalars (pydantic sees ordinary types)."""
+    if isinstance(node, dict):
+        return {(str(k) if not isinstance(k, (str, int, float, bool)) or k is None else k): _plain(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return str(node)  # dates, timestamps: let the model reject them with its own message
+
+
+def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
+                            names: dict[str, str] | None = None) -> str:
+    """A pydantic ValidationError as one line: 'file:line: field: message; ...' (first three errors)."""
+    parts = []
+    errors = exc.errors(include_url=False)
+    for error in errors[:3]:
+        loc = tuple(error.get("loc", ()))
+        # drop pydantic's union-branch markers (e.g. 'list[str]') so the path reads like the file
+        loc = tuple(p for p in loc if isinstance(p, int) or not re.search(r"[\[\]]", str(p)))
+        field = ".".join(str(p) for p in loc) or "spec"
+        if names and loc and loc[0] in names:
+            field = names[loc[0]] + "".join(f".{p}" for p in loc[1:])
+        message = error.get("msg", "invalid")
+        if error.get("type") == "extra_forbidden":
+            message = "unknown key (see `gpuprov schema`)"
+        line = _line_of(tree, loc) if tree is not None else None
+        where = f"{prefix}:{line}: " if prefix and line else (f"{prefix}: " if prefix else "")
+        parts.append(f"{where}{field}: {message}")
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def load_spec_data(path: str | Path) -> tuple[dict[str, Any], Any]:
+    """(plain dict with units converted, the ruamel tree for line numbers)."""
+    path = Path(path)
+    tree = load_yaml(path)
+    if tree is None:
+        return {}, None
+    if not isinstance(tree, dict):
+        raise GpuprovError(f"{path}: expected a mapping of spec keys (model: ..., tokens: ...), "
+                           f"got {type(_plain(tree)).__name__}")
+    data = _plain(tree)
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise GpuprovError(f"{path}:{_line_of(tree, (bad[0],)) or 1}: key {bad[0]!r} must be a name")
+    where = {k: f"{path}:{_line_of(tree, (k,)) or 1}: {k}" for k in UNIT_KEYS}
+    return apply_units(data, where), tree
+
+
+def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None, *,
+               source: str | None = None, tree: Any = None, flag_names: dict[str, str] | None = None):
+    """File values, then command-line overrides, validated into one TrainingSpec."""
+    from pydantic import ValidationError
+
+    from gpuprov.spec import TrainingSpec
+
+    data = dict(file_data or {})
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data.update(overrides)
+    try:
+        return TrainingSpec.model_validate(data)
+    except ValidationError as exc:
+        # errors on overridden keys come from flags, the rest from the file
+        first = exc.errors(include_url=False)[0]
+        key = first["loc"][0] if first.get("loc") else None
+        if key in overrides:
+            raise GpuprovError(format_validation_error(exc, names=flag_names)) from None
+        raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None):
+    data, tree = load_spec_data(path)
+    return build_spec(data, overrides, source=str(path), tree=tree)
+
+
+_INI_HOST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\s+(.*))?$")
+
+
+def _hosts_from_ini(path: Path, text: str) -> list[dict[str, Any]]:
+    """Ansible-style ini: `name ansible_host=10.0.0.1 ansible_user=ubuntu`, or `name address`."""
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].split(";", 1)[0].strip()
+        if not line or (line.startswith("[") and line.endswith("]")):
+            continue
+        match = _INI_HOST.match(line)
+        if not match:
+            raise GpuprovError(f"{path}:{number}: expected `name ansible_host=ADDRESS`, got {raw.strip()!r}")
+        name, rest = match.group(1), (match.group(2) or "").split()
+        entry: dict[str, Any] = {"name": name}
+        for token in rest:
+            if "=" in token:
+                key, _, value = token.partition("=")
+                if key in ("ansible_host", "address"):
+                    entry["address"] = value
+                elif key in ("ansible_user", "user"):
+                    entry["user"] = value
+            elif "address" not in entry:
+                entry["address"] = token
+        entry.setdefault("address", name)  # a bare name resolves through DNS, as in Ansible
+        hosts.append(entry)
+    return hosts
+
+
+def load_hosts(path: str | Path) -> list:
+    """Hosts file -> [HostEntry]: a YAML list of {name, address[, user]}, a YAML mapping
+    name -> address, an Ansible YAML inventory (all.children.gpu_nodes.hosts), or ini lines."""
+    from pydantic import ValidationError
+
+    from gpuprov.spec import HostEntry
+
+    path = Path(path)
+    tree = load_yaml(path)
+    if isinstance(tree, str) or tree is None:
+        entries = _hosts_from_ini(path, path.read_text(encoding="utf-8"))
+        tree = None
+    else:
+        data = _plain(tree)
+        if isinstance(data, dict) and "all" in data:  # an Ansible YAML inventory
+            try:
+                data = data["all"]["children"]["gpu_nodes"]["hosts"]
+            except (KeyError, TypeError):
+                raise GpuprovError(f"{path}: an inventory must list hosts under all.children.gpu_nodes.hosts") from None
+            tree = None
+        if isinstance(data, dict):
+            entries = []
+            for name, value in data.items():
+                if isinstance(value, dict):
+                    entry = {"name": str(name), "address": value.get("ansible_host", value.get("address", name))}
+                    if value.get("ansible_user") or value.get("user"):
+                        entry["user"] = value.get("ansible_user") or value.get("user")
+                else:
+                    entry = {"name": str(name), "address": value if value is not None else str(name)}
+                entries.append(entry)
+            tree = None
+        elif isinstance(data, list):
+            entries = data
+        else:
+            raise GpuprovError(f"{path}: expected a list of hosts (- name: gpu0, address: 10.0.0.10)")
+    if not entries:
+        raise GpuprovError(f"{path}: lists no hosts")
+    hosts = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise GpuprovError(f"{path}:{_line_of(tree, (index,)) or index + 1}: host {index}: "
+                               f"expected name and address, got {entry!r}")
+        try:
+            hosts.append(HostEntry.model_validate(entry))
+        except ValidationError as exc:
+            raise GpuprovError(format_validation_error(exc, prefix=str(path), tree=tree[index] if tree else None)
+                               .replace(f"{path}: ", f"{path}: host {index}: ", 1)) from None
+    names = [h.name for h in hosts]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise GpuprovError(f"{path}: host name {duplicate!r} appears twice")
+    return hosts
