@@ -1,0 +1,240 @@
+"""One-shot bring-up of a bundle: terraform init/plan/apply, inventory, ansible site, health check.
+
+Each step is a fixed argument list (printed by --dry-run exactly as run). Terraform runs through
+python-terraform's `Terraform.cmd` with positional arguments only: its plan()/apply()/destroy()
+helpers add an empty `-var-file` and a `-force` flag that Terraform >= 1.0 rejects, so the
+argument lists are built here and checked against what python-terraform will execute.
+
+Progress is recorded in `.gpuprov-up.json` in the bundle after every step, so a re-run resumes
+at the step that failed. The state is tied to the lock's hash: a regenerated bundle starts over
+(Terraform and Ansible are idempotent, so starting over is safe, only slower).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gpuprov.bundle import LOCK_NAME, UP_STATE_NAME
+from gpuprov.errors import GpuprovError
+
+TF_PLAN_FILE = "tfplan"
+INVENTORY = "inventory.yml"
+
+
+class StepFailed(GpuprovError):
+    """A bring-up step exited non-zero (exit 1: the cluster is not ready, the input was fine)."""
+
+    exit_code = 1
+
+
+@dataclass
+class Step:
+    name: str
+    title: str
+    argv: list[str]
+    cwd: Path
+    hint: str  # what to do when it fails
+    kind: str = "run"  # run | terraform | inventory
+    extra: dict = field(default_factory=dict)
+
+
+def terraform_steps(root: Path) -> list[Step]:
+    tf = root / "terraform"
+    common = ["-input=false", "-no-color"]
+    return [
+        Step("terraform-init", "terraform init (providers, backend)", ["terraform", "init", *common], tf,
+             "check network access to the provider registry and the backend settings in terraform/", "terraform"),
+        Step("terraform-plan", "terraform plan (saved to terraform/tfplan)",
+             ["terraform", "plan", *common, f"-out={TF_PLAN_FILE}"], tf,
+             "check cloud credentials (aws sts get-caller-identity / gcloud auth list / az account show) "
+             "and GPU quota in the region", "terraform"),
+        Step("terraform-apply", "terraform apply tfplan (creates the cluster; billing starts)",
+             ["terraform", "apply", *common, TF_PLAN_FILE], tf,
+             "read the error above: usually GPU capacity or quota; a capacity reservation "
+             "(capacity_reservation_id / reservation in the spec) helps", "terraform"),
+        Step("inventory", "ansible/inventory.yml from the terraform output",
+             ["terraform", "output", "-no-color", "-json", "ansible_inventory"], tf,
+             "run `terraform -chdir=terraform output` and check the ansible_inventory output exists", "inventory"),
+    ]
+
+
+def ansible_steps(root: Path, ansible_playbook: str = "ansible-playbook") -> list[Step]:
+    ansible = root / "ansible"
+    # a separate health playbook where the bundle has one, else the health-tagged roles of site.yml
+    health = (["health.yml"] if (ansible / "health.yml").is_file() else ["site.yml", "--tags", "health"])
+    return [
+        Step("ansible-site", "ansible-playbook site.yml (driver, fabric, NCCL, storage)",
+             [ansible_playbook, "-i", INVENTORY, "site.yml", "--skip-tags", "health"], ansible,
+             "fix the failing task shown above (SSH access: ansible -i ansible/inventory.yml gpu_nodes -m ping)"),
+        Step("health", "health check (GPUs, fabric, NCCL all-reduce)",
+             [ansible_playbook, "-i", INVENTORY, *health], ansible,
+             "a node failed its health check: replace or reboot it (see the failed host above)"),
+    ]
+
+
+def build_steps(root: Path, cloud: str) -> list[Step]:
+    steps = [] if cloud == "onprem" else terraform_steps(root)
+    return steps + ansible_steps(root)
+
+
+def training_command(root: Path, plan) -> str:
+    """What starts training once the nodes are ready (printed, not run: it is a long job)."""
+    launch = root / "launch"
+    lines = []
+    if (launch / "slurm.sbatch").is_file():
+        lines.append(f"under Slurm:  sbatch {launch / 'slurm.sbatch'}")
+    if (launch / "train.sh").is_file():
+        lines.append(f"on every node ({plan.cluster.nodes}): {launch / 'train.sh'}   "
+                     f"(rank from the order of ansible/{INVENTORY}; first host is the rendezvous)")
+    return "\n".join(lines) or f"see {launch}/ for the launch scripts"
+
+
+# ---------------------------------------------------------------- state
+
+
+def lock_digest(root: Path) -> str:
+    return hashlib.sha256((root / LOCK_NAME).read_bytes()).hexdigest()
+
+
+def read_state(root: Path) -> dict:
+    path = root / UP_STATE_NAME
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}  # a damaged state only costs a full re-run
+    return state if isinstance(state, dict) else {}
+
+
+def write_state(root: Path, state: dict) -> None:
+    path = root / UP_STATE_NAME
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------- running
+
+
+def _terraform(cwd: Path):
+    from python_terraform import Terraform
+
+    return Terraform(working_dir=str(cwd), terraform_bin_path=shutil.which("terraform") or "terraform")
+
+
+def _inherit_streams() -> bool:
+    try:
+        sys.stdout.fileno()
+        sys.stderr.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def run_terraform(step: Step, echo: Callable[[str], None]) -> tuple[int, str]:
+    """Run through python-terraform, positional arguments only (see module docstring)."""
+    tf = _terraform(step.cwd)
+    subcommand, args = step.argv[1], step.argv[2:]
+    built = tf.generate_cmd_string(subcommand, *args)
+    if built[1:] != step.argv[1:]:  # python-terraform must run exactly what --dry-run shows
+        raise GpuprovError(f"internal: python-terraform would run {built!r}, expected {step.argv!r}")
+    capture = step.kind == "inventory" or not _inherit_streams()
+    try:
+        code, out, err = tf.cmd(subcommand, *args, capture_output=capture)
+    except FileNotFoundError:
+        raise StepFailed("terraform not found on PATH: install Terraform >= 1.5 (https://developer.hashicorp.com/terraform/install)") from None
+    if capture and step.kind != "inventory":
+        echo((out or "") + (err or ""))
+    elif step.kind == "inventory" and code != 0:
+        echo(err or "")
+    return code, out or ""
+
+
+def write_inventory(root: Path, output_json: str) -> int:
+    """The Terraform output (a map shaped like a YAML inventory) as ansible/inventory.yml."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    try:
+        inventory = json.loads(output_json)
+    except ValueError:
+        raise StepFailed("terraform output ansible_inventory is not JSON") from None
+    try:
+        hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    except (KeyError, TypeError):
+        raise StepFailed("terraform output ansible_inventory lacks all.children.gpu_nodes.hosts") from None
+    if not isinstance(hosts, dict) or not hosts:
+        raise StepFailed("terraform output ansible_inventory lists no hosts")
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    buffer = io.StringIO()
+    yaml.dump(inventory, buffer)
+    target = root / "ansible" / INVENTORY
+    target.write_text("# written by `gpuprov up` from `terraform output ansible_inventory`\n" + buffer.getvalue(),
+                      encoding="utf-8")
+    return len(hosts)
+
+
+def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
+    if step.kind in ("terraform", "inventory"):
+        code, out = run_terraform(step, echo)
+        if code == 0 and step.kind == "inventory":
+            count = write_inventory(root, out)
+            echo(f"  ansible/{INVENTORY}: {count} host(s)")
+        return code
+    tool = shutil.which(step.argv[0]) or shutil.which(step.argv[0], path=os.path.dirname(sys.executable))
+    if tool is None:
+        raise StepFailed(f"{step.argv[0]} not found on PATH: pip install ansible-core")
+    if not (step.cwd / INVENTORY).is_file():
+        raise StepFailed(f"{step.cwd / INVENTORY} is missing: re-run `gpuprov up` from the start (--restart)")
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0")
+    return subprocess.run([tool, *step.argv[1:]], cwd=step.cwd, env=env).returncode
+
+
+def display(step: Step, root: Path) -> str:
+    where = step.cwd.relative_to(root).as_posix() if step.cwd.is_relative_to(root) else str(step.cwd)
+    return f"(cd {where} && {' '.join(step.argv)})"
+
+
+def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
+             echo: Callable[[str], None] = print) -> None:
+    steps = build_steps(root, plan.cluster.cloud)
+    if dry_run:
+        for number, step in enumerate(steps, start=1):
+            suffix = f"  > ansible/{INVENTORY}" if step.kind == "inventory" else ""
+            echo(f"{number}. {display(step, root)}{suffix}")
+        echo(f"{len(steps) + 1}. start training:\n{training_command(root, plan)}")
+        return
+    digest = lock_digest(root)
+    state = read_state(root)
+    if restart or state.get("lock_sha256") != digest:
+        if state and not restart:
+            echo("bundle changed since the last `gpuprov up`: starting from the first step")
+        state = {"lock_sha256": digest, "completed": []}
+    done = list(state.get("completed", []))
+    total = len(steps)
+    for number, step in enumerate(steps, start=1):
+        if step.name in done:
+            echo(f"[{number}/{total}] {step.title}: done in an earlier run, skipped")
+            continue
+        echo(f"[{number}/{total}] {step.title}")
+        echo(f"  $ {display(step, root)}")
+        code = run_step(root, step, echo)
+        if code != 0:
+            write_state(root, {**state, "completed": done, "failed": step.name})
+            raise StepFailed(f"step {number}/{total} '{step.name}' failed (exit {code}). Next: {step.hint}; "
+                             f"then re-run `gpuprov up {root}` to continue from this step")
+        done.append(step.name)
+        write_state(root, {"lock_sha256": digest, "completed": done})
+    echo(f"cluster ready ({plan.cluster.nodes} node(s), {plan.cluster.total_gpus} GPUs). Start training:")
+    echo(training_command(root, plan))

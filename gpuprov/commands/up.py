@@ -1,0 +1,35 @@
+"""`gpuprov up DIR [--dry-run]`: bring a bundle's cluster up, step by step, resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuprov.errors import GpuprovError
+
+
+@click.command()
+@click.argument("directory", metavar="DIR")
+@click.option("--dry-run", is_flag=True, help="Print every command, in order, and run nothing")
+@click.option("--restart", is_flag=True, help="Ignore the progress of an earlier run and start from the first step")
+def up(directory: str, dry_run: bool, restart: bool) -> None:
+    """Create the cluster (terraform), configure it (ansible), health-check it, print the training command.
+
+    Re-running continues at the step that failed (progress in DIR/.gpuprov-up.json).
+    """
+    from gpuprov import bundle
+    from gpuprov.bringup import bring_up
+    from gpuprov.plan import Plan
+
+    root = Path(directory)
+    if not root.is_dir():
+        raise GpuprovError(f"{root}: no such bundle directory")
+    bundle.read_lock(root)
+    try:
+        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GpuprovError(f"{root / bundle.PLAN_NAME} is missing: regenerate the bundle") from None
+    except ValueError as exc:
+        raise GpuprovError(f"{root / bundle.PLAN_NAME} does not load: {str(exc).splitlines()[0]}") from None
+    bring_up(root, plan, dry_run=dry_run, restart=restart, echo=lambda line: click.echo(line))
