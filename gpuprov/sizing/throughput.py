@@ -1,0 +1,270 @@
+"""Throughput model: step time of one training configuration, compute and communication.
+
+compute  = executed FLOPs (6N + attention, + recompute under activation checkpointing)
+           / (dense BF16 peak x sustained utilisation of the GPU class)
+comm     = bytes each GPU sends in the step's collectives (ring algorithms: (g-1)/g of the
+           buffer per all-gather / reduce-scatter, twice that per all-reduce) / link bandwidth,
+           NVLink (or PCIe) inside a node, the fabric's per-GPU share across nodes
+exposed  = the part of comm that compute cannot hide (overlap_fraction of compute hides it)
+
+Pure arithmetic on plain numbers (fast: the planner evaluates it tens of thousands of times).
+All assumptions come from catalog/data/throughput.yaml, each with its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from gpuprov.catalog import load_data
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    utilisation: dict[str, tuple[float, str]]  # class -> (value, source)
+    class_by_slug: dict[str, str]
+    class_by_arch: dict[str, str]
+    qlora_factor: float
+    qlora_source: str
+    attn_coeff: float
+    lora_base_flops_per_param: float
+    param_gather_bytes: float
+    grad_reduce_bytes: float
+    qlora_gather_bytes: float
+    overlap: float
+    link_eff: dict[str, float]
+    pcie_gbytes: dict[int, float]
+    no_p2p_slugs: frozenset[str]
+    no_p2p_factor: float
+    lat_intra: float
+    lat_inter: float
+    opt_bytes: float
+    opt_bytes_8bit: float
+    raw: dict[str, Any]
+
+
+@lru_cache(maxsize=1)
+def assumptions() -> Assumptions:
+    d = load_data("throughput.yaml")
+    c = d["communication"]
+    return Assumptions(
+        utilisation={k: (float(v["value"]), v["source"]) for k, v in d["utilisation"].items()},
+        class_by_slug=dict(d["class_by_slug"]),
+        class_by_arch=dict(d["class_by_architecture"]),
+        qlora_factor=float(d["task_speed_factor"]["qlora"]["value"]),
+        qlora_source=d["task_speed_factor"]["qlora"]["source"],
+        attn_coeff=float(d["flops"]["attention_flops_per_token_coeff"]),
+        lora_base_flops_per_param=float(d["flops"]["lora_base_flops_per_param"]),
+        param_gather_bytes=float(c["param_gather_bytes"]),
+        grad_reduce_bytes=float(c["grad_reduce_bytes"]),
+        qlora_gather_bytes=float(c["qlora_param_gather_bytes"]),
+        overlap=float(c["overlap_fraction"]),
+        link_eff={k: float(v) for k, v in c["link_efficiency"].items()},
+        pcie_gbytes={int(k): float(v) for k, v in c["pcie_gbytes_per_s"].items()},
+        no_p2p_slugs=frozenset(c["no_p2p_slugs"]),
+        no_p2p_factor=float(c["no_p2p_factor"]),
+        lat_intra=float(c["latency_s"]["intra_node"]),
+        lat_inter=float(c["latency_s"]["inter_node"]),
+        opt_bytes=float(d["optimizer"]["bytes_per_param"]),
+        opt_bytes_8bit=float(d["optimizer"]["bytes_per_param_8bit"]),
+        raw=d,
+    )
+
+
+def gpu_class(gpu: Any) -> str:
+    a = assumptions()
+    if gpu.slug in a.class_by_slug:
+        return a.class_by_slug[gpu.slug]
+    return a.class_by_arch.get(gpu.architecture, "ada")
+
+
+def utilisation(gpu: Any) -> tuple[float, str]:
+    """(assumed sustained fraction of dense BF16 peak, its source) for this GPU."""
+    return assumptions().utilisation[gpu_class(gpu)]
+
+
+# --------------------------------------------------------------------------- FLOPs per token
+@dataclass(frozen=True)
+class Flops:
+    model: float  # what MFU counts: 6N + attention (LoRA: 4N + 6N_lora + attention)
+    executed: float  # model + recompute
+    matmul_params: int
+    attention: float
+    recompute: float
+
+
+def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str) -> Flops:
+    a = assumptions()
+    # the input embedding is a lookup, not a matmul; a tied head still multiplies by it
+    n = arch.active_params - (0 if arch.tie_word_embeddings else arch.embedding_params)
+    attn = a.attn_coeff * arch.num_layers * seq_len * arch.num_attention_heads * arch.head_dim
+    if task == "full":
+        model = 6.0 * n + attn
+    else:
+        model = a.lora_base_flops_per_param * n + 6.0 * trainable + attn
+    fwd_attn = attn / 3.0  # forward is a third of forward + backward
+    if ac == "full":
+        recompute = 2.0 * n + fwd_attn
+    elif ac == "selective":
+        recompute = fwd_attn
+    else:
+        recompute = 0.0
+    return Flops(model=model, executed=model + recompute, matmul_params=n, attention=attn, recompute=recompute)
+
+
+# --------------------------------------------------------------------------- links
+def intra_node_gbytes(gpu: Any, fabric: str | None = None) -> tuple[float, str]:
+    """Achievable GB/s per GPU for collectives inside one node, and which link it is."""
+    a = assumptions()
+    if gpu.nvlink_gbytes_per_s:
+        return gpu.nvlink_gbytes_per_s * a.link_eff["nvlink"], "NVLink"
+    bw = a.pcie_gbytes.get(int(gpu.pcie_gen), 16.0) * a.link_eff["pcie"]
+    if gpu.slug in a.no_p2p_slugs:
+        return bw * a.no_p2p_factor, f"PCIe Gen{gpu.pcie_gen} (no P2P: via host memory)"
+    return bw, f"PCIe Gen{gpu.pcie_gen}"
+
+
+def inter_node_gbytes(fabric: str, gbps_per_gpu: float) -> float:
+    return gbps_per_gpu / 8.0 * assumptions().link_eff.get(fabric, 0.5)
+
+
+# --------------------------------------------------------------------------- the step
+@dataclass(frozen=True)
+class StepEstimate:
+    step_time_s: float
+    compute_time_s: float  # all micro-batches
+    comm_time_s: float  # total collective time (before overlap)
+    exposed_comm_s: float  # what the step pays for
+    optimizer_time_s: float
+    tokens_per_s: float  # whole cluster
+    mfu: float  # model FLOPs / (peak x GPUs x time)
+    utilisation: float
+    comm_bytes_per_gpu: float
+    bound: str  # compute | communication
+    terms: dict[str, float]  # named pieces for `gpuprov explain`
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Cluster + parallel shape of one candidate (plain numbers; no catalog objects)."""
+
+    nodes: int
+    gpus_per_node: int
+    sharding: str  # none, ddp, zero2, fsdp, hsdp
+    shard_group: int
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _collective_bw(group: int, gpus_per_node: int, intra: float, inter: float) -> tuple[float, float]:
+    """(GB/s, latency s) of a ring over `group` consecutive ranks (spans nodes if group > node)."""
+    a = assumptions()
+    if group <= gpus_per_node:
+        return intra, a.lat_intra
+    return min(intra, inter), a.lat_inter
+
+
+def step_estimate(
+    *,
+    shape: Shape,
+    flops: Flops,
+    peak_tflops: float,
+    util: float,
+    hbm_gbytes_per_s: float,
+    intra_gbytes: float,
+    inter_gbytes: float,
+    params: int,
+    trainable: int,
+    num_layers: int,
+    task: str,
+    optimizer: str = "adamw",
+) -> StepEstimate:
+    a = assumptions()
+    n = shape.total_gpus
+    speed = util * (a.qlora_factor if task == "qlora" else 1.0)
+    tokens_mb = shape.micro_batch * shape.seq_len
+    compute_mb = tokens_mb * flops.executed / (peak_tflops * 1e12 * speed)
+    compute = compute_mb * shape.grad_accum
+
+    gather_bytes = a.qlora_gather_bytes if task == "qlora" else a.param_gather_bytes
+    frozen = params - trainable if task != "full" else 0
+    # bytes in one full copy of what is gathered / reduced
+    gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * a.param_gather_bytes
+    grad_buf = trainable * a.grad_reduce_bytes
+
+    per_mb_comm = 0.0  # hides under each micro-batch's compute
+    per_step_sync = 0.0  # hides under the last backward only
+    tail = 0.0  # after the optimizer step: cannot hide
+    vol = 0.0
+    s = shape.sharding
+    if s in ("fsdp", "hsdp") and shape.shard_group > 1:
+        g = shape.shard_group
+        bw, lat = _collective_bw(g, shape.gpus_per_node, intra_gbytes, inter_gbytes)
+        frac = (g - 1) / g
+        # forward all-gather + backward re-gather (reshard_after_forward) + grad reduce-scatter
+        b = frac * (2 * gather_buf + grad_buf)
+        vol += b * shape.grad_accum
+        per_mb_comm = b / (bw * 1e9) + 3 * num_layers * lat
+        if s == "hsdp" and shape.nodes * shape.gpus_per_node > g:
+            r = n // g
+            bw_r, lat_r = _collective_bw(n, shape.gpus_per_node, intra_gbytes, inter_gbytes)
+            # replicas all-reduce their shard of the grads once per step (ranks of one replica
+            # group sit on different nodes: the fabric carries it)
+            b_r = 2 * (r - 1) / r * grad_buf / g
+            vol += b_r
+            per_step_sync = b_r / (min(bw_r, inter_gbytes) * 1e9) + num_layers * lat_r
+    elif s == "zero2" and n > 1:
+        bw, lat = _collective_bw(n, shape.gpus_per_node, intra_gbytes, inter_gbytes)
+        frac = (n - 1) / n
+        b_rs = frac * grad_buf
+        vol += b_rs * shape.grad_accum
+        per_mb_comm = b_rs / (bw * 1e9) + num_layers * lat
+        b_ag = frac * trainable * a.param_gather_bytes  # updated bf16 params after the step
+        vol += b_ag
+        tail = b_ag / (bw * 1e9) + lat
+    elif s == "ddp" and n > 1:
+        bw, lat = _collective_bw(n, shape.gpus_per_node, intra_gbytes, inter_gbytes)
+        b = 2 * (n - 1) / n * grad_buf  # no_sync during accumulation: one all-reduce per step
+        vol += b
+        per_step_sync = b / (bw * 1e9) + num_layers * lat
+    exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
+    backward_last = compute_mb * 2.0 / 3.0
+    exposed_sync = max(0.0, per_step_sync - a.overlap * backward_last)
+    exposed = exposed_mb * shape.grad_accum + exposed_sync + tail
+    comm = per_mb_comm * shape.grad_accum + per_step_sync + tail
+
+    # optimizer step over this GPU's shard of the trainable parameters (memory-bound)
+    if s in ("fsdp", "hsdp"):
+        shard = trainable / max(1, shape.shard_group)
+    elif s == "zero2":
+        shard = trainable / n
+    else:
+        shard = trainable
+    opt_bytes = a.opt_bytes_8bit if optimizer == "adamw-8bit" else a.opt_bytes
+    opt = shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
+
+    step = compute + exposed + opt
+    tokens_step = tokens_mb * shape.grad_accum * n
+    tps = tokens_step / step
+    mfu = tps * flops.model / (peak_tflops * 1e12 * n)
+    bound = "communication" if exposed > 0.25 * compute else "compute"
+    terms = {
+        "compute_per_micro_batch_s": compute_mb,
+        "comm_per_micro_batch_s": per_mb_comm,
+        "exposed_per_micro_batch_s": exposed_mb,
+        "sync_per_step_s": per_step_sync,
+        "exposed_sync_s": exposed_sync,
+        "tail_s": tail,
+        "optimizer_s": opt,
+    }
+    return StepEstimate(
+        step_time_s=step, compute_time_s=compute, comm_time_s=comm, exposed_comm_s=exposed,
+        optimizer_time_s=opt, tokens_per_s=tps, mfu=mfu, utilisation=speed,
+        comm_bytes_per_gpu=vol, bound=bound, terms=terms,
+    )
