@@ -1,0 +1,114 @@
+"""Render the bundle's launch/ folder: env.sh, train.sh, slurm.sbatch, train.yaml and the trainer.
+
+Pure: Plan in, {path relative to launch/: text} out. Every number comes from the plan; the
+trainer (templates/launch/train.py) is copied as is and reads train.yaml at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+
+from gpuprov import __version__
+from gpuprov.errors import GpuprovError
+from gpuprov.plan import Plan
+from gpuprov.render import RenderedFiles
+from gpuprov.resources import templates_dir
+
+RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PRECISIONS = {
+    # plan precision: (FSDP2 param_dtype, reduce_dtype, dtype of the sharded master weights + optimizer)
+    "bf16-mixed": ("bfloat16", "float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16", "bfloat16"),
+    "fp32": ("float32", "float32", "float32"),
+}
+_TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
+_COPIED = ("train.py",)
+
+
+def yaml_value(value, indent: int = 0) -> str:
+    """A YAML value both ruamel and PyYAML read back exactly (JSON flow style is YAML).
+
+    Floats always carry a '.' before any exponent: PyYAML (YAML 1.1) reads `1e-05` as a string.
+    Dicts nest as block mappings at `indent` spaces so a config.json stays readable.
+    """
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        pad = " " * indent
+        lines = [f"{pad}{json.dumps(str(k))}: {yaml_value(v, indent + 2)}" for k, v in value.items()]
+        return "\n" + "\n".join(lines)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise GpuprovError(f"cannot write a non-finite number ({value}) to train.yaml")
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        return mantissa + (e + exponent if e else "")
+    return json.dumps(value)  # str, int, bool, None
+
+
+def _run_id(plan: Plan) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", plan.model.name.rsplit("/", 1)[-1]).strip("-").lower() or "model"
+    return f"gpuprov-{slug}-{plan.task}"
+
+
+def _context(plan: Plan) -> dict:
+    for key in plan.fabric.nccl_env:
+        if not _ENV_NAME.match(key):
+            raise GpuprovError(f"fabric variable {key!r} is not a valid environment variable name")
+    if plan.cluster.precision not in _PRECISIONS:
+        raise GpuprovError(f"the trainer has no setting for precision {plan.cluster.precision!r}")
+    if plan.cluster.replicate * plan.cluster.shard_group != plan.cluster.total_gpus and \
+            plan.cluster.sharding in ("fsdp", "hsdp", "zero1", "zero2"):
+        raise GpuprovError(f"plan mesh replicate {plan.cluster.replicate} x shard {plan.cluster.shard_group} "
+                           f"!= {plan.cluster.total_gpus} GPUs")
+    if plan.task != "full" and not (plan.training.lora_rank and plan.training.lora_alpha):
+        raise GpuprovError(f"task {plan.task} needs lora_rank and lora_alpha in the plan")
+    param, reduce, master = _PRECISIONS[plan.cluster.precision]
+    vocab = int(plan.model.hf_config.get("vocab_size") or 0)
+    run_id = _run_id(plan)
+    mount = plan.storage.mount_point.rstrip("/") or ""
+    return {
+        "plan": plan,
+        "version": __version__,
+        "nccl_env": sorted(plan.fabric.nccl_env.items()),
+        # physical cores (vCPUs / 2 hyperthreads) per GPU rank
+        "omp_threads": max(1, plan.instance.vcpus // 2 // max(1, plan.cluster.gpus_per_node)),
+        "port": RDZV_PORT,
+        "run_id": run_id,
+        "plan_hosts": [h.address for h in plan.hosts or []],
+        "precision": {"param_dtype": param, "reduce_dtype": reduce, "master_dtype": master},
+        "lora_targets": list(plan.training.lora_targets) or "all-linear",
+        "vocab_size": vocab or "unknown",
+        "data_dtype": "uint16" if 0 < vocab <= 2**16 else "uint32",
+        "checkpoint_dir": f"{mount}/checkpoints/{run_id}",
+        "metrics_file": f"{mount}/logs/{run_id}/metrics.jsonl",
+    }
+
+
+def render_launch(plan: Plan) -> RenderedFiles:
+    import jinja2  # lazily: `gpuprov plan` must start fast
+
+    src = templates_dir() / "launch"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(src)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             autoescape=False,
+                             # bash's ${#array[@]} would open a Jinja comment
+                             comment_start_string="<#-", comment_end_string="-#>")
+    env.filters["shq"] = lambda v: shlex.quote(str(v))
+    env.filters["y"] = yaml_value
+    ctx = _context(plan)
+    files = {}
+    for name in _TEMPLATES:
+        text = env.get_template(f"{name}.j2").render(**ctx)
+        files[name] = "\n".join(line.rstrip() for line in text.split("\n"))
+    for name in _COPIED:
+        files[name] = (src / name).read_text()
+    return files
