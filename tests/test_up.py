@@ -1,0 +1,193 @@
+"""`gpuprov up`: exact commands, in order, through fake terraform/ansible-playbook executables
+(real subprocesses on PATH that record their argv and working directory), failure and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bundle_fixtures import standin_renderers
+from gpuprov import bundle
+from gpuprov.bringup import terraform_steps
+from plan_fixtures import sample_plan
+
+INVENTORY = {"all": {"children": {"gpu_nodes": {"hosts": {
+    "node-0": {"ansible_host": "10.1.0.10"}, "node-1": {"ansible_host": "10.1.0.11"}}}}}}
+
+FAKE = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys
+    name = os.path.basename(sys.argv[0])
+    with open(os.environ["FAKE_LOG"], "a") as log:
+        log.write(json.dumps({{"argv": [name] + sys.argv[1:], "cwd": os.getcwd()}}) + "\\n")
+    key = " ".join([name] + sys.argv[1:])
+    fail = os.environ.get("FAKE_FAIL")
+    if fail and fail in key:
+        print("fake failure: " + key, file=sys.stderr)
+        sys.exit(3)
+    if name == "terraform" and sys.argv[1:2] == ["output"]:
+        print(os.environ.get("FAKE_OUTPUT", "{{}}"))
+    """)
+
+CLOUD_COMMANDS = [
+    (["terraform", "init", "-input=false", "-no-color"], "terraform"),
+    (["terraform", "plan", "-input=false", "-no-color", "-out=tfplan"], "terraform"),
+    (["terraform", "apply", "-input=false", "-no-color", "tfplan"], "terraform"),
+    (["terraform", "output", "-no-color", "-json", "ansible_inventory"], "terraform"),
+    (["ansible-playbook", "-i", "inventory.yml", "site.yml", "--skip-tags", "health"], "ansible"),
+    (["ansible-playbook", "-i", "inventory.yml", "site.yml", "--tags", "health"], "ansible"),
+]
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("terraform", "ansible-playbook"):
+        path = bin_dir / name
+        path.write_text(FAKE.format(python=sys.executable))
+        path.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_LOG=str(log), FAKE_OUTPUT=json.dumps(INVENTORY))
+    env.pop("FAKE_FAIL", None)
+    return {"env": env, "log": log}
+
+
+def _bundle(tmp_path: Path, cloud: str = "aws", nodes: int = 2) -> Path:
+    root = tmp_path / "infra"
+    bundle.write_bundle(root, bundle.build_bundle(sample_plan(cloud, nodes=nodes), standin_renderers()), force=True)
+    return root
+
+
+def _up(root: Path, env: dict, *args: str, fail: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(env)
+    if fail:
+        env["FAKE_FAIL"] = fail
+    return subprocess.run([sys.executable, "-m", "gpuprov", "up", str(root), *args], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def _calls(log: Path, root: Path) -> list[tuple[list[str], str]]:
+    if not log.exists():
+        return []
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    return [(row["argv"], Path(row["cwd"]).relative_to(root.resolve()).as_posix()) for row in rows]
+
+
+def test_python_terraform_runs_exactly_our_argv(tmp_path: Path) -> None:
+    from python_terraform import Terraform
+
+    tf = Terraform(working_dir=str(tmp_path), terraform_bin_path="terraform")
+    for step in terraform_steps(tmp_path):
+        assert tf.generate_cmd_string(step.argv[1], *step.argv[2:]) == step.argv
+    # why not its helpers: plan()/apply() pass an empty variables dict, which becomes a temporary
+    # -var-file, and destroy() adds -force (rejected by Terraform >= 1.0)
+    defaults = tf.generate_cmd_string("apply", **tf._generate_default_options({}))
+    assert any(arg.startswith("-var-file=") for arg in defaults)
+    tf.temp_var_files.clean_up()
+
+
+def test_dry_run_prints_every_command_in_order_and_runs_nothing(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    result = _up(root, fakes["env"], "--dry-run")
+    assert result.returncode == 0, result.stderr
+    lines = [ln for ln in result.stdout.splitlines() if ln[:1].isdigit()]
+    expected = [f"{n}. (cd {cwd} && {' '.join(argv)})" for n, (argv, cwd) in enumerate(CLOUD_COMMANDS, 1)]
+    expected[3] += "  > ansible/inventory.yml"
+    assert lines[:6] == expected
+    assert lines[6].startswith("7. start training")
+    assert "train.sh" in result.stdout
+    assert _calls(fakes["log"], root) == []
+    assert not (root / bundle.UP_STATE_NAME).exists()
+
+
+def test_full_run_exact_commands_inventory_and_training_command(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    result = _up(root, fakes["env"])
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert _calls(fakes["log"], root) == [(argv, cwd) for argv, cwd in CLOUD_COMMANDS]
+    from ruamel.yaml import YAML
+
+    assert YAML(typ="safe").load((root / "ansible" / "inventory.yml").read_text()) == INVENTORY
+    assert "[6/6] health check" in result.stdout and "cluster ready" in result.stdout
+    assert "launch/train.sh" in result.stdout
+    state = json.loads((root / bundle.UP_STATE_NAME).read_text())
+    assert state["completed"] == ["terraform-init", "terraform-plan", "terraform-apply", "inventory",
+                                  "ansible-site", "health"]
+    # the state file and the written inventory are not drift
+    assert bundle.compare_bundle(root, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers())) == []
+
+
+def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    failed = _up(root, fakes["env"], fail="terraform apply")
+    assert failed.returncode == 1
+    assert "Traceback" not in failed.stderr
+    assert "step 3/6 'terraform-apply' failed (exit 3)" in failed.stderr
+    assert "quota" in failed.stderr and "re-run `gpuprov up" in failed.stderr
+    assert [argv[1] for argv, _ in _calls(fakes["log"], root)] == ["init", "plan", "apply"]
+    fakes["log"].unlink()
+    resumed = _up(root, fakes["env"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "terraform init (providers, backend): done in an earlier run, skipped" in resumed.stdout
+    assert _calls(fakes["log"], root) == [(argv, cwd) for argv, cwd in CLOUD_COMMANDS[2:]]
+    fakes["log"].unlink()
+    again = _up(root, fakes["env"])  # everything done: nothing runs
+    assert again.returncode == 0 and _calls(fakes["log"], root) == []
+    restarted = _up(root, fakes["env"], "--restart")
+    assert restarted.returncode == 0 and len(_calls(fakes["log"], root)) == 6
+
+
+def test_health_failure_exit_1(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    result = _up(root, fakes["env"], fail="--tags health")
+    assert result.returncode == 1
+    assert "'health' failed" in result.stderr and "replace or reboot" in result.stderr
+
+
+def test_bad_inventory_output_is_a_clear_failure(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    env = dict(fakes["env"], FAKE_OUTPUT='{"all": {}}')
+    result = _up(root, env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "all.children.gpu_nodes.hosts" in result.stderr
+    assert not (root / "ansible" / "inventory.yml").exists()
+
+
+def test_regenerated_bundle_starts_over(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    assert _up(root, fakes["env"], fail="ansible-playbook").returncode == 1
+    _bundle(tmp_path, nodes=3)  # new lock
+    fakes["log"].unlink()
+    result = _up(root, fakes["env"])
+    assert result.returncode == 0, result.stderr
+    assert "starting from the first step" in result.stdout
+    assert len(_calls(fakes["log"], root)) == 6
+
+
+def test_onprem_skips_terraform(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path, cloud="onprem")
+    dry = _up(root, fakes["env"], "--dry-run")
+    assert "terraform" not in dry.stdout.split("start training")[0]
+    result = _up(root, fakes["env"])
+    assert result.returncode == 0, result.stderr
+    assert _calls(fakes["log"], root) == [(argv, cwd) for argv, cwd in CLOUD_COMMANDS[4:]]
+
+
+def test_missing_terraform_is_a_clear_error(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    (tmp_path / "bin" / "terraform").unlink()
+    result = _up(root, fakes["env"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "terraform not found" in result.stderr
+
+
+def test_not_a_bundle(tmp_path: Path, fakes: dict) -> None:
+    result = _up(tmp_path, fakes["env"])
+    assert result.returncode == 2 and "not a gpuprov bundle" in result.stderr
