@@ -1,0 +1,478 @@
+"""Analytic per-GPU peak memory of one training setup, term by term.
+
+What is modelled is what PyTorch actually holds, not a bytes-per-parameter rule:
+
+* FSDP2 (`fully_shard`, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)) keeps fp32
+  sharded parameters, fp32 sharded gradients and two fp32 AdamW states (16 B/param / shards);
+  each decoder block is all-gathered to bf16 for compute (current + one prefetched), the root
+  (embeddings, final norm, output head) stays unsharded from forward to backward, and backward
+  reduce-scatters per block through an fp32 copy of the block's bf16 gradients.
+* DDP / single GPU with torch.autocast: fp32 params, fp32 grads, AdamW states, plus the bf16
+  weight copies autocast makes and autograd keeps for backward (the "18 bytes/param").
+* ZeRO-1/2 (DeepSpeed bf16): bf16 params and grads, fp32 master + states partitioned.
+* Pure bf16: params, grads and AdamW states all bf16 (8 B/param).
+* LoRA / QLoRA: the frozen base has no gradients or optimizer state (bf16, or NF4 with double
+  quantization for QLoRA's decoder linears); adapters train in the run's precision.
+
+Activations are counted per token per layer from the tensors autograd saves in a Llama-style
+block (RMSNorm, RoPE, SDPA/FlashAttention, GQA, SwiGLU), the approach of Korthikanti et al. 2022
+without the s^2 attention term (FlashAttention never stores the score matrix). The peak is the
+largest of three moments: the start of backward (every saved activation plus the loss buffers),
+the backward of the top block (recomputation and activation gradients), and the optimizer step
+(all gradients). Constants live in catalog/data/memory_constants.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuprov.catalog import load_data
+from gpuprov.errors import GpuprovError
+from gpuprov.sizing.arch import ModelArch, check_lora_rank, resolve_lora_targets
+from gpuprov.sizing.types import (
+    AC_MODES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SHARDINGS,
+    TASKS,
+    MemoryEstimate,
+    TrainSetup,
+)
+
+GIB = 2**30
+
+# Breakdown term names, in display order (the precise estimator reuses them where they map).
+TERMS: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "fp32_master",
+    "gathered_params",
+    "autocast_weight_cache",
+    "reduce_scatter_buffers",
+    "comm_buckets",
+    "activations",
+    "activation_transient",
+    "logits",
+    "cross_entropy",
+    "optimizer_step_transient",
+    "allocator_fragmentation",
+    "nccl_buffers",
+    "cuda_context",
+)
+
+# Terms that live outside PyTorch's caching allocator (not in torch.cuda.memory_reserved()).
+NON_ALLOCATOR_TERMS: tuple[str, ...] = ("nccl_buffers", "cuda_context")
+
+
+def _c() -> dict:
+    return load_data("memory_constants.yaml")
+
+
+@dataclass
+class _Phase:
+    name: str
+    terms: dict[str, int] = field(default_factory=dict)
+
+    def total(self) -> int:
+        return sum(self.terms.values())
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise GpuprovError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def shard_group_size(setup: TrainSetup) -> int:
+    """HSDP shard-group size: explicit, else the GPUs of one node (never more than all GPUs)."""
+    group = setup.shard_group if setup.shard_group is not None else min(setup.gpus_per_node, setup.gpus)
+    return group
+
+
+def validate_setup(arch: ModelArch, setup: TrainSetup) -> None:
+    _positive("--seq-len", setup.seq_len)
+    _positive("--micro-batch", setup.micro_batch)
+    _positive("--gpus", setup.gpus)
+    _positive("GPUs per node", setup.gpus_per_node)
+    for name, value, allowed in (
+        ("--task", setup.task, TASKS),
+        ("--sharding", setup.sharding, SHARDINGS),
+        ("--activation-checkpointing", setup.activation_checkpointing, AC_MODES),
+        ("--precision", setup.precision, PRECISIONS),
+        ("--optimizer", setup.optimizer, OPTIMIZERS),
+        ("--offload", setup.offload, OFFLOADS),
+    ):
+        if value not in allowed:
+            raise GpuprovError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+    if setup.task in ("lora", "qlora"):
+        _positive("--lora-rank", setup.lora_rank)
+        check_lora_rank(arch, setup.lora_rank)
+        resolve_lora_targets(setup.lora_targets)
+    if setup.shard_group is not None:
+        _positive("--shard-group", setup.shard_group)
+    if setup.sharding == "hsdp":
+        group = shard_group_size(setup)
+        if group > setup.gpus or setup.gpus % group:
+            raise GpuprovError(
+                f"hsdp shard group of {group} GPUs does not divide {setup.gpus} GPUs; "
+                f"pick --shard-group among the divisors of {setup.gpus}"
+            )
+    if setup.sharding == "none" and setup.gpus > 1:
+        raise GpuprovError("--sharding none runs on one GPU; use ddp, zero1, zero2, fsdp or hsdp for --gpus > 1")
+
+
+# ---------------------------------------------------------------------------- weights
+
+
+def nf4_bytes_per_param() -> float:
+    nf4 = _c()["nf4"]
+    absmax = nf4["double_quant_absmax_bytes"] / nf4["blocksize"]
+    scales = nf4["double_quant_scale_bytes"] / (nf4["blocksize"] * nf4["double_quant_blocksize"])
+    return nf4["weight_bits"] / 8 + absmax + scales
+
+
+def _optimizer_bytes_per_param(optimizer: str, state_elem_bytes: int) -> float:
+    if optimizer == "adamw-8bit":
+        q = _c()["adamw_8bit"]
+        return 2 * (q["state_bytes"] + q["absmax_bytes"] / q["blocksize"])
+    return 2 * state_elem_bytes  # AdamW exp_avg + exp_avg_sq, in the parameter's dtype
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """Per-GPU model-state bytes and the shapes FSDP gathers."""
+
+    params: int
+    grads: int
+    optimizer: int
+    master: int
+    layer_compute_bytes: int  # one decoder block as used in compute (bf16 / NF4 / fp32)
+    layer_trainable: int  # trainable params in one block
+    root_compute_bytes: int  # embeddings + head (+ final norm) as used in compute
+    head_params: int  # output projection (or the tied embedding) parameters
+    trainable: int
+
+
+def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weights:
+    P = arch.params
+    L = arch.num_layers
+    act = 4 if s.precision == "fp32" else 2
+    layer_params = arch.layer_params()
+    root_params = P - L * layer_params
+    head_params = arch.lm_head_params or arch.embedding_params
+    fsdp = s.sharding in ("fsdp", "hsdp")
+    zero = s.sharding in ("zero1", "zero2")
+    d_param = shard if fsdp else 1
+    d_grad = shard if (fsdp or s.sharding == "zero2") else 1
+    d_opt = shard if (fsdp or zero) else 1
+
+    if s.task == "full":
+        trainable = P
+        if s.precision == "bf16-mixed" and zero:
+            # DeepSpeed bf16: bf16 params/grads, fp32 master and fp32 gradient partitions.
+            params = 2 * P
+            grads = 2 * P // d_grad + 4 * P // d_opt
+            master = 4 * P // d_opt
+            opt = _optimizer_bytes_per_param(s.optimizer, 4) * P / d_opt
+        else:
+            elem = 2 if s.precision == "bf16" else 4  # bf16-mixed keeps fp32 params (FSDP2 / AMP)
+            params = elem * P // d_param
+            grads = elem * P // d_grad
+            master = 0
+            opt = _optimizer_bytes_per_param(s.optimizer, elem) * P / d_opt
+        layer_compute = act * layer_params
+        root_compute = act * root_params
+        layer_trainable = layer_params
+    else:
+        targets = resolve_lora_targets(s.lora_targets)
+        trainable = arch.lora_params(s.lora_rank, targets)
+        base_elem = 4 if s.precision == "fp32" else 2
+        if s.task == "qlora":
+            quantized = L * arch.layer_linear_params()
+            base = nf4_bytes_per_param() * quantized + base_elem * (P - quantized)
+            layer_compute = int(nf4_bytes_per_param() * arch.layer_linear_params()) + base_elem * (
+                layer_params - arch.layer_linear_params()
+            )
+        else:
+            base = base_elem * P
+            layer_compute = base_elem * layer_params
+        ad_elem = 2 if s.precision == "bf16" else 4
+        layer_trainable = trainable // L
+        layer_compute += act * layer_trainable
+        params = int(base) // d_param + ad_elem * trainable // d_param
+        grads = ad_elem * trainable // d_grad
+        master = 0
+        opt = _optimizer_bytes_per_param(s.optimizer, ad_elem) * trainable / d_opt
+        root_compute = base_elem * root_params
+
+    if s.offload in ("optimizer", "full"):
+        opt, master = 0, 0
+    if s.offload == "full":
+        params, grads = 0, 0
+    return _Weights(
+        params=int(params),
+        grads=int(grads),
+        optimizer=int(opt),
+        master=int(master),
+        layer_compute_bytes=int(layer_compute),
+        layer_trainable=int(layer_trainable),
+        root_compute_bytes=int(root_compute),
+        head_params=head_params,
+        trainable=int(trainable),
+    )
+
+
+# ---------------------------------------------------------------------------- activations
+
+
+def _kv_as_attended(arch: ModelArch) -> int:
+    """K/V width fed to SDPA: GQA heads are repeated (repeat_kv copies) to the query heads."""
+    return arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim
+
+
+def _norms_per_layer(arch: ModelArch) -> int:
+    return 4 if arch.model_type == "gemma2" else 2
+
+
+def layer_activation_bytes_per_token(arch: ModelArch, a: int, compiled: bool, lora_rank_sum: int = 0) -> int:
+    """Bytes one token leaves saved for backward in one decoder block, no checkpointing."""
+    h, q, f = arch.hidden_size, arch.q_dim, arch.intermediate_size
+    kv = _kv_as_attended(arch)
+    if compiled:
+        norm = 2 * a * h  # fused: input and output only
+    else:
+        norm = 4 * h + 2 * a * h  # eager: fp32 upcast copy + normalized + weighted output
+    attn = a * (q + 2 * kv + q + q) + 4 * arch.num_attention_heads  # q_rot, k, v, out, o_proj input, lse
+    mlp_dense = (3 if compiled else 4) * a * f  # gate, up, (silu), product
+    if arch.is_moe:
+        k = arch.experts_per_token
+        mlp = k * (mlp_dense + 2 * a * h) + 4 * arch.num_experts * 2  # routed copies + router probs
+    else:
+        mlp = mlp_dense
+    lora = a * lora_rank_sum  # adapters' A outputs
+    return _norms_per_layer(arch) * norm + attn + mlp + lora
+
+
+def selective_layer_bytes_per_token(arch: ModelArch, a: int) -> int:
+    """torchtitan op-level SAC: keeps the block input, every other matmul output and SDPA out."""
+    h, q, f, kv = arch.hidden_size, arch.q_dim, arch.intermediate_size, arch.kv_dim
+    mlp = a * f * (arch.experts_per_token if arch.is_moe else 1)
+    return a * (h + q + kv + q + h) + mlp + 4 * arch.num_attention_heads
+
+
+def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
+    """Activation gradients alive while one block runs backward (MLP-wide plus residual)."""
+    k = arch.experts_per_token if arch.is_moe else 1
+    return a * (2 * arch.intermediate_size * k + 2 * arch.hidden_size)
+
+
+# ---------------------------------------------------------------------------- estimate
+
+
+def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | None = None) -> MemoryEstimate:
+    """Predicted peak bytes on the busiest GPU, with every term and the assumptions behind it."""
+    validate_setup(arch, setup)
+    s = setup
+    c = _c()
+    n = s.gpus
+    fsdp = s.sharding in ("fsdp", "hsdp")
+    shard = shard_group_size(s) if s.sharding == "hsdp" else n
+    a = 4 if s.precision == "fp32" else 2
+    tokens = s.seq_len * s.micro_batch
+    L = arch.num_layers
+    w = _weights(arch, s, n, shard)
+    lora_rank_sum = 0
+    if s.task != "full":
+        lora_rank_sum = s.lora_rank * len(resolve_lora_targets(s.lora_targets))
+    act_offload = bool(getattr(s, "activation_offloading", False))
+    grad_accum = int(getattr(s, "grad_accumulation_steps", 1) or 1)
+
+    # -- activations saved across the whole forward --------------------------------------
+    full_layer = layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
+    if s.activation_checkpointing == "none":
+        saved_layer = full_layer
+        recompute = 0
+    elif s.activation_checkpointing == "selective":
+        saved_layer = selective_layer_bytes_per_token(arch, a)
+        recompute = max(full_layer - saved_layer, 0)
+    else:
+        saved_layer = a * arch.hidden_size
+        recompute = full_layer - saved_layer
+    final_norm = 4 * arch.hidden_size + 2 * a * arch.hidden_size  # final RMSNorm runs eager
+    if act_offload:
+        # Offloaded activations stream to host; roughly two blocks stay resident (current + in flight).
+        saved_all = tokens * (saved_layer * min(L, 2)) + tokens * final_norm
+    else:
+        saved_all = tokens * (saved_layer * L + final_norm)
+    layer_transient = tokens * (recompute + _grad_work_bytes_per_token(arch, a))
+    if s.task == "qlora":
+        h, f = arch.hidden_size, arch.intermediate_size
+        layer_transient += 2 * h * max(f, arch.q_dim)  # one linear dequantized to bf16 at a time
+
+    # -- logits and loss -------------------------------------------------------------------
+    ce = c["cross_entropy"]
+    V = arch.vocab_size
+    logits = tokens * a * V  # held by the caller (model output) until backward
+    if arch.model_type == "gemma2":
+        logits += tokens * a * V  # final logit soft-capping saves the tanh output too
+    chunks = ce["chunks"]
+    if s.chunked_cross_entropy and s.compile:
+        ce_bytes = tokens * 4 * V * 2 // chunks
+    elif s.chunked_cross_entropy:
+        ce_bytes = tokens * 4 * V + tokens * 4 * V * 2 // chunks
+    else:
+        ce_bytes = tokens * 4 * V * ce["fp32_buffers_eager"]
+
+    # -- FSDP gathered blocks and reduce-scatter staging ------------------------------------
+    gathered = 0
+    rs_buffers = 0
+    if fsdp or s.offload == "full":
+        units = 1 + c["fsdp"]["prefetch_units"]
+        gathered = units * w.layer_compute_bytes + w.root_compute_bytes
+        reduce_elem = 4 if s.precision in ("bf16-mixed", "fp32") else 2
+        rs_buffers = w.layer_trainable * (a + reduce_elem) + w.layer_trainable * reduce_elem // shard
+    autocast_cache = 0
+    if s.precision == "bf16-mixed" and s.task == "full" and s.sharding in ("none", "ddp") and s.offload != "full":
+        autocast_cache = 2 * arch.params  # bf16 weight casts kept by autograd until each backward
+
+    # -- gradients held during forward/backward ---------------------------------------------
+    comm_buckets = 0
+    if s.sharding == "ddp":
+        comm_buckets = w.grads  # DDP flat buckets duplicate the gradients
+    elif s.sharding in ("zero1", "zero2"):
+        bucket = c["zero_buckets"]["elements"] * a
+        comm_buckets = min(2 * bucket, 2 * a * w.trainable)
+    # FSDP's sharded grads sit in the reduce-scatter stream's cached blocks; DDP/ZeRO keep them;
+    # with gradient accumulation every setup keeps them between micro-batches.
+    grads_during_fwd = w.grads if (s.sharding != "none" or grad_accum > 1) else 0
+    head_grad = 0
+    if s.task == "full" and grads_during_fwd == 0:
+        head_grad = a * w.head_params  # the output head's gradient appears first in backward
+    elif s.task == "full" and fsdp:
+        head_grad = a * w.head_params  # unsharded bf16 grad of the root until its reduce-scatter
+
+    base = {
+        "parameters": w.params,
+        "optimizer_states": w.optimizer,
+        "fp32_master": w.master,
+        "comm_buckets": comm_buckets,
+    }
+    phase_a = _Phase("start of backward (loss)", {
+        **base,
+        "gradients": grads_during_fwd,
+        "gathered_params": gathered,
+        "autocast_weight_cache": autocast_cache,
+        "reduce_scatter_buffers": rs_buffers,
+        "activations": saved_all,
+        "logits": logits,
+        "cross_entropy": ce_bytes,
+    })
+    phase_b = _Phase("backward of the last block", {
+        **base,
+        "gradients": grads_during_fwd + head_grad,
+        "gathered_params": gathered,
+        "autocast_weight_cache": autocast_cache,
+        "reduce_scatter_buffers": rs_buffers,
+        "activations": saved_all - tokens * final_norm,
+        "activation_transient": layer_transient,
+    })
+    step_transient = 0  # fused AdamW: no per-step temporaries
+    phase_c = _Phase("optimizer step", {
+        **base,
+        "gradients": w.grads,
+        "gathered_params": gathered if fsdp else 0,
+        "optimizer_step_transient": step_transient,
+    })
+    peak = max((phase_a, phase_b, phase_c), key=_Phase.total)
+
+    terms = {t: 0 for t in TERMS}
+    terms.update(peak.terms)
+    allocated = sum(terms.values())
+    terms["allocator_fragmentation"] = int(allocated * c["allocator"]["fragmentation_fraction"])
+    nc = c["nccl"]
+    if n > 1:
+        terms["nccl_buffers"] = int(nc["buffsize_bytes"] * nc["channels"] * nc["connections_per_channel"] * nc["protocol_factor"])
+    terms["cuda_context"] = int(c["cuda_context"]["bytes"])
+    terms = {k: int(v) for k, v in terms.items()}
+    per_gpu = sum(terms.values())
+
+    assumptions = _assumptions(arch, s, peak.name, fsdp, shard, grad_accum, act_offload)
+    if gpu_memory_bytes is not None:
+        free = gpu_memory_bytes - per_gpu
+        verdict = "fits" if free >= 0 else "does not fit"
+        assumptions.append(f"{verdict} in {gpu_memory_bytes / GIB:.1f} GiB with {free / GIB:+.1f} GiB to spare")
+    states = (w.params + w.grads + w.optimizer + w.master) * n
+    return MemoryEstimate(
+        per_gpu_bytes=per_gpu,
+        breakdown=terms,
+        model_states_bytes=int(states),
+        trainable_params=w.trainable,
+        assumptions=tuple(assumptions),
+    )
+
+
+def allocator_bytes(estimate: MemoryEstimate) -> dict[str, int]:
+    """What PyTorch's own counters would read: `reserved` and `active` (live tensors)."""
+    reserved = estimate.per_gpu_bytes - sum(estimate.breakdown.get(t, 0) for t in NON_ALLOCATOR_TERMS)
+    active = reserved - estimate.breakdown.get("allocator_fragmentation", 0)
+    return {"reserved": reserved, "active": active}
+
+
+def _assumptions(
+    arch: ModelArch, s: TrainSetup, peak: str, fsdp: bool, shard: int, grad_accum: int, act_offload: bool
+) -> list[str]:
+    out = [f"peak at the {peak}"]
+    if s.task == "full":
+        states = {
+            ("bf16-mixed", True): "FSDP2 bf16-mixed: fp32 sharded params + fp32 sharded grads + 2 fp32 AdamW states, bf16 all-gathered blocks, fp32 reduce-scatter",
+            ("bf16", True): "FSDP2 pure bf16: params, grads and AdamW states all bf16, sharded",
+            ("fp32", True): "FSDP2 fp32: params, grads and AdamW states fp32, sharded",
+        }
+        if fsdp:
+            out.append(states[(s.precision, True)])
+        elif s.sharding in ("zero1", "zero2") and s.precision == "bf16-mixed":
+            out.append("ZeRO (DeepSpeed bf16): bf16 params and grads, fp32 master + fp32 grad partition + AdamW states partitioned")
+        elif s.precision == "bf16-mixed":
+            out.append("torch.autocast bf16: fp32 params, fp32 grads, fp32 AdamW states, and bf16 weight casts kept for backward (18 B/param)")
+        else:
+            out.append(f"{s.precision}: params, grads and AdamW states in {s.precision.replace('-mixed', '')}")
+    else:
+        base = "NF4 (blocksize 64, double-quantized absmax) decoder linears, bf16 embeddings/head" if s.task == "qlora" else "bf16 frozen base"
+        out.append(f"{s.task}: {base}; only adapters (rank {s.lora_rank}) have gradients and optimizer state")
+    if s.sharding == "hsdp":
+        out.append(f"hsdp: sharded within groups of {shard} GPUs, replicated across {s.gpus // shard} groups")
+    if s.optimizer == "adamw-8bit":
+        out.append("bitsandbytes 8-bit AdamW: 2 B/param of state + blockwise absmax")
+    else:
+        out.append("fused AdamW (torch.optim.AdamW(fused=True)); foreach AdamW would add one state-sized temporary at the step")
+    if s.offload != "none":
+        out.append(f"CPU offload of {'optimizer states' if s.offload == 'optimizer' else 'params, grads and optimizer states'}")
+    attn = "SDPA/FlashAttention (no s^2 scores stored), GQA K/V repeated to the query heads"
+    if arch.model_type == "gemma2":
+        attn += "; gemma2 attention soft-capping needs flash-attn >= 2.6 for this (eager attention would store s^2 scores)"
+    out.append(attn)
+    ac = {
+        "none": "no activation checkpointing: every block's saved tensors live until its backward",
+        "selective": "selective AC = torchtitan op-level SAC (keep block input, every other matmul output, SDPA output; recompute the rest)",
+        "full": "full AC: only each block's input is kept; one block is recomputed at a time in backward",
+    }[s.activation_checkpointing]
+    out.append(ac)
+    out.append("torch.compile per block (fused norms/SiLU intermediates)" if s.compile else "eager mode (RMSNorm fp32 upcast intermediates are saved)")
+    if s.chunked_cross_entropy:
+        out.append("chunked cross-entropy (8 chunks, fp32 upcast per chunk)" + (", loss compiled" if s.compile else ""))
+    else:
+        out.append(f"cross-entropy on fp32-upcast logits ({arch.vocab_size} vocab): bf16 logits + 3 fp32 logit-sized buffers at the start of backward")
+    if act_offload:
+        out.append("activations offloaded to CPU (about two blocks resident)")
+    if grad_accum > 1 or s.sharding != "none":
+        out.append("gradients held through forward (gradient accumulation / comm buffers / FSDP reduce-scatter stream cache)")
+    else:
+        out.append("no gradient accumulation: zero_grad(set_to_none=True) frees gradients before forward")
+    out.append("PyTorch caching allocator: +5% fragmentation over live tensors; CUDA context and NCCL buffers outside it")
+    out.append("no tensor/pipeline/context parallelism: each GPU processes micro-batch x seq-len tokens")
+    return out
