@@ -1,0 +1,160 @@
+"""`gpuprov estimate`: per-GPU peak memory of one training setup, term by term."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from gpuprov.errors import GpuprovError
+from gpuprov.sizing.types import AC_MODES, OFFLOADS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS, TrainSetup
+
+GIB = 2**30
+
+
+def build_setup(
+    *, task, seq_len, micro_batch, gpus, gpus_per_node, sharding, shard_group, activation_checkpointing,
+    precision, optimizer, offload, lora_rank, lora_targets, compile, chunked_cross_entropy,
+) -> TrainSetup:
+    from gpuprov.sizing.arch import resolve_lora_targets
+
+    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--gpus", gpus), ("--lora-rank", lora_rank)):
+        if value <= 0:
+            raise GpuprovError(f"{flag} must be a positive integer, got {value}")
+    if gpus_per_node is None:
+        gpus_per_node = min(8, gpus)
+    if gpus_per_node <= 0:
+        raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
+    if sharding is None:
+        sharding = "none" if gpus == 1 else "fsdp"
+    if shard_group is not None and sharding != "hsdp":
+        raise GpuprovError("--shard-group applies to --sharding hsdp only")
+    targets = resolve_lora_targets(lora_targets)
+    return TrainSetup(
+        task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
+        sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
+        precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=targets,
+        compile=compile, chunked_cross_entropy=chunked_cross_entropy,
+    )
+
+
+def run_precise(arch, setup, gpu_memory_bytes):
+    """Lazily import the PyTorch-backed estimator (helper G's module) with a clear install hint."""
+    try:
+        from gpuprov.sizing.precise import estimate_precise
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
+            raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
+        if exc.name == "gpuprov.sizing.precise":
+            raise GpuprovError("--precise is not available in this build of gpuprov") from None
+        raise
+    try:
+        return estimate_precise(arch, setup, gpu_memory_bytes, progress=lambda msg: click.echo(msg, err=True))
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
+            raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
+        raise
+
+
+def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
+    from gpuprov.sizing.memory import allocator_bytes
+
+    return {
+        "per_gpu_bytes": est.per_gpu_bytes,
+        "breakdown": dict(est.breakdown),
+        "fits": est.per_gpu_bytes <= gpu.memory_bytes,
+        "gpu_memory_bytes": gpu.memory_bytes,
+        "headroom_bytes": gpu.memory_bytes - est.per_gpu_bytes,
+        "allocator": allocator_bytes(est),
+        "model_states_bytes": est.model_states_bytes,
+        "model": {
+            "name": arch.name,
+            "display_name": arch.display_name,
+            "model_type": arch.model_type,
+            "params": arch.params,
+            "trainable_params": est.trainable_params,
+        },
+        "gpu": {"slug": gpu.slug, "name": gpu.name},
+        "setup": {
+            "task": setup.task, "seq_len": setup.seq_len, "micro_batch": setup.micro_batch, "gpus": setup.gpus,
+            "gpus_per_node": setup.gpus_per_node, "sharding": setup.sharding, "shard_group": setup.shard_group,
+            "activation_checkpointing": setup.activation_checkpointing, "precision": setup.precision,
+            "optimizer": setup.optimizer, "offload": setup.offload,
+            "lora_rank": setup.lora_rank if setup.task != "full" else None,
+            "lora_targets": list(setup.lora_targets) if setup.task != "full" else None,
+            "compile": setup.compile, "chunked_cross_entropy": setup.chunked_cross_entropy,
+        },
+        "estimator": estimator,
+        "assumptions": list(est.assumptions),
+    }
+
+
+def render_table(d: dict) -> str:
+    m, g, s = d["model"], d["gpu"], d["setup"]
+    total = d["per_gpu_bytes"]
+    lines = [
+        f"{m['display_name']} ({m['params']:,} params, {m['trainable_params']:,} trainable) - {s['task']}"
+        f" on {s['gpus']} x {g['name']}",
+        f"seq-len {s['seq_len']}, micro-batch {s['micro_batch']}, {s['sharding']}, AC {s['activation_checkpointing']},"
+        f" {s['precision']}, {s['optimizer']}, offload {s['offload']}  [{d['estimator']} estimate]",
+        "",
+        f"{'term':<28}{'GiB':>10}{'share':>8}",
+    ]
+    for term, value in d["breakdown"].items():
+        if value:
+            lines.append(f"{term:<28}{value / GIB:>10.2f}{value / total:>8.1%}")
+    lines.append(f"{'peak per GPU':<28}{total / GIB:>10.2f}")
+    lines.append(f"{'GPU memory (usable)':<28}{d['gpu_memory_bytes'] / GIB:>10.2f}")
+    head = d["headroom_bytes"] / GIB
+    verdict = "FITS" if d["fits"] else "DOES NOT FIT"
+    lines.append(f"{verdict}: headroom {head:+.2f} GiB ({d['headroom_bytes'] / d['gpu_memory_bytes']:+.1%} of the GPU)")
+    lines.append("")
+    lines.append("assumes:")
+    lines.extend(f"  - {a}" for a in d["assumptions"])
+    return "\n".join(lines)
+
+
+@click.command(name="estimate")
+@click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`) or path to a config.json.")
+@click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
+@click.option("--seq-len", type=int, default=4096, show_default=True, help="Tokens per sample.")
+@click.option("--micro-batch", type=int, default=1, show_default=True, help="Samples per GPU per forward.")
+@click.option("--gpu", "gpu_slug", default="h100-80gb", show_default=True, help="GPU slug (see `gpuprov gpus`).")
+@click.option("--gpus", type=int, default=8, show_default=True, help="Total GPUs.")
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(8, --gpus)).")
+@click.option("--sharding", type=click.Choice(SHARDINGS), default=None, help="Default: none on 1 GPU, else fsdp.")
+@click.option("--shard-group", type=int, default=None, help="hsdp shard-group size (default: GPUs of one node).")
+@click.option("--activation-checkpointing", type=click.Choice(AC_MODES), default="selective", show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--lora-rank", type=int, default=16, show_default=True)
+@click.option("--lora-targets", default="all-linear", show_default=True, help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
+@click.option("--offload", type=click.Choice(OFFLOADS), default="none", show_default=True)
+@click.option("--compile/--no-compile", "use_compile", default=False, show_default=True, help="torch.compile per block.")
+@click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=False, show_default=True)
+@click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
+             activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
+             chunked_cross_entropy, precise, as_json) -> None:
+    """Per-GPU peak memory of one training setup, term by term, and whether it fits."""
+    from gpuprov.catalog.gpus import get_gpu
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing.memory import estimate_memory
+
+    arch = get_model(model_name)
+    gpu = get_gpu(gpu_slug)
+    setup = build_setup(
+        task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
+        sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
+        precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=lora_targets,
+        compile=use_compile, chunked_cross_entropy=chunked_cross_entropy,
+    )
+    if precise:
+        est = run_precise(arch, setup, gpu.memory_bytes)
+        kind = "precise"
+    else:
+        est = estimate_memory(arch, setup, gpu.memory_bytes)
+        kind = "analytic"
+    d = result_dict(arch, gpu, setup, est, kind)
+    click.echo(json.dumps(d, indent=2) if as_json else render_table(d))
