@@ -89,11 +89,11 @@ def training_command(root: Path, plan) -> str:
     """What starts training once the nodes are ready (printed, not run: it is a long job)."""
     launch = root / "launch"
     lines = []
-    if (launch / "slurm.sbatch").is_file():
-        lines.append(f"under Slurm:  sbatch {launch / 'slurm.sbatch'}")
     if (launch / "train.sh").is_file():
-        lines.append(f"on every node ({plan.cluster.nodes}): {launch / 'train.sh'}   "
-                     f"(rank from the order of ansible/{INVENTORY}; first host is the rendezvous)")
+        # train.sh reads ../ansible/inventory.yml for the node order, so each node needs the bundle
+        lines.append(f"  on every node ({plan.cluster.nodes}), from a copy of this bundle:  launch/train.sh")
+    if (launch / "slurm.sbatch").is_file():
+        lines.append(f"  or under Slurm:  cd {launch} && sbatch slurm.sbatch")
     return "\n".join(lines) or f"see {launch}/ for the launch scripts"
 
 

@@ -238,6 +238,19 @@ def _hosts_from_ini(path: Path, text: str) -> list[dict[str, Any]]:
     return hosts
 
 
+def _looks_like_ini(path: Path) -> bool:
+    """An .ini name, a `[group]` header line, or `key=value` host variables: not YAML."""
+    if path.suffix in (".ini", ".cfg"):
+        return True
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False  # load_yaml reports it
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", ";"))]
+    return bool(lines) and (re.match(r"^\[[A-Za-z0-9_:-]+\]$", lines[0]) is not None
+                            or any(re.search(r"\s\w+=\S", ln) for ln in lines))
+
+
 def load_hosts(path: str | Path) -> list:
     """Hosts file -> [HostEntry]: a YAML list of {name, address[, user]}, a YAML mapping
     name -> address, an Ansible YAML inventory (all.children.gpu_nodes.hosts), or ini lines."""
@@ -246,8 +259,10 @@ def load_hosts(path: str | Path) -> list:
     from gpuprov.spec import HostEntry
 
     path = Path(path)
-    tree = load_yaml(path)
-    if isinstance(tree, str) or tree is None:
+    if _looks_like_ini(path):
+        entries = _hosts_from_ini(path, path.read_text(encoding="utf-8"))
+        tree = None
+    elif isinstance(tree := load_yaml(path), str) or tree is None:
         entries = _hosts_from_ini(path, path.read_text(encoding="utf-8"))
         tree = None
     else:

@@ -16,8 +16,8 @@ def make_plan(spec):
     """The planner, imported when a command needs it (helper B's gpuprov.planner)."""
     try:
         from gpuprov.planner import make_plan as planner
-    except ModuleNotFoundError as exc:
-        if exc.name == "gpuprov.planner":
+    except ImportError as exc:
+        if exc.name == "gpuprov.planner" or not isinstance(exc, ModuleNotFoundError):
             raise GpuprovError("the planner is not available in this build of gpuprov") from None
         raise
     return planner(spec)

@@ -1,0 +1,248 @@
+"""`gpuprov generate/init/schema` and the spec flags: units, file + flag merge, one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from bundle_fixtures import all_pieces_present
+from gpuprov import bundle
+from gpuprov.commands.spec_options import spec_options
+from gpuprov.errors import GpuprovError
+from gpuprov.specfile import load_hosts, parse_count, parse_hours
+
+needs_everything = pytest.mark.skipif(not all_pieces_present(), reason="planner or a renderer has not landed yet")
+
+
+def run(*args: str, cwd: Path | None = None, stdin=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, cwd=cwd, stdin=stdin,
+                          timeout=120)
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    err = result.stderr.decode()
+    assert result.returncode == 2, (result.returncode, err)
+    assert "Traceback" not in err
+    # click's usage errors add a "Usage:"/"Try --help" preamble before their one error line
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("Usage: ", "Try '"))]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("text,binary,expected", [
+    ("20B", False, 20 * 10**9), ("1T", False, 10**12), ("1.5T", False, 1_500_000_000_000),
+    ("500M", False, 500 * 10**6), ("10k", False, 10_000), ("2e9", False, 2 * 10**9), ("1_000", False, 1000),
+    ("4M", True, 4 * 2**20), ("4Mi", False, 4 * 2**20), ("512K", True, 512 * 1024), (123, False, 123),
+])
+def test_parse_count(text, binary, expected) -> None:
+    assert parse_count(text, binary=binary) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "B", "1X", "1.5", "-3B", "1e400", "nan", True, 1.5, "1.0000000001k"])
+def test_parse_count_rejects(bad) -> None:
+    with pytest.raises(GpuprovError):
+        parse_count(bad)
+
+
+@pytest.mark.parametrize("text,expected", [("30d", 720.0), ("12h", 12.0), ("90m", 1.5), ("2w", 336.0), ("36", 36.0),
+                                           (48, 48.0), ("1.5d", 36.0)])
+def test_parse_hours(text, expected) -> None:
+    assert parse_hours(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["soon", "3 days", "-1h", "", True])
+def test_parse_hours_rejects(bad) -> None:
+    with pytest.raises(GpuprovError):
+        parse_hours(bad)
+
+
+@click.command()
+@spec_options
+def _echo_spec(spec) -> None:
+    click.echo(spec.model_dump_json())
+
+
+def _spec(*args: str) -> dict:
+    result = CliRunner().invoke(_echo_spec, list(args), catch_exceptions=True)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_flags_build_the_spec_with_units() -> None:
+    spec = _spec("--model", "70b", "--tokens", "1T", "--batch-tokens", "4M", "--deadline", "30d",
+                 "--gpu", "h100-80gb,a100-80gb", "--gpu", "h200", "--lora-targets", "q_proj,v_proj", "--task", "lora")
+    assert spec["model"] == "70b" and spec["tokens"] == 10**12 and spec["global_batch_tokens"] == 4 * 2**20
+    assert spec["deadline_hours"] == 720.0 and spec["gpus"] == ["h100-80gb", "a100-80gb", "h200"]
+    assert spec["lora_targets"] == ["q_proj", "v_proj"] and spec["task"] == "lora"
+    assert _spec("--lora-targets", "qv")["lora_targets"] == "qv"
+
+
+def test_flags_override_file_values(tmp_path: Path) -> None:
+    spec_file = tmp_path / "gpuprov.yaml"
+    spec_file.write_text("model: 13b\ntokens: 20B\ncloud: gcp\ndeadline_hours: 2d\n")
+    spec = _spec("-f", str(spec_file), "--cloud", "aws")
+    assert spec["model"] == "13b" and spec["tokens"] == 20 * 10**9 and spec["cloud"] == "aws"
+    assert spec["deadline_hours"] == 48.0
+    assert spec["seq_len"] == 4096  # model default where neither says
+
+
+def test_hosts_file_formats(tmp_path: Path) -> None:
+    listed = tmp_path / "hosts.yaml"
+    listed.write_text("- name: gpu0\n  address: 10.0.0.10\n- {name: gpu1, address: 10.0.0.11, user: ubuntu}\n")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("gpu0: 10.0.0.10\ngpu1: 10.0.0.11\n")
+    ini = tmp_path / "hosts.ini"
+    ini.write_text("[gpu_nodes]\ngpu0 ansible_host=10.0.0.10\ngpu1 ansible_host=10.0.0.11 ansible_user=ubuntu\n")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        gpu0: {ansible_host: 10.0.0.10}\n"
+                         "        gpu1: {ansible_host: 10.0.0.11}\n")
+    for path in (listed, mapping, ini, inventory):
+        hosts = load_hosts(path)
+        assert [(h.name, h.address) for h in hosts] == [("gpu0", "10.0.0.10"), ("gpu1", "10.0.0.11")], path
+    spec = _spec("--hosts", str(listed))
+    assert spec["cloud"] == "onprem" and spec["hosts"][1]["user"] == "ubuntu"
+
+
+@pytest.mark.parametrize("content,message", [
+    ("- name: gpu0\n  address: 10.0.0.10\n- name: gpu0\n  address: 10.0.0.11\n", "appears twice"),
+    ("- name: 'bad name!'\n  address: 10.0.0.10\n", "name"),
+    ("- name: gpu0\n", "address"),
+    ("", "no hosts"),
+    ("[gpu_nodes]\n=broken\n", "expected"),
+])
+def test_bad_hosts_file(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "hosts"
+    path.write_text(content)
+    with pytest.raises(GpuprovError, match=message):
+        load_hosts(path)
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--tokens", "many"], "--tokens"),
+    (["--deadline", "soon"], "--deadline"),
+    (["--seq-len", "0"], "seq-len"),
+    (["--task", "pretrain"], "pretrain"),
+    (["--safety-margin", "0.95"], "--safety-margin"),
+    (["-f", "/nonexistent/gpuprov.yaml"], "no such file"),
+    (["--hosts", "/nonexistent/hosts.yaml"], "no such file"),
+])
+def test_bad_flags_one_line_exit_2_nothing_written(tmp_path: Path, args: list[str], expect: str) -> None:
+    line = one_line_error(run("generate", *args, "-o", str(tmp_path / "out")))
+    assert expect in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content,expect", [
+    ("model: 70b\ntokens: -5\n", "gpuprov.yaml:2: tokens"),
+    ("model: 70b\nmodle: 13b\n", "gpuprov.yaml:2: modle: unknown key"),
+    ("seq_len: many\n", "gpuprov.yaml:1: seq_len"),
+    ("model: [70b\n", "invalid YAML"),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("hosts:\n  - name: gpu0\n", "gpuprov.yaml:2: hosts.0.address"),
+    ("tokens: 20X\n", "gpuprov.yaml:1: tokens"),
+])
+def test_bad_spec_file_points_at_the_line(tmp_path: Path, content: str, expect: str) -> None:
+    (tmp_path / "gpuprov.yaml").write_text(content)
+    line = one_line_error(run("generate", "-f", "gpuprov.yaml", "-o", "out", cwd=tmp_path))
+    assert expect in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_init_writes_a_valid_commented_spec_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    first = run("init", "--model", "70b", "--cloud", "aws", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    text = (tmp_path / "gpuprov.yaml").read_text()
+    assert text.count("#") > 10 and "model: 70b" in text and "cloud: aws" in text
+    from gpuprov.specfile import load_spec
+
+    spec = load_spec(tmp_path / "gpuprov.yaml")
+    assert spec.model == "70b" and spec.global_batch_tokens == 4 * 2**20
+    before = (tmp_path / "gpuprov.yaml").read_bytes()
+    assert "exists" in one_line_error(run("init", cwd=tmp_path))
+    assert (tmp_path / "gpuprov.yaml").read_bytes() == before
+
+
+def test_schema_is_the_models_json_schema() -> None:
+    result = run("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    from gpuprov.spec import TrainingSpec
+
+    assert schema == json.loads(json.dumps(TrainingSpec.model_json_schema()))
+    assert schema["additionalProperties"] is False and "model" in schema["properties"]
+
+
+def test_tty_without_output_asks_where(tmp_path: Path) -> None:
+    # a pseudo-terminal on stdout: no tar dumped on a screen
+    import pty
+
+    primary, secondary = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "gpuprov", "generate"], stdout=secondary,
+                              stderr=subprocess.PIPE, timeout=60, cwd=tmp_path)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.returncode == 2 and b"-o DIR" in proc.stderr
+
+
+# ---------------------------------------------------------------- end to end (planner + renderers)
+
+
+@needs_everything
+def test_generate_directory_tar_and_redirect_agree(tmp_path: Path) -> None:
+    args = ["generate", "--model", "llama-3.1-8b", "--task", "lora", "--cloud", "aws", "--tokens", "1B"]
+    started = time.perf_counter()
+    written = run(*args, "-o", str(tmp_path / "infra"))
+    elapsed = time.perf_counter() - started
+    assert written.returncode == 0, written.stderr.decode()
+    assert elapsed < 10, elapsed  # generous: the CI box is shared; measured well under a second alone
+    streamed = run(*args, "-o", "-")
+    with open(tmp_path / "infra.tar", "wb") as out:
+        redirected = subprocess.run([sys.executable, "-m", "gpuprov", *args], stdout=out, stderr=subprocess.PIPE,
+                                    timeout=120)
+    assert streamed.returncode == 0 and redirected.returncode == 0
+    assert (tmp_path / "infra.tar").read_bytes() == streamed.stdout
+    with tarfile.open(fileobj=io.BytesIO(streamed.stdout)) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    on_disk = {p.relative_to(tmp_path / "infra").as_posix(): p.read_bytes()
+               for p in (tmp_path / "infra").rglob("*") if p.is_file()}
+    extracted = {p.relative_to(tmp_path / "x" / "infra").as_posix(): p.read_bytes()
+                 for p in (tmp_path / "x" / "infra").rglob("*") if p.is_file()}
+    assert on_disk == extracted
+    for name in ("README.md", "topology.svg", "plan.json", "gpuprov.lock"):
+        assert name in on_disk
+    assert any(p.startswith("terraform/") for p in on_disk) and any(p.startswith("launch/") for p in on_disk)
+    assert os.access(tmp_path / "infra" / "launch" / "train.sh", os.X_OK)
+    # same input twice: byte-identical
+    again = run(*args, "-o", "-")
+    assert again.stdout == streamed.stdout
+
+
+@needs_everything
+def test_generate_refuses_foreign_dir_and_hand_edits(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "x.txt").write_text("keep")
+    line = one_line_error(run("generate", "--model", "7b", "--cloud", "aws", "-o", str(tmp_path / "mine")))
+    assert "not a gpuprov bundle" in line
+    out = tmp_path / "infra"
+    assert run("generate", "--model", "7b", "--cloud", "aws", "-o", str(out)).returncode == 0
+    (out / "README.md").write_text("edited\n")
+    assert "edited by hand" in one_line_error(run("generate", "--model", "7b", "--cloud", "aws", "-o", str(out)))
+    forced = run("generate", "--model", "7b", "--cloud", "aws", "-o", str(out), "--force")
+    assert forced.returncode == 0
+    assert (out / "README.md").read_text() != "edited\n"
+    lock = json.loads((out / bundle.LOCK_NAME).read_text())
+    assert lock["spec"]["model"] == "7b"
