@@ -1,0 +1,229 @@
+"""render_launch: every planned number reaches train.yaml, env.sh exports exactly the plan's fabric
+environment, and the shell scripts parse and build the right torchrun / srun command lines.
+
+Fast (no torch): the scripts run with TORCHRUN=echo and fake Slurm tools; test_trainer.py runs them
+for real.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuprov.errors import GpuprovError
+from gpuprov.render.launch import render_launch, yaml_value
+from plan_fixtures import TINY_LLAMA_CONFIG, sample_plan
+
+CLOUDS = ("aws", "gcp", "azure", "oci", "onprem")
+BASH = shutil.which("bash")
+
+
+def write(files: dict[str, str], root: Path) -> Path:
+    launch = root / "launch"
+    launch.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (launch / name).write_text(text)
+        if name.endswith((".sh", ".sbatch")):
+            (launch / name).chmod(0o755)
+    return launch
+
+
+def with_fabric(plan, **update):
+    return plan.model_copy(update={"fabric": plan.fabric.model_copy(update=update)})
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_files_and_scripts_parse(cloud, tmp_path):
+    files = render_launch(sample_plan(cloud))
+    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py"}
+    launch = write(files, tmp_path)
+    for name in ("env.sh", "train.sh", "slurm.sbatch"):
+        subprocess.run([BASH, "-n", str(launch / name)], check=True)
+    compile(files["train.py"], "train.py", "exec")
+    assert render_launch(sample_plan(cloud)) == files  # pure: same plan, same bytes
+
+
+def test_trainer_is_standalone():
+    """The cluster runs train.py without gpuprov installed."""
+    tree = ast.parse(render_launch(sample_plan())["train.py"])
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "gpuprov" not in imported
+    assert {"torch", "yaml", "numpy"} <= imported
+
+
+@pytest.mark.parametrize("sharding,task", [("hsdp", "full"), ("fsdp", "lora"), ("ddp", "full")])
+def test_train_yaml_carries_the_plan(sharding, task):
+    plan = sample_plan("aws", 2, sharding, task)
+    cfg = yaml.safe_load(render_launch(plan)["train.yaml"])  # PyYAML: what the trainer uses
+    c, t = plan.cluster, plan.training
+    assert cfg["model"]["hf_config"] == TINY_LLAMA_CONFIG
+    assert cfg["task"]["kind"] == task
+    assert cfg["parallel"] == {"sharding": sharding, "replicate": c.replicate, "shard": c.shard_group,
+                               "nodes": 2, "gpus_per_node": 8, "activation_checkpointing": "selective",
+                               "offload": "none"}
+    assert cfg["parallel"]["replicate"] * cfg["parallel"]["shard"] == c.total_gpus
+    assert cfg["precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32", "master_dtype": "float32"}
+    assert cfg["batch"] == {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "seq_len": c.seq_len,
+                            "global_batch_tokens": c.global_batch_tokens}
+    assert cfg["optimizer"]["lr"] == t.learning_rate and cfg["optimizer"]["grad_clip"] == t.grad_clip
+    assert cfg["optimizer"]["weight_decay"] == t.weight_decay and cfg["optimizer"]["name"] == "adamw"
+    assert cfg["schedule"]["steps"] == t.steps and cfg["schedule"]["warmup_steps"] == t.warmup_steps
+    assert cfg["checkpoint"]["every_steps"] == t.checkpoint_every_steps
+    assert cfg["checkpoint"]["keep"] == plan.host.checkpoints_kept
+    assert cfg["checkpoint"]["dir"].startswith(plan.storage.mount_point + "/")
+    assert cfg["logging"]["every_steps"] == t.log_every_steps
+    assert cfg["mfu"] == {"flops_per_token": plan.throughput.flops_per_token,
+                          "peak_tflops_per_gpu": plan.gpu.bf16_tflops}
+    assert cfg["plan_estimate"]["memory_per_gpu_bytes"] == plan.memory.per_gpu_bytes
+    assert cfg["data"]["dtype"] == "uint16"  # vocab 512
+    if task == "lora":
+        assert cfg["task"]["lora"] == {"rank": 16, "alpha": 32, "targets": ["q_proj", "v_proj"], "dropout": 0.0}
+
+
+def test_precision_modes_map_to_dtypes():
+    plan = sample_plan()
+    for precision, want in (("bf16", ("bfloat16", "bfloat16", "bfloat16")),
+                            ("fp32", ("float32", "float32", "float32"))):
+        p = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"precision": precision})})
+        got = yaml.safe_load(render_launch(p)["train.yaml"])["precision"]
+        assert (got["param_dtype"], got["reduce_dtype"], got["master_dtype"]) == want
+    bad = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"precision": "fp8"})})
+    with pytest.raises(GpuprovError):
+        render_launch(bad)
+
+
+@pytest.mark.parametrize("value", [1e-05, 3e-4, 0.1, 1e20, 2.5, 10000.0, -1e-7])
+def test_yaml_floats_read_back_as_floats(value):
+    # PyYAML reads "1e-05" as a string; the renderer must always write a float it reads as one.
+    assert yaml.safe_load(f"x: {yaml_value(value)}")["x"] == value
+
+
+def sourced_env(launch: Path, **extra: str) -> dict[str, str]:
+    script = f'set -eu; . {launch / "env.sh"}; env -0'
+    out = subprocess.run(["env", "-i", f"PATH={os.environ['PATH']}", *(f"{k}={v}" for k, v in extra.items()),
+                          BASH, "-c", script], check=True, capture_output=True).stdout
+    return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+
+
+def test_env_sh_exports_exactly_the_plan_fabric_env(tmp_path):
+    tricky = {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_ODD": "a b 'c' \"d\" $HOME `x` ;e",
+              "FI_PROVIDER": "efa"}
+    plan = with_fabric(sample_plan("azure"), nccl_env=tricky)
+    env = sourced_env(write(render_launch(plan), tmp_path))
+    for key, value in tricky.items():
+        assert env[key] == value
+    assert env["OMP_NUM_THREADS"] == str(192 // 2 // 8)
+    # already-set values of the runtime knobs win (tests and users override them)
+    assert sourced_env(tmp_path / "launch", OMP_NUM_THREADS="1")["OMP_NUM_THREADS"] == "1"
+
+
+def test_env_sh_sources_the_vendor_profile_first(tmp_path):
+    profile = tmp_path / "nccl-env-profile.sh"
+    profile.write_text("export FROM_PROFILE=yes\nexport NCCL_FASTRAK_USE_SNAP=0\n")
+    plan = with_fabric(sample_plan("gcp"), nccl_env_profile=str(profile))
+    env = sourced_env(write(render_launch(plan), tmp_path))
+    assert env["FROM_PROFILE"] == "yes"
+    assert env["NCCL_FASTRAK_USE_SNAP"] == "1"  # the plan's value wins over the profile's
+    profile.unlink()
+    result = subprocess.run([BASH, "-c", f". {tmp_path / 'launch' / 'env.sh'}"], capture_output=True, text=True)
+    assert result.returncode == 0 and "is missing" in result.stderr
+
+
+def test_bad_env_name_is_a_clear_error():
+    with pytest.raises(GpuprovError, match="not a valid environment variable"):
+        render_launch(with_fabric(sample_plan(), nccl_env={"BAD-NAME": "1"}))
+
+
+def dry_run(launch: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "TORCHRUN": "echo",
+            "PYTHON": sys.executable, "GPUPROV_INVENTORY": str(launch / "none.yml"), **env}
+    return subprocess.run([BASH, str(launch / "train.sh"), *args], env=full, capture_output=True, text=True)
+
+
+def test_train_sh_single_node(tmp_path):
+    launch = write(render_launch(sample_plan("aws", 1, "fsdp")), tmp_path)
+    out = dry_run(launch, "--set", "schedule.steps=5")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "--nnodes", "1", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        "127.0.0.1:29500", "--rdzv-id", "gpuprov-tiny-llama-full", "--max-restarts", "0",
+        str(launch / "train.py"), "--config", str(launch / "train.yaml"), "--set", "schedule.steps=5"]
+
+
+def test_train_sh_multi_node_needs_a_head(tmp_path):
+    launch = write(render_launch(sample_plan("aws", 2)), tmp_path)
+    out = dry_run(launch)
+    assert out.returncode == 2 and "GPUPROV_HEAD_ADDR" in out.stderr
+    out = dry_run(launch, GPUPROV_HEAD_ADDR="10.1.2.3", GPUPROV_NODE_RANK="1", GPUPROV_NPROC_PER_NODE="2")
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[words.index("--rdzv-endpoint") + 1] == "10.1.2.3:29500"
+    assert words[words.index("--rdzv-conf") + 1] == "is_host=0"
+    assert words[words.index("--nproc-per-node") + 1] == "2" and words[words.index("--nnodes") + 1] == "2"
+
+
+def test_train_sh_reads_head_and_node_rank_from_the_inventory(tmp_path):
+    launch = write(render_launch(sample_plan("aws", 2)), tmp_path)
+    inventory = tmp_path / "ansible" / "inventory.yml"
+    inventory.parent.mkdir()
+    addresses = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    me = addresses[0] if addresses else subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    # this machine second: train.sh must find itself at node rank 1 and join as a store client
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {
+        "node-0": {"ansible_host": "10.9.9.9"}, "node-1": {"ansible_host": me}}}}}}))
+    out = dry_run(launch, GPUPROV_INVENTORY=str(inventory))
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[words.index("--rdzv-endpoint") + 1] == "10.9.9.9:29500"
+    assert "node 1 of 2" in out.stderr
+    assert words[words.index("--rdzv-conf") + 1] == "is_host=0"
+
+
+def test_onprem_plan_hosts_give_the_head(tmp_path):
+    launch = write(render_launch(sample_plan("onprem", 2)), tmp_path)
+    words = dry_run(launch).stdout.split()
+    assert words[words.index("--rdzv-endpoint") + 1] == "10.0.0.10:29500"
+
+
+def test_slurm_sbatch_under_fake_slurm(tmp_path):
+    launch = write(render_launch(sample_plan("aws", 4, "hsdp")), tmp_path)
+    text = (launch / "slurm.sbatch").read_text()
+    for directive in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--exclusive"):
+        assert f"#SBATCH {directive}\n" in text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a\\ngpu-b\\ngpu-c\\ngpu-d\\n'\n")
+    # fake srun: record the options, run the command (hostname --ip-address -> a fixed address)
+    (bin_dir / "srun").write_text(
+        "#!/usr/bin/env bash\necho \"srun $*\" >> \"$SRUN_LOG\"\n"
+        "while [[ \"$1\" == -* ]]; do [[ \"$1\" == -w ]] && shift; shift; done\n"
+        "if [ \"$1\" = hostname ]; then echo '10.0.0.7 fe80::1'; else exec \"$@\"; fi\n")
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-d]", "SLURM_JOB_NUM_NODES": "4",
+           "SLURM_JOB_ID": "77", "SLURM_SUBMIT_DIR": str(launch), "TORCHRUN": "echo torchrun",
+           "SRUN_LOG": str(tmp_path / "srun.log")}
+    out = subprocess.run([BASH, str(launch / "slurm.sbatch"), "--set", "schedule.steps=3"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "torchrun", "--nnodes", "4", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        "10.0.0.7:29500", "--rdzv-id", "gpuprov-tiny-llama-full-77", str(launch / "train.py"), "--config",
+        str(launch / "train.yaml"), "--set", "schedule.steps=3"]
+    srun_calls = (tmp_path / "srun.log").read_text().splitlines()
+    assert srun_calls[0].startswith("srun --nodes=1 --ntasks=1 -w gpu-a hostname")
+    assert srun_calls[1].startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 ")
+
+
+def test_render_is_lazy_about_jinja2():
+    code = "import sys, gpuprov.render.launch; print('jinja2' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
