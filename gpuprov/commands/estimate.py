@@ -38,6 +38,10 @@ def build_setup(
     )
 
 
+def _progress(stage: str, fraction: float) -> None:
+    click.echo(f"[{fraction:4.0%}] {stage}", err=True)
+
+
 def run_precise(arch, setup, gpu_memory_bytes):
     """Lazily import the PyTorch-backed estimator (helper G's module) with a clear install hint."""
     try:
@@ -49,7 +53,7 @@ def run_precise(arch, setup, gpu_memory_bytes):
             raise GpuprovError("--precise is not available in this build of gpuprov") from None
         raise
     try:
-        return estimate_precise(arch, setup, gpu_memory_bytes, progress=lambda msg: click.echo(msg, err=True))
+        return estimate_precise(arch, setup, gpu_memory_bytes, progress=_progress)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
             raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
