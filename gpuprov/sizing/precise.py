@@ -1,0 +1,750 @@
+"""Precise mode: simulate one real training step on fake tensors and read its peak memory.
+
+The model is built from its Hugging Face config under `FakeTensorMode` (shapes, dtypes and
+storages but no data), wrapped the way the run would be (LoRA via peft, QLoRA NF4 storage, AC,
+FSDP2 `fully_shard` on a fake process group of the shard-group size), and one forward, backward
+and optimizer step runs under PyTorch's `MemTracker` / `FSDPMemTracker`. Their peak snapshot is
+the tensor memory of one GPU; the non-tensor terms (CUDA context, allocator, NCCL) come from the
+same constants catalog the analytic model reads.
+
+torch, transformers and peft are imported inside functions: `gpuprov plan` never pays for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Callable
+
+from gpuprov.errors import GpuprovError
+from gpuprov.sizing.types import MemoryEstimate, TrainSetup
+
+Progress = Callable[[str, float], None]
+
+INSTALL_HINT = "precise mode needs PyTorch, transformers and peft: pip install gpuprov[precise]"
+
+# MemTracker / FSDPMemTracker reference types -> the analytic model's breakdown terms.
+_TERM_OF_REFTYPE = {
+    "Parameter": "parameters",
+    "Sharded Param": "parameters",
+    "Buffer": "parameters",
+    "Gradient": "gradients",
+    "Sharded Grad": "gradients",
+    "Optstate": "optimizer_states",
+    "OptState": "optimizer_states",
+    "Unsharded Param": "fsdp_buffers",
+    "All Gather": "fsdp_buffers",
+    "Unsharded Grad": "fsdp_buffers",
+    "Reduce Scatter": "fsdp_buffers",
+    "Activation": "activations",
+    "Inputs": "activations",
+    "Other": "activations",
+    "Temp": "activation_gradients",
+}
+
+# bitsandbytes NF4 with double quantisation (QLoRA paper, sec. 3): 4-bit codes, one 8-bit absmax
+# per 64-weight block, one fp32 second-level scale per 256 absmax values.
+_NF4_BLOCK = 64
+_NF4_DQ_BLOCK = 256
+# bitsandbytes 8-bit optimizers: blockwise uint8 states (block 256, fp32 absmax per block);
+# tensors under min_8bit_size (4096 elements) keep fp32 states.
+_BNB8_BLOCK = 256
+_BNB8_MIN_SIZE = 4096
+
+_ATTN_IMPL = "gpuprov_fa2"  # no "flash" in the name: HF would look for a hub kernel
+
+# Seconds per decoder-layer forward+backward under fake tensors and a fixed start-up cost,
+# measured on one shared CPU core (see the report in benchmarks/precise_grid.py).
+_SECONDS_BASE = 6.0
+_SECONDS_PER_LAYER = 0.9
+
+
+def _require_torch() -> None:
+    try:
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise GpuprovError(INSTALL_HINT) from exc
+
+
+def estimate_seconds(arch: Any, setup: TrainSetup) -> float:
+    """Up-front guess of the simulation's wall time (fake tensors cost per op, not per byte)."""
+    layers = int(getattr(arch, "num_layers", 0) or arch.hf_config.get("num_hidden_layers", 32))
+    factor = 1.0
+    if setup.activation_checkpointing != "none":
+        factor += 0.35  # recomputation replays each layer's forward in backward
+    if _shard_world(setup) > 1:
+        factor += 0.4  # FSDP2 hooks and DTensor bookkeeping
+    if setup.task != "full":
+        factor += 0.3  # peft wrappers add modules per projection
+    return _SECONDS_BASE + _SECONDS_PER_LAYER * layers * factor
+
+
+def _shard_world(setup: TrainSetup) -> int:
+    if setup.sharding == "fsdp":
+        return setup.gpus
+    if setup.sharding == "hsdp":
+        return setup.shard_group or min(setup.gpus, setup.gpus_per_node)
+    return 1
+
+
+def _validate(arch: Any, setup: TrainSetup) -> None:
+    for name in ("seq_len", "micro_batch", "gpus", "lora_rank"):
+        if getattr(setup, name) <= 0:
+            raise GpuprovError(f"{name.replace('_', '-')} must be positive, got {getattr(setup, name)}")
+    if setup.sharding == "hsdp" and setup.gpus % _shard_world(setup):
+        raise GpuprovError(
+            f"hsdp shard group {_shard_world(setup)} does not divide {setup.gpus} GPUs"
+        )
+    cfg = getattr(arch, "hf_config", None)
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise GpuprovError("precise mode needs the model's Hugging Face config (hf_config with model_type)")
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 1
+    if experts > 1:
+        # MoE routing uses nonzero()/data-dependent shapes, which fake tensors cannot run.
+        raise GpuprovError(
+            "precise mode cannot simulate MoE routing (data-dependent shapes); use the analytic estimate"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Attention: FlashAttention-2 memory behaviour on the CPU build
+# --------------------------------------------------------------------------------------------
+
+def _register_attention() -> None:
+    """Register an HF attention implementation that behaves like FlashAttention-2 in memory.
+
+    The CPU build has no CUDA kernels. HF's `sdpa` path on CPU happens to pick PyTorch's CPU flash
+    kernel (O(s) memory: saves q, k, v, out and a (b, h, s) fp32 logsumexp, GQA without repeating
+    k/v), but (1) any attention mask (padding, sliding window) or a softcap sends it to the math
+    path or eager attention, which materialise (b, h, s, s) scores, and (2) the CPU kernel returns
+    out in (b, h, s, d) layout, so HF's transpose().contiguous() copies it and the copy is saved
+    for o_proj: a (b, s, h*d) tensor per layer that CUDA FA2 (which writes (b, s, h, d)) never has.
+    This function forces the flash kernel with is_causal=True (no mask tensor) and hands back the
+    output in the CUDA layout, so neither the s^2 scores nor the extra copy appear.
+    """
+    import torch
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    if _ATTN_IMPL in AttentionInterface._global_mapping:
+        return
+
+    aten = torch.ops.aten
+
+    class _FlashCPU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, scale):  # q: (b, h, s, d); k, v: (b, kvh, s, d)
+            out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, True, scale=scale
+            )
+            # CUDA FA2 layout: (b, s, h, d) memory; the (b, h, s, d) CPU buffer dies here.
+            out_bshd = out.transpose(1, 2).contiguous()
+            del out
+            ctx.scale = scale
+            ctx.save_for_backward(q, k, v, out_bshd, lse)
+            return out_bshd
+
+        @staticmethod
+        def backward(ctx, grad_bshd):
+            q, k, v, out_bshd, lse = ctx.saved_tensors
+            dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_bshd.transpose(1, 2), q, k, v, out_bshd.transpose(1, 2), lse,
+                0.0, True, scale=ctx.scale,
+            )
+            return dq, dk, dv, None
+
+    def flash_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        # Masks (padding, sliding window) and softcap are ignored: FA2 applies them inside the
+        # kernel without extra memory; only the memory behaviour matters here.
+        return _FlashCPU.apply(query, key, value, scaling), None
+
+    AttentionInterface.register(_ATTN_IMPL, flash_forward)
+    AttentionMaskInterface.register(_ATTN_IMPL, flash_attention_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# QLoRA: NF4 storage of frozen base weights
+# --------------------------------------------------------------------------------------------
+
+def nf4_bytes(numel: int) -> int:
+    """Bytes bitsandbytes NF4 with double quantisation stores for `numel` weights."""
+    blocks = math.ceil(numel / _NF4_BLOCK)
+    return math.ceil(numel / 2) + blocks + 4 * math.ceil(blocks / _NF4_DQ_BLOCK)
+
+
+def _nf4_linear_class():
+    import torch
+    from torch import nn
+
+    class _Dequant4bit(torch.autograd.Function):
+        """bnb MatMul4Bit: dequantise to the compute dtype for the matmul, keep only the packed
+        weight for backward, dequantise again there (no weight gradient: the base is frozen)."""
+
+        @staticmethod
+        def forward(ctx, x, packed, shape):
+            w = torch.empty(shape, dtype=x.dtype, device=x.device)  # transient dequantised weight
+            y = x @ w.t()
+            ctx.shape = shape
+            ctx.save_for_backward(packed)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            w = torch.empty(ctx.shape, dtype=grad_y.dtype, device=grad_y.device)
+            return grad_y @ w, None, None
+
+    class NF4Linear(nn.Module):
+        """A frozen Linear whose weight is stored as NF4 + double-quant scales.
+
+        The packed storage is kept in the frozen dtype (bnb_4bit_quant_storage, as FSDP QLoRA
+        recipes set it) so FSDP2 shards it like any parameter; its byte count is `nf4_bytes`.
+        """
+
+        def __init__(self, linear: nn.Linear, storage_dtype):
+            super().__init__()
+            self.in_features = linear.in_features
+            self.out_features = linear.out_features
+            numel = self.in_features * self.out_features
+            esize = torch.empty((), dtype=storage_dtype).element_size()
+            packed = torch.empty(math.ceil(nf4_bytes(numel) / esize), dtype=storage_dtype,
+                                 device=linear.weight.device)
+            self.weight = nn.Parameter(packed, requires_grad=False)
+            self.bias = linear.bias
+
+        def forward(self, x):
+            y = _Dequant4bit.apply(x, self.weight, (self.out_features, self.in_features))
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+            return y
+
+    return NF4Linear
+
+
+def _quantize_frozen_linears(model, storage_dtype) -> int:
+    """Replace every frozen nn.Linear inside the decoder layers by NF4Linear (lm_head stays)."""
+    from torch import nn
+
+    nf4 = _nf4_linear_class()
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if (
+                type(child) is nn.Linear
+                and ".layers." in f".{full}"
+                and not child.weight.requires_grad
+            ):
+                setattr(module, child_name, nf4(child, storage_dtype))
+                replaced += 1
+    return replaced
+
+
+# --------------------------------------------------------------------------------------------
+# 8-bit AdamW (bitsandbytes) state sizes
+# --------------------------------------------------------------------------------------------
+
+def _adamw8bit_class():
+    import torch
+
+    class AdamW8bitSim(torch.optim.Optimizer):
+        """Memory model of bnb.optim.AdamW8bit: two uint8 states + fp32 absmax per 256-block
+        (fp32 states under 4096 elements); the fused kernel updates in place (no transient).
+        The update arithmetic is plain SGD-like: only the bytes are simulated."""
+
+        def __init__(self, params, lr=1e-4):
+            super().__init__(params, {"lr": lr})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        if p.numel() < _BNB8_MIN_SIZE:
+                            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                        else:
+                            blocks = math.ceil(p.numel() / _BNB8_BLOCK)
+                            state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                            state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                            state["absmax1"] = p.new_zeros(blocks, dtype=torch.float32)
+                            state["absmax2"] = p.new_zeros(blocks, dtype=torch.float32)
+                    p.add_(p.grad, alpha=-group["lr"])
+
+    return AdamW8bitSim
+
+
+# --------------------------------------------------------------------------------------------
+# The simulation
+# --------------------------------------------------------------------------------------------
+
+def _build_config(arch: Any, setup: TrainSetup):
+    from transformers import AutoConfig
+
+    cfg = dict(arch.hf_config)
+    model_type = cfg.pop("model_type")
+    for key in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+                "auto_map", "quantization_config"):
+        cfg.pop(key, None)
+    try:
+        config = AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise GpuprovError(f"cannot build a {model_type!r} model from its config: {exc}") from None
+    config.use_cache = False
+    config._attn_implementation = _ATTN_IMPL
+    return config
+
+
+def _decoder_layers(model):
+    """The ModuleList of decoder layers (HF CausalLM.model.layers, also under a peft wrapper)."""
+    from torch import nn
+
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, nn.ModuleList) and len(module) > 0:
+            return module
+    raise GpuprovError("precise mode: found no decoder layers in the model")
+
+
+def _selective_policy(meta: dict):
+    """torchtitan's op-level SAC: keep matmul (every other one) and attention outputs, recompute
+    the rest (norms, activations, rotary, elementwise)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    save = {
+        aten.mm.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    }
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        key = f"{mode}_mm_count"
+        if func == aten.mm.default:
+            meta[key] = meta.get(key, 0) + 1
+        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _apply_ac(layers, mode: str) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    for i, layer in enumerate(layers):
+        if mode == "full":
+            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        elif mode == "selective":
+            def ctx_fn():  # fresh mm counter per layer call, shared by forward and recompute
+                return create_selective_checkpoint_contexts(_selective_policy({}))
+
+            layers[i] = checkpoint_wrapper(layer, context_fn=ctx_fn, preserve_rng_state=False)
+
+
+def _progress_hooks(layers, report: Progress):
+    """Per-layer progress through forward (0.15..0.5) and backward (0.5..0.9)."""
+    n = len(layers)
+    handles = []
+    done_fwd = set()
+
+    def make(i):
+        def pre_hook(module, args):
+            if i not in done_fwd:
+                done_fwd.add(i)
+                report("forward", 0.15 + 0.35 * (i + 1) / n)
+
+        def post_hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if getattr(out, "requires_grad", False):
+                out.register_hook(lambda g: report("backward", 0.5 + 0.4 * (n - i) / n))
+
+        return pre_hook, post_hook
+
+    for i, layer in enumerate(layers):
+        pre, post = make(i)
+        handles.append(layer.register_forward_pre_hook(pre))
+        handles.append(layer.register_forward_hook(post))
+    return handles
+
+
+def _add_lora(model, setup: TrainSetup, dtype_frozen, dtype_store, notes: list[str]):
+    """peft LoRA on the meta model; QLoRA also swaps frozen decoder Linears for NF4 storage."""
+    from peft import LoraConfig, get_peft_model
+
+    model.requires_grad_(False)
+    model.to(dtype_frozen)
+    lcfg = LoraConfig(
+        r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=0.0,
+        target_modules=list(setup.lora_targets), bias="none",
+    )
+    model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(dtype_store)
+    name = lambda d: str(d).split(".")[-1]  # noqa: E731
+    notes.append(
+        f"LoRA via peft: rank {setup.lora_rank}, targets {','.join(setup.lora_targets)}, "
+        f"dropout 0; frozen base weights in {name(dtype_frozen)}, adapters in {name(dtype_store)}"
+    )
+    if setup.task == "qlora":
+        n = _quantize_frozen_linears(model, dtype_frozen)
+        notes.append(
+            f"QLoRA: {n} frozen decoder Linear weights stored as NF4 + double-quant scales "
+            "(~0.516 B/param; bnb quant_storage in the frozen dtype so FSDP2 shards it), "
+            "dequantised per matmul (transient), embeddings and lm_head unquantised"
+        )
+    return model
+
+
+def _materialize(model) -> None:
+    """Replace meta parameters/buffers by CPU tensors: fake inside FakeTensorMode, real (and
+    uninitialised: memory is what matters) outside. Tied parameters stay tied."""
+    import torch
+    from torch import nn
+
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for key, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in memo:
+                memo[id(p)] = nn.Parameter(
+                    torch.empty(p.shape, dtype=p.dtype, device="cpu"), requires_grad=p.requires_grad
+                )
+            module._parameters[key] = memo[id(p)]
+        for key, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[key] = torch.zeros(b.shape, dtype=b.dtype, device="cpu")
+
+
+def _local_bytes(t) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def _global_bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+class Step:
+    """A training step ready to run: model, optimizer, batch (fake or real tensors)."""
+
+    def __init__(self, model, layers, opt, params, ids, labels, autocast, trainable: int):
+        self.model, self.layers, self.opt, self.params = model, layers, opt, params
+        self.ids, self.labels, self.autocast, self.trainable = ids, labels, autocast, trainable
+
+    def warm_up_optimizer(self) -> None:
+        """Create optimizer states (and DTensor sharding caches) with one step on zero grads."""
+        import torch
+
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def run(self, report: Progress | None = None) -> None:
+        """forward, backward, optimizer step, zero_grad(set_to_none): one steady-state step."""
+        report = report or (lambda stage, fraction: None)
+        with self.autocast:
+            loss = self.model(input_ids=self.ids, labels=self.labels).loss
+        report("backward", 0.5)
+        loss.backward()
+        del loss
+        report("optimizer step", 0.92)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Step:
+    """Build the configured model and optimizer in the current tensor mode.
+
+    Inside FakeTensorMode the tensors are fake; outside they are real CPU tensors (the tests
+    run the same step for real to check the simulation against measured allocations).
+    `mesh` (a DeviceMesh) turns on FSDP2 fully_shard per decoder layer and at the root.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _register_attention()
+    config = _build_config(arch, setup)
+    lowp = torch.bfloat16
+    dtype_store = torch.float32 if setup.precision in ("bf16-mixed", "fp32") else lowp
+    # Frozen weights of LoRA/QLoRA need no fp32 master: stored in bf16 unless the run is fp32.
+    dtype_frozen = torch.float32 if setup.precision == "fp32" else lowp
+    # Build (and adapt) on the meta device outside any fake mode, then materialise: peft and
+    # Module.to() cannot move fake parameters (swap_tensors refuses their weak references).
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype_store)
+        if setup.task in ("lora", "qlora"):
+            model = _add_lora(model, setup, dtype_frozen, dtype_store, notes)
+    _materialize(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    layers = _decoder_layers(model)
+    _apply_ac(layers, setup.activation_checkpointing)
+    if mesh is not None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if setup.precision == "bf16-mixed":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=lowp, reduce_dtype=torch.float32)
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if setup.optimizer == "adamw":
+        # foreach is PyTorch's default for CUDA tensors: its step holds one extra fp32
+        # buffer (sqrt of exp_avg_sq) over all parameters of the group.
+        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    else:
+        opt = _adamw8bit_class()(params, lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (setup.micro_batch, setup.seq_len))
+    labels = ids.clone()
+    # Without FSDP, bf16-mixed is PyTorch AMP (fp32 weights, autocast casts; the cast weights
+    # are cached and saved for backward). With FSDP2 the MixedPrecisionPolicy does the casts.
+    amp = (
+        torch.autocast("cpu", dtype=lowp)
+        if setup.precision == "bf16-mixed" and mesh is None
+        else contextlib.nullcontext()
+    )
+    return Step(model, layers, opt, params, ids, labels, amp, trainable)
+
+
+@contextlib.contextmanager
+def _cuda_allocator_rounding():
+    """MemTracker rounds to the CUDA caching allocator's 512 B blocks only for CUDA tensors; the
+    fake tensors here are CPU, so apply the same rounding while tracking."""
+    from torch.distributed._tools import mem_tracker
+
+    orig = mem_tracker._WeakRefInfo._calculate_mem_consumed
+
+    def rounded(self) -> int:
+        return math.ceil(self.size * self.element_size / 512) * 512
+
+    mem_tracker._WeakRefInfo._calculate_mem_consumed = rounded
+    try:
+        yield
+    finally:
+        mem_tracker._WeakRefInfo._calculate_mem_consumed = orig
+
+
+def estimate_precise(
+    arch: Any,
+    setup: TrainSetup,
+    gpu_memory_bytes: int | None = None,
+    progress: Progress | None = None,
+) -> MemoryEstimate:
+    """Peak memory of one GPU from a simulated training step (see the module docstring)."""
+    _require_torch()
+    _validate(arch, setup)
+    report: Progress = progress or (lambda stage, fraction: None)
+    report("loading torch", 0.0)
+
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world = _shard_world(setup)
+    use_fsdp = setup.sharding in ("fsdp", "hsdp")
+    assumptions: list[str] = [
+        "precise: one forward+backward+AdamW step simulated on fake tensors (torch "
+        f"{torch.__version__}, FakeTensorMode + {'FSDPMemTracker' if use_fsdp else 'MemTracker'}"
+        f"{f', FSDP2 on a fake process group of {world}' if use_fsdp else ''}); optimizer states "
+        "created by a warm-up step first, so the measured step is steady state",
+        "attention: FlashAttention-2 memory (saves q,k,v,out and fp32 logsumexp; no s^2 scores, "
+        "GQA without repeated k/v): the CPU build's flash kernel is forced (the SDPA math path "
+        "and eager attention would materialise s^2 scores) and its (b,h,s,d) output is laid out "
+        "as CUDA FA2 writes it (saves one (b,s,h*d) copy per layer); masks, softcap and sliding "
+        "windows are applied inside the kernel",
+        "eager PyTorch (no torch.compile), HF transformers modelling code, loss via HF "
+        "ForCausalLMLoss (fp32 upcast of logits), AdamW foreach (PyTorch's CUDA default)",
+        "tensor sizes rounded to the CUDA caching allocator's 512 B blocks; fragmentation and "
+        "non-tensor terms from memory_constants.yaml",
+    ]
+    if setup.compile:
+        assumptions.append("torch.compile is not simulated: eager memory (usually an overestimate)")
+    if setup.chunked_cross_entropy:
+        assumptions.append("chunked cross-entropy is not simulated: full logits (overestimate)")
+
+    created_pg = False
+    if use_fsdp:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        created_pg = True
+    try:
+        mesh = init_device_mesh("cpu", (world,)) if use_fsdp else None  # outside fake mode
+        t_start = time.monotonic()
+        report("building model", 0.02)
+        with FakeTensorMode(), _cuda_allocator_rounding():
+            step = build_step(arch, setup, assumptions, mesh=mesh)
+            report("optimizer warm-up", 0.1)
+            step.warm_up_optimizer()
+            if use_fsdp:
+                tracker = FSDPMemTracker(step.model, step.opt)
+                tracker.track_inputs((step.ids, step.labels))
+            else:
+                tracker = MemTracker()
+                tracker.track_external(step.model, step.opt, step.ids, step.labels)
+            hooks = _progress_hooks(step.layers, report)
+            report("forward", 0.15)
+            with tracker:
+                step.run(report)
+            for h in hooks:
+                h.remove()
+            peak = tracker.get_tracker_snapshot("peak")
+            states = [
+                v for st in step.opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0
+            ]
+            state_local = sum(_local_bytes(v) for v in states)
+            state_global = sum(_global_bytes(v) for v in states)
+            param_global = sum(_global_bytes(p) for p in step.model.parameters())
+            grad_global = sum(_global_bytes(p) for p in step.params)  # grads take the param dtype
+            grad_local = sum(_local_bytes(p) for p in step.params)
+            trainable = step.trainable
+        elapsed = time.monotonic() - t_start
+    finally:
+        if created_pg:
+            dist.destroy_process_group()
+
+    breakdown = _breakdown_from_peak(peak, state_local)
+    breakdown = _apply_sharding_outside_fsdp(breakdown, setup, grad_local, assumptions)
+    breakdown = _apply_offload(breakdown, setup, assumptions)
+    breakdown.update(_overhead_terms(setup, sum(breakdown.values()), assumptions))
+    breakdown = {k: int(v) for k, v in breakdown.items() if v}
+    replicas = max(1, setup.gpus // world)
+    if setup.sharding == "zero1":
+        states_all = (param_global + grad_global) * setup.gpus + state_global
+    elif setup.sharding == "zero2":
+        states_all = param_global * setup.gpus + grad_global + state_global
+    else:
+        states_all = (param_global + grad_global + state_global) * replicas
+    assumptions.append(f"simulated in {elapsed:.1f} s on CPU")
+    per_gpu = sum(breakdown.values())
+    if gpu_memory_bytes is not None:
+        verdict = "fits" if per_gpu <= gpu_memory_bytes else "does not fit"
+        assumptions.append(
+            f"{verdict}: {per_gpu / 2**30:.2f} GiB of {gpu_memory_bytes / 2**30:.2f} GiB"
+        )
+    report("done", 1.0)
+    return MemoryEstimate(
+        per_gpu_bytes=per_gpu,
+        breakdown=breakdown,
+        model_states_bytes=int(states_all),
+        trainable_params=int(trainable),
+        assumptions=tuple(assumptions),
+    )
+
+
+def _breakdown_from_peak(peak: dict, state_local: int) -> dict[str, int]:
+    """Map the tracker's peak snapshot (one device) to breakdown terms."""
+    out: dict[str, int] = {}
+    for dev_snap in peak.values():
+        for reftype, nbytes in dev_snap.items():
+            key = getattr(reftype, "value", reftype)
+            if key == "Total" or not nbytes:
+                continue
+            term = _TERM_OF_REFTYPE.get(key, "activations")
+            out[term] = out.get(term, 0) + nbytes
+    # The tracker lumps the foreach step's temporaries with the states; split them.
+    opt = out.get("optimizer_states", 0)
+    if opt > state_local:
+        out["optimizer_states"] = state_local
+        out["optimizer_step_transient"] = opt - state_local
+    return out
+
+
+def _apply_sharding_outside_fsdp(
+    bd: dict[str, int], setup: TrainSetup, grad_bytes: int, notes: list[str]
+) -> dict[str, int]:
+    """ddp / zero1 / zero2 run unsharded in the simulation; apply their partitioning here."""
+    n = setup.gpus
+    bd = dict(bd)
+    if setup.sharding == "ddp" and n > 1:
+        # DDP's reducer allocates flat buckets holding a copy of every gradient at construction
+        # (gradient_as_bucket_view=False, the default); they live for the whole run.
+        bd["ddp_buckets"] = grad_bytes
+        notes.append("ddp: gradient buckets = one more copy of the gradients (PyTorch default)")
+    elif setup.sharding in ("zero1", "zero2") and n > 1:
+        for term in ("optimizer_states", "optimizer_step_transient") + (
+            ("gradients",) if setup.sharding == "zero2" else ()
+        ):
+            if term in bd:
+                bd[term] = math.ceil(bd[term] / n)
+        notes.append(
+            f"{setup.sharding}: simulated unsharded, then optimizer states"
+            f"{' and gradients' if setup.sharding == 'zero2' else ''} divided by {n} GPUs"
+        )
+    return bd
+
+
+def _apply_offload(bd: dict[str, int], setup: TrainSetup, notes: list[str]) -> dict[str, int]:
+    bd = dict(bd)
+    if setup.offload == "optimizer":
+        bd.pop("optimizer_states", None)
+        bd.pop("optimizer_step_transient", None)
+        notes.append("offload optimizer: states and the step run on the host (not in GPU memory)")
+    elif setup.offload == "full":
+        for term in ("optimizer_states", "optimizer_step_transient", "parameters", "gradients"):
+            bd.pop(term, None)
+        notes.append(
+            "offload full: sharded parameters, gradients and optimizer states live on the host; "
+            "the GPU holds unsharded layers and activations"
+        )
+    return bd
+
+
+def _overhead_terms(setup: TrainSetup, tensor_bytes: int, notes: list[str]) -> dict[str, int]:
+    """Non-tensor terms from the constants catalog the analytic model reads (never written here)."""
+    from gpuprov.catalog import load_data
+
+    try:
+        data = load_data("memory_constants.yaml")
+    except FileNotFoundError:
+        notes.append("memory_constants.yaml missing: CUDA context, allocator and NCCL terms omitted")
+        return {}
+    return _terms_from_constants(data, setup, tensor_bytes, notes)
+
+
+def _constant(data: dict, key: str) -> float | None:
+    entry = data.get(key)
+    if isinstance(entry, dict):
+        for field in ("value", "bytes", "fraction"):
+            if field in entry:
+                return float(entry[field])
+        return None
+    if isinstance(entry, (int, float)):
+        return float(entry)
+    return None
+
+
+def _terms_from_constants(data: Any, setup: TrainSetup, tensor_bytes: int, notes: list[str]) -> dict[str, int]:
+    terms: dict[str, int] = {}
+    if not isinstance(data, dict):
+        return terms
+    ctx = _constant(data, "cuda_context_bytes")
+    if ctx is not None:
+        terms["cuda_context"] = int(ctx)
+    frag = _constant(data, "allocator_fragmentation")
+    if frag is not None:
+        terms["allocator_fragmentation"] = int(tensor_bytes * frag)
+    if setup.gpus > 1 and setup.sharding != "none":
+        nccl = _constant(data, "nccl_buffers_bytes")
+        if nccl is not None:
+            terms["nccl_buffers"] = int(nccl)
+    return terms
