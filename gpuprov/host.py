@@ -1,0 +1,171 @@
+"""Host sizing: the seed's rules (host_rules.yaml) applied to one node of a plan.
+
+Cloud instances are checked (where does this machine fall short of a rule); on-prem templates
+are sized from the same rules and come back with a bill of materials.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+from gpuprov.catalog import load_data
+from gpuprov.catalog.instances import InstanceType
+from gpuprov.plan import Host, HostCheck
+
+GiB = 2**30
+TB = 10**12
+RDMA_FABRICS = ("efa", "infiniband", "roce", "tcpxo")
+
+
+@lru_cache(maxsize=1)
+def rules() -> dict[str, Any]:
+    return load_data("host_rules.yaml")
+
+
+@dataclass(frozen=True)
+class HostNeeds:
+    """What one node of this job needs from its host, from the rules (bytes, cores)."""
+
+    gpu_memory_bytes: int  # all GPUs of the node
+    ram_min_bytes: int
+    ram_recommended_bytes: int
+    cores_min: int
+    cores_recommended: int
+    checkpoint_bytes: int  # one full-state checkpoint of the whole model (all nodes)
+    checkpoints_kept: int
+    nvme_bytes: int  # per node: its checkpoint share x kept + dataset share + base weights, + headroom
+    multinode: bool
+
+
+def host_needs(
+    *,
+    gpu_memory_bytes: int,
+    gpus_per_node: int,
+    nodes: int,
+    params: int,
+    trainable: int,
+    tokens: int,
+    task: str,
+    offload: str = "none",
+) -> HostNeeds:
+    r = rules()
+    node_gpu_mem = gpu_memory_bytes * gpus_per_node
+    offload_bytes = 0
+    if offload != "none":
+        # offloaded optimizer states live in this node's RAM: its share of the trainable params
+        offload_bytes = math.ceil(trainable * r["ram"]["offload_extra_bytes_per_param"] / nodes)
+    ram_min = math.ceil(node_gpu_mem * r["ram"]["min_ratio_to_gpu_memory"]) + offload_bytes
+    ram_rec = math.ceil(node_gpu_mem * r["ram"]["recommended_ratio"]) + offload_bytes
+    nv = r["nvme"]
+    # full-state checkpoint: every trainable parameter's states; LoRA saves only the adapters
+    ckpt = trainable * nv["checkpoint_bytes_per_param"]
+    kept = int(nv["checkpoints_kept"])
+    base_weights = params * 2  # bf16 safetensors each node loads at start
+    dataset = tokens * nv["bytes_per_token"] // nodes
+    nvme = math.ceil((ckpt * kept / nodes + dataset + base_weights) * nv["scratch_headroom"])
+    return HostNeeds(
+        gpu_memory_bytes=node_gpu_mem,
+        ram_min_bytes=ram_min,
+        ram_recommended_bytes=ram_rec,
+        cores_min=r["cpu"]["min_cores_per_gpu"] * gpus_per_node,
+        cores_recommended=r["cpu"]["recommended_cores_per_gpu"] * gpus_per_node,
+        checkpoint_bytes=ckpt,
+        checkpoints_kept=kept,
+        nvme_bytes=nvme,
+        multinode=nodes > 1,
+    )
+
+
+def _gib(b: int | float) -> str:
+    return f"{b / GiB:,.0f} GiB"
+
+
+def _tb(b: int | float) -> str:
+    return f"{b / TB:,.2f} TB"
+
+
+def check_host(inst: InstanceType, needs: HostNeeds) -> list[HostCheck]:
+    """Each rule against this (cloud or sized on-prem) machine: required vs actual."""
+    r = rules()
+    checks: list[HostCheck] = []
+    ram = inst.ram_bytes or 0
+    checks.append(HostCheck(
+        rule=f"host RAM >= {r['ram']['min_ratio_to_gpu_memory']}x GPU memory (recommended {r['ram']['recommended_ratio']}x)",
+        required=f"{_gib(needs.ram_min_bytes)} (recommended {_gib(needs.ram_recommended_bytes)})",
+        actual=_gib(ram), ok=ram >= needs.ram_min_bytes, source=r["ram"]["source"]))
+    cores = (inst.vcpus or 0) // 2  # clouds count SMT threads as vCPUs
+    checks.append(HostCheck(
+        rule=f"CPU cores >= {r['cpu']['min_cores_per_gpu']} per GPU for data loading (recommended {r['cpu']['recommended_cores_per_gpu']})",
+        required=f"{needs.cores_min} cores (recommended {needs.cores_recommended})",
+        actual=f"{cores} cores ({inst.vcpus} vCPUs)", ok=cores >= needs.cores_min, source=r["cpu"]["source"]))
+    nvme = inst.nvme_bytes_total
+    checks.append(HostCheck(
+        rule=f"local NVMe for dataset share + base weights + {needs.checkpoints_kept} checkpoints "
+             f"({r['nvme']['checkpoint_bytes_per_param_low']}-{r['nvme']['checkpoint_bytes_per_param']} B/param each)",
+        required=_tb(needs.nvme_bytes), actual=f"{_tb(nvme)} ({inst.nvme_count} x {_tb(inst.nvme_bytes_each)})",
+        ok=nvme >= needs.nvme_bytes, source=r["nvme"]["source"]))
+    net = r["network"]
+    if needs.multinode:
+        checks.append(HostCheck(
+            rule=f"fabric >= {net['min_gbps_per_gpu_multinode']} Gb/s per GPU for multi-node "
+                 f"({net['recommended_gbps_per_gpu_multinode']}-{net['excellent_gbps_per_gpu_multinode']} recommended)",
+            required=f"{net['min_gbps_per_gpu_multinode']} Gb/s per GPU",
+            actual=f"{inst.fabric_gbps_per_gpu:g} Gb/s per GPU ({inst.fabric})",
+            ok=inst.fabric_gbps_per_gpu >= net["min_gbps_per_gpu_multinode"], source=net["source"]))
+    checks.append(HostCheck(
+        rule=f"PCIe Gen{r['pcie']['min_gen']} x16 or better per GPU",
+        required=f"Gen{r['pcie']['min_gen']} x16", actual=f"Gen{inst.pcie_gen}",
+        ok=inst.pcie_gen >= r["pcie"]["min_gen"], source=r["pcie"]["source"]))
+    if inst.fabric in RDMA_FABRICS and inst.nvswitch:
+        topo, ok = "HGX layout: NICs and NVMe behind the GPUs' PCIe switches (GPUDirect RDMA)", True
+    elif inst.onprem:
+        topo, ok = "to verify on the board: `nvidia-smi topo -m` shows PIX/PXB between each GPU and its NIC", True
+    else:
+        topo, ok = f"no GPUDirect RDMA path ({inst.fabric}); traffic staged through host memory", not needs.multinode
+    checks.append(HostCheck(rule="NIC and NVMe on the GPU's PCIe root (GPUDirect RDMA / Storage)",
+                            required="same PCIe switch/root as the GPU", actual=topo, ok=ok,
+                            source=r["topology"]["source"]))
+    return checks
+
+
+def size_onprem(template: InstanceType, needs: HostNeeds) -> tuple[InstanceType, list[str]]:
+    """Fill an on-prem template's host from the rules; return it and its bill of materials."""
+    bom_rules = rules()["bom"]
+    cpu = next((c for c in bom_rules["cpu_options"] if c["cores"] >= needs.cores_recommended),
+               bom_rules["cpu_options"][-1])
+    dimm = bom_rules["dimm_gib"] * GiB
+    dimms = next((n for n in bom_rules["dimm_counts"] if n * dimm >= needs.ram_recommended_bytes),
+                 bom_rules["dimm_counts"][-1])
+    drive = int(bom_rules["nvme_drive_gb"]) * 10**9
+    drives = max(int(bom_rules["nvme_min_drives"]), math.ceil(needs.nvme_bytes / drive))
+    nics = template.gpus if template.fabric_gbps_per_gpu >= 200 else max(1, template.gpus // 2)
+    nic_gbps = template.fabric_gbps_per_gpu * template.gpus / nics
+    sized = replace(template, vcpus=cpu["cores"] * 2, ram_bytes=dimms * dimm, nvme_count=drives,
+                    nvme_bytes_each=drive, network_cards=nics)
+    bom = [
+        f"{template.gpus}x {template.gpu} GPU ({template.description})",
+        f"CPU: {cpu['part']} = {cpu['cores']} cores (>= {needs.cores_recommended} recommended for {template.gpus} GPUs)",
+        f"RAM: {dimms}x {bom_rules['dimm_gib']} GiB DDR5 RDIMM = {dimms * bom_rules['dimm_gib']} GiB "
+        f"(>= 2x {_gib(needs.gpu_memory_bytes)} GPU memory)",
+        f"NVMe: {drives}x {bom_rules['nvme_drive_gb']} GB U.2/E1.S data drives in RAID0 = {_tb(drives * drive)} "
+        f"(needs {_tb(needs.nvme_bytes)}: checkpoints + dataset share + weights)",
+        f"Network: {nics}x {nic_gbps:g} Gb/s {template.fabric} NIC, each on its GPU's PCIe switch",
+        f"PCIe: Gen{template.pcie_gen} x16 slot per GPU" + ("; NVSwitch baseboard (fabric manager)" if template.nvswitch else ""),
+        "Boot: 2x 960 GB NVMe M.2 in RAID1 (OS, separate from the data array)",
+    ]
+    return sized, bom
+
+
+def make_host(inst: InstanceType, needs: HostNeeds, bom: list[str] | None = None) -> Host:
+    return Host(
+        ram_bytes_required=needs.ram_min_bytes,
+        cpu_cores_required=needs.cores_min,
+        nvme_bytes_required=needs.nvme_bytes,
+        checkpoint_bytes=needs.checkpoint_bytes,
+        checkpoints_kept=needs.checkpoints_kept,
+        checks=check_host(inst, needs),
+        bill_of_materials=bom,
+    )
