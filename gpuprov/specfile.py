@@ -175,6 +175,8 @@ def load_spec_data(path: str | Path) -> tuple[dict[str, Any], Any]:
     if not isinstance(tree, dict):
         raise GpuprovError(f"{path}: expected a mapping of spec keys (model: ..., tokens: ...), "
                            f"got {type(_plain(tree)).__name__}")
+    if "lock_format" in tree and isinstance(tree.get("spec"), dict):
+        tree = tree["spec"]  # a gpuprov.lock holds the full spec: `generate -f infra/gpuprov.lock`
     data = _plain(tree)
     bad = [k for k in data if not isinstance(k, str)]
     if bad:

