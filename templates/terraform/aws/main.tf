@@ -179,8 +179,9 @@ resource "aws_instance" "node" {
   }
 
   # Also stated here (the launch template carries them too) so each instance is explicit.
-  ebs_optimized = true
-  monitoring    = true
+  iam_instance_profile = aws_iam_instance_profile.node.name
+  ebs_optimized        = true
+  monitoring           = true
 
   metadata_options {
     http_endpoint               = "enabled"

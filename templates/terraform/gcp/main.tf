@@ -42,6 +42,7 @@ resource "google_compute_resource_policy" "placement" {
 ################################################################################
 
 resource "google_compute_instance" "node" {
+  #checkov:skip=CKV_GCP_38:Customer-supplied keys would have to sit in the Terraform state and be resent on every disk operation; boot disks hold only the OS and drivers and keep Google-managed encryption at rest (set kms_key_self_link for CMEK).
   count = var.node_count
 
   name              = local.node_names[count.index]
@@ -56,6 +57,7 @@ resource "google_compute_instance" "node" {
       size  = var.boot_disk_size_gb
       type  = var.boot_disk_type
     }
+    kms_key_self_link = var.kms_key_self_link
   }
 
   dynamic "network_interface" {

