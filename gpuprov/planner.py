@@ -91,6 +91,8 @@ class SearchResult:
     constrained_out: int  # fit but excluded by deadline/budget
     unpriced: list[str] = field(default_factory=list)
     constrained_by_gpu: dict[str, Candidate] = field(default_factory=dict)  # fastest that fit, over limits
+    searched: list[Any] = field(default_factory=list)  # the instances the space was built from
+    excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
@@ -105,8 +107,8 @@ def _objective_key(objective: str, c: Candidate) -> tuple:
         return (c.time_hours, cost, c.total_gpus)
     if objective == "gpus":
         return (c.total_gpus, cost, c.time_hours)
-    # cost: on-prem has no price; rank it by GPU-hours so a cost objective still orders it
-    return (cost, c.time_hours, c.total_gpus)
+    # cost: on-prem has no price; GPU-hours order it (the owner pays in machine time)
+    return (cost, c.time_hours * c.total_gpus, c.time_hours)
 
 
 def _shardings(total: int, gpus_per_node: int, nodes: int) -> list[tuple[str, int]]:
@@ -177,9 +179,12 @@ def search(
     if spec.cloud == "onprem" and spec.hosts:
         max_nodes = min(max_nodes, len(spec.hosts))
     unpriced = sorted({i.name for i in insts if not i.onprem and i.price_per_hour_usd is None})
+    excluded_unpriced: list[Any] = []
     if objective == "cost":
         # a machine without a public price cannot be ranked by cost
+        excluded_unpriced = [i for i in insts if not i.onprem and i.price_per_hour_usd is None]
         insts = [i for i in insts if i.onprem or i.price_per_hour_usd is not None]
+    searched = list(insts)
     if not exhaustive:
         dom = _dominated(insts)
         insts = [i for i in insts if i.name not in dom]
@@ -375,6 +380,7 @@ def search(
         nearest_miss=nearest, unfit_gpus={k: v for k, v in unfit.items() if k not in best_by_gpu},
         evaluated=evaluated, memory_calls=mem_calls, fitting=fitting, constrained_out=constrained_out,
         unpriced=unpriced, constrained_by_gpu={k: v for k, v in constrained.items() if k not in best_by_gpu},
+        searched=searched, excluded_unpriced=excluded_unpriced,
     )
 
 
@@ -410,19 +416,33 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
     if miss is None:
         scope = f"cloud {spec.cloud}" + (f", GPUs {','.join(spec.gpus)}" if spec.gpus else "")
         return f"no instance in the catalog matches {scope} (see `gpuprov instances`)"
-    node_bytes, node = largest_node_bytes(instances, gpu_lookup)
+    node_bytes, node = largest_node_bytes(result.searched or instances, gpu_lookup)
+    # model states of one replica: the nearest miss's total over its shard group(s)
     states = miss.model_states_bytes
     hint = []
-    if spec.task == "full":
-        hint.append("use LoRA (--task lora) or QLoRA")
-    if spec.max_nodes < 32:
+    if node_bytes and states > node_bytes * (1 - spec.safety_margin):
+        hint.append("allow 2+ nodes" if spec.max_nodes == 1 else "allow more nodes (--max-nodes)")
+    elif spec.max_nodes < 32:
         hint.append("allow more nodes (--max-nodes)")
-    else:
-        hint.append("allow 2+ nodes" if spec.max_nodes == 1 else "shorten --seq-len or raise --global-batch-tokens")
-    if spec.safety_margin > 0.05:
+    if spec.task == "full":
+        hint.append("use LoRA (--task lora) or QLoRA (--task qlora)")
+    elif spec.task == "lora":
+        hint.append("use QLoRA (--task qlora)")
+    if miss.per_gpu_bytes <= miss.usable_bytes / (1 - spec.safety_margin) * 0.98 and spec.safety_margin > 0.02:
         hint.append("lower --safety-margin")
-    node_txt = f"{_tbs(node_bytes)} ({node.gpus} x {gpu_lookup(node.gpu).memory_bytes / 1e9:.0f} GB, {node.name})" if node else "n/a"
-    return (f"nothing fits: {arch.display_name} {spec.task} needs {_tbs(states)} of model states; the largest "
+    hint.append("or shorten --seq-len")
+    bigger = [i for i in result.excluded_unpriced if gpu_lookup(i.gpu).memory_bytes * i.gpus > node_bytes]
+    if bigger:
+        hint.append(f"{bigger[0].name} (larger, no public price) is searched with --objective time")
+    if node is not None:
+        nominal = _nominal_gb(gpu_lookup(node.gpu))
+        node_txt = (f"{node.gpus * nominal / 1000:.2f} TB ({node.gpus} x {nominal:.0f} GB, {node.name}; "
+                    f"{node_bytes / 2**40:.2f} TiB visible, {node_bytes * (1 - spec.safety_margin) / 2**40:.2f} TiB "
+                    f"usable at {spec.safety_margin:.0%} margin)")
+    else:
+        node_txt = "n/a"
+    return (f"nothing fits: {arch.display_name} {spec.task} needs {_tbs(states)} of model states plus "
+            f"activations; the largest "
             f"single node holds {node_txt}; nearest miss {miss.instance.name} x{miss.nodes} {miss.sharding}: "
             f"{miss.per_gpu_bytes / GiB:,.1f} GiB per GPU vs {miss.usable_bytes / GiB:,.1f} GiB usable; "
             + "; ".join(hint))

@@ -1,0 +1,116 @@
+"""Throughput model: FLOPs per token, compute vs communication, what comm-bound configs pay."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.catalog.gpus import get_gpu, list_gpus
+from gpuprov.catalog.models import get_model
+from gpuprov.sizing.throughput import (
+    Shape, assumptions, flops_per_token, gpu_class, inter_node_gbytes, intra_node_gbytes, step_estimate,
+    utilisation,
+)
+
+
+@pytest.fixture(scope="module")
+def arch8b():
+    return get_model("llama-3.1-8b")
+
+
+def _step(arch, gpu, shape, *, fabric="efa", gbps=400.0, ac="none", task="full", trainable=None):
+    trainable = arch.params if trainable is None else trainable
+    fl = flops_per_token(arch, shape.seq_len, task, trainable, ac)
+    util, _ = utilisation(gpu)
+    intra, _ = intra_node_gbytes(gpu)
+    return step_estimate(shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=util,
+                         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra,
+                         inter_gbytes=inter_node_gbytes(fabric, gbps), params=arch.params, trainable=trainable,
+                         num_layers=arch.num_layers, task=task)
+
+
+def test_flops_per_token_is_6n_plus_attention(arch8b):
+    s = 4096
+    fl = flops_per_token(arch8b, s, "full", arch8b.params, "none")
+    n = arch8b.params - arch8b.embedding_params  # untied: the input embedding is a lookup
+    attn = 12 * arch8b.num_layers * s * arch8b.num_attention_heads * arch8b.head_dim
+    assert fl.matmul_params == n
+    assert fl.model == pytest.approx(6 * n + attn)
+    assert fl.executed == fl.model
+    # 8B at 4K: attention adds ~13% on top of 6N (PaLM appendix B arithmetic)
+    assert 0.10 < attn / (6 * n) < 0.16
+
+
+def test_recompute_costs_flops_but_not_model_flops(arch8b):
+    none = flops_per_token(arch8b, 4096, "full", arch8b.params, "none")
+    sel = flops_per_token(arch8b, 4096, "full", arch8b.params, "selective")
+    full = flops_per_token(arch8b, 4096, "full", arch8b.params, "full")
+    assert none.model == sel.model == full.model
+    assert none.executed < sel.executed < full.executed
+    # full AC re-runs the forward: executed ~ 8N/6N of the model FLOPs
+    assert full.executed / full.model == pytest.approx(4 / 3, rel=0.02)
+
+
+def test_lora_flops_skip_weight_gradients(arch8b):
+    lora_trainable = arch8b.trainable_params("lora", 16, "all-linear")
+    lora = flops_per_token(arch8b, 4096, "lora", lora_trainable, "none")
+    full = flops_per_token(arch8b, 4096, "full", arch8b.params, "none")
+    assert lora.model < full.model
+    assert lora.model == pytest.approx(4 * lora.matmul_params + 6 * lora_trainable + lora.attention)
+
+
+def test_single_gpu_has_no_communication(arch8b):
+    gpu = get_gpu("h200-141gb")
+    st = _step(arch8b, gpu, Shape(nodes=1, gpus_per_node=1, sharding="none", shard_group=1, micro_batch=1,
+                                  grad_accum=4, seq_len=4096))
+    assert st.comm_time_s == 0 and st.exposed_comm_s == 0
+    assert st.step_time_s == pytest.approx(st.compute_time_s + st.optimizer_time_s)
+    assert st.bound == "compute"
+    # MFU = assumed utilisation when nothing but compute runs (optimizer is a small extra)
+    assert st.mfu == pytest.approx(utilisation(gpu)[0], rel=0.05)
+
+
+def test_ddp_all_reduce_volume(arch8b):
+    gpu = get_gpu("h100-80gb")
+    n = 16
+    st = _step(arch8b, gpu, Shape(nodes=2, gpus_per_node=8, sharding="ddp", shard_group=1, micro_batch=1,
+                                  grad_accum=8, seq_len=4096))
+    expected = 2 * (n - 1) / n * arch8b.params * assumptions().grad_reduce_bytes
+    assert st.comm_bytes_per_gpu == pytest.approx(expected)
+
+
+def test_slow_fabric_makes_fsdp_communication_bound_and_charges_it(arch8b):
+    gpu = get_gpu("h100-80gb")
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=1, grad_accum=4,
+                  seq_len=4096)
+    fast = _step(arch8b, gpu, shape, fabric="efa", gbps=400)
+    slow = _step(arch8b, gpu, shape, fabric="ethernet", gbps=12.5)
+    assert fast.compute_time_s == pytest.approx(slow.compute_time_s)
+    assert slow.exposed_comm_s > slow.compute_time_s  # the wire dominates
+    assert slow.bound == "communication"
+    assert slow.step_time_s > 2 * fast.step_time_s
+    assert slow.mfu < fast.mfu
+
+
+def test_hsdp_keeps_gathers_on_nvlink(arch8b):
+    gpu = get_gpu("h100-80gb")
+    common = dict(nodes=4, gpus_per_node=8, micro_batch=1, grad_accum=4, seq_len=4096)
+    fsdp = _step(arch8b, gpu, Shape(sharding="fsdp", shard_group=32, **common), fabric="ethernet", gbps=25)
+    hsdp = _step(arch8b, gpu, Shape(sharding="hsdp", shard_group=8, **common), fabric="ethernet", gbps=25)
+    assert hsdp.step_time_s < fsdp.step_time_s
+
+
+def test_intra_node_links():
+    nvl, name = intra_node_gbytes(get_gpu("h100-80gb"))
+    assert name == "NVLink" and nvl == pytest.approx(450 * assumptions().link_eff["nvlink"])
+    pcie, name = intra_node_gbytes(get_gpu("l40s-48gb"))
+    assert "PCIe Gen4" in name and pcie < nvl
+    nop2p, name = intra_node_gbytes(get_gpu("rtx-4090-24gb"))
+    assert "no P2P" in name and nop2p < pcie
+
+
+def test_every_gpu_has_a_sourced_utilisation():
+    a = assumptions()
+    for gpu in list_gpus():
+        cls = gpu_class(gpu)
+        value, source = a.utilisation[cls]
+        assert 0.1 < value < 0.7 and len(source) > 20, (gpu.slug, cls)
