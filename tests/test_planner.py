@@ -1,0 +1,249 @@
+"""The planner: catalog integrity, plans that fit, notes, nearest miss, and the brute-force check."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gpuprov.catalog.fabrics import fabric_name_for
+from gpuprov.catalog.gpus import get_gpu
+from gpuprov.catalog.instances import get_instance, list_instances
+from gpuprov.catalog.models import get_model
+from gpuprov.errors import GpuprovError
+from gpuprov.plan import Plan
+from gpuprov.planner import make_plan, search
+from gpuprov.sizing.memory import estimate_memory
+from gpuprov.sizing.types import MemoryEstimate
+from gpuprov.spec import TrainingSpec
+
+GiB = 2**30
+
+
+# --------------------------------------------------------------------------- catalog
+def test_every_instance_is_complete_and_sourced():
+    names = set()
+    for inst in list_instances():
+        assert inst.name not in names, inst.name
+        names.add(inst.name)
+        get_gpu(inst.gpu)  # known slug
+        assert inst.source and inst.gpus >= 1
+        if inst.onprem:
+            continue
+        assert inst.vcpus and inst.ram_bytes and inst.nvme_count >= 1 and inst.region
+        assert inst.price_date and inst.price_source, inst.name
+        if inst.gpus > 1:
+            # the fabric name must agree with the fabric catalog (one source of truth for NCCL env)
+            assert fabric_name_for(inst.cloud, inst.name) == inst.fabric, inst.name
+
+
+def test_issue_instance_list_is_covered():
+    wanted = ["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "g6e.48xlarge",
+              "g5.48xlarge", "a2-ultragpu-8g", "a3-highgpu-8g", "a3-megagpu-8g", "a3-ultragpu-8g",
+              "a4-highgpu-8g", "g2-standard-96", "Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4",
+              "Standard_ND96isr_H100_v5", "Standard_ND96isr_H200_v5", "BM.GPU.A100-v2.8", "BM.GPU.H100.8",
+              "BM.GPU.H200.8"]
+    for name in wanted:
+        get_instance(name)
+    assert len(list_instances("onprem")) >= 8
+
+
+def test_efa_counts_match_the_healthcheck_profiles():
+    # awsome-distributed-training instance-profiles.conf: p5/p5e 32, p5en 16, p4d 4
+    assert get_instance("p5.48xlarge").efa_interfaces == 32
+    assert get_instance("p5e.48xlarge").efa_interfaces == 32
+    assert get_instance("p5en.48xlarge").efa_interfaces == 16
+    assert get_instance("p4d.24xlarge").efa_interfaces == 4
+    assert get_instance("Standard_ND96isr_H100_v5").nccl_busbw_gbytes_per_s == 460.0
+
+
+# --------------------------------------------------------------------------- plans
+@pytest.fixture(scope="module")
+def plan70b() -> Plan:
+    return make_plan(TrainingSpec(model="70b", tokens=20 * 10**9))
+
+
+def test_70b_plan_fits_and_is_multinode(plan70b):
+    p = plan70b
+    usable = p.memory.gpu_memory_bytes * (1 - p.memory.safety_margin)
+    assert p.memory.per_gpu_bytes <= usable
+    assert p.memory.headroom_bytes == int(usable) - p.memory.per_gpu_bytes
+    assert p.memory.rule_of_thumb_bytes == 18 * p.model.params
+    assert p.cluster.nodes >= 2  # 70B full states do not fit one node of any priced instance
+    assert p.cluster.total_gpus == p.cluster.nodes * p.cluster.gpus_per_node
+    assert p.cluster.replicate * p.cluster.shard_group == p.cluster.total_gpus
+    c = p.cluster
+    assert c.global_batch_tokens == c.micro_batch * c.seq_len * c.total_gpus * c.grad_accum
+    assert p.training.steps == math.ceil(p.training.tokens / c.global_batch_tokens)
+    assert p.cost_usd == pytest.approx(p.time_hours * c.nodes * p.instance.price_per_hour_usd)
+    assert p.fabric.name in ("efa", "infiniband", "roce", "tcpxo")  # multi-node: a GPU fabric, not sockets
+
+
+def test_70b_notes_say_where_the_rule_of_thumb_is_wrong(plan70b):
+    text = " ".join(plan70b.notes)
+    assert "8 x 141 GB" in text and "1.13 TB < 1.27 TB" in text
+    assert "18 B/param" in text
+
+
+def test_alternatives_explain_why_they_lost(plan70b):
+    alts = {a.gpu: a for a in plan70b.alternatives}
+    assert plan70b.gpu.slug not in alts
+    assert "too small" in alts["a10g-24gb"].reason
+    priced = [a for a in plan70b.alternatives if a.cost_usd is not None]
+    assert priced and all(a.cost_usd >= plan70b.cost_usd for a in priced)
+    assert all("dearer" in a.reason for a in priced)
+
+
+def test_plan_fills_storage_health_software(plan70b):
+    p = plan70b
+    assert p.storage.devices == p.instance.local_nvme_count
+    assert p.storage.expected_bytes == p.instance.local_nvme_count * p.instance.local_nvme_bytes_each
+    if p.instance.cloud == "aws":
+        assert "NVMe_Instance_Storage" in p.storage.device_glob
+    assert p.software.fabric_manager == p.instance.nvswitch
+    assert p.host.checkpoint_bytes == 16 * p.model.params
+    Plan.model_validate_json(p.model_dump_json())  # round-trips
+
+
+def test_deadline_and_budget_are_honoured():
+    spec = TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, deadline_hours=48)
+    p = make_plan(spec)
+    assert p.time_hours <= 48
+    free = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9))
+    assert free.time_hours > 48 and free.cost_usd <= p.cost_usd
+    with pytest.raises(GpuprovError, match="none meets the constraints"):
+        make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, budget_usd=10))
+
+
+def test_objectives_rank_differently():
+    base = dict(model="llama-3.1-8b", tokens=10 * 10**9, cloud="aws")
+    cheap = make_plan(TrainingSpec(objective="cost", **base))
+    fast = make_plan(TrainingSpec(objective="time", **base))
+    few = make_plan(TrainingSpec(objective="gpus", **base))
+    assert fast.time_hours <= cheap.time_hours and cheap.cost_usd <= fast.cost_usd
+    assert few.cluster.total_gpus <= min(cheap.cluster.total_gpus, fast.cluster.total_gpus)
+
+
+def test_multinode_on_a_thin_fabric_prefers_hsdp():
+    p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["h100-80gb"],
+                               deadline_hours=48))
+    assert p.cluster.nodes > 1
+    assert p.cluster.sharding == "hsdp" and p.cluster.shard_group % p.cluster.gpus_per_node == 0
+
+
+def test_nothing_fits_names_the_nearest_miss():
+    with pytest.raises(GpuprovError) as err:
+        make_plan(TrainingSpec(model="70b", max_nodes=1, gpus=["h200-141gb"]))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "model states" in msg and "largest single node holds 1.13 TB (8 x 141 GB" in msg
+    assert "allow 2+ nodes" in msg and "LoRA" in msg
+
+
+def test_lora_fits_one_node_where_full_does_not():
+    p = make_plan(TrainingSpec(model="70b", task="lora", tokens=10**9, max_nodes=1, gpus=["h200-141gb"]))
+    assert p.cluster.nodes == 1 and p.training.lora_rank == 16 and p.training.lora_targets
+
+
+def test_onprem_plan_has_bom_and_hosts():
+    from gpuprov.spec import HostEntry
+
+    hosts = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i + 1}") for i in range(4)]
+    p = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=hosts))
+    assert p.instance.cloud == "onprem" and p.cost_usd is None
+    assert p.host.bill_of_materials and p.hosts and len(p.hosts) == p.cluster.nodes <= 4
+    assert p.instance.ram_bytes > 0 and p.instance.vcpus > 0
+
+
+def test_full_catalog_plans_fast():
+    spec = TrainingSpec(model="70b", tokens=20 * 10**9)
+    make_plan(spec)  # catalogs loaded and parsed once
+    t = time.perf_counter()
+    make_plan(spec)
+    assert time.perf_counter() - t < 2.0  # well under 1 s on an idle core; slack for a shared CI box
+
+
+# --------------------------------------------------------------------------- brute force
+SMALL_POOL = ["p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "g6e.48xlarge", "g6e.xlarge", "g6e.12xlarge",
+              "a3-highgpu-8g", "Standard_ND96isr_H100_v5", "BM.GPU.H100.8", "g5.48xlarge"]
+
+
+def _both(spec, estimator=estimate_memory, pool=SMALL_POOL):
+    arch = get_model(spec.model)
+    insts = [get_instance(n) for n in pool]
+    planned = search(spec, arch, estimator=estimator, instances=insts, gpu_lookup=get_gpu)
+    brute = search(spec, arch, estimator=estimator, instances=insts, gpu_lookup=get_gpu, exhaustive=True)
+    return planned, brute
+
+
+def _assert_not_worse(planned, brute, objective):
+    if brute.best is None:
+        assert planned.best is None
+        return
+    assert planned.best is not None
+    if objective == "cost":
+        assert planned.best.cost_usd <= brute.best.cost_usd * (1 + 1e-12)
+    elif objective == "time":
+        assert planned.best.time_hours <= brute.best.time_hours * (1 + 1e-12)
+    else:
+        assert planned.best.total_gpus <= brute.best.total_gpus
+    # and the planner's pick is in the brute-force space with the same numbers
+    assert planned.evaluated <= brute.evaluated
+
+
+@pytest.mark.parametrize("kw", [
+    dict(model="llama-3.1-8b", tokens=10**10, max_nodes=4),
+    dict(model="llama-3.1-8b", tokens=10**10, max_nodes=6, deadline_hours=30),
+    dict(model="llama-3.1-8b", task="lora", tokens=10**9, max_nodes=3, objective="time"),
+    dict(model="70b", tokens=10**10, max_nodes=4),
+    dict(model="70b", task="qlora", tokens=10**8, max_nodes=2, objective="gpus"),
+    dict(model="llama-3.1-8b", tokens=10**11, max_nodes=6, budget_usd=60000, seq_len=8192),
+])
+def test_planner_matches_brute_force_real_estimator(kw):
+    spec = TrainingSpec(**kw)
+    planned, brute = _both(spec)
+    _assert_not_worse(planned, brute, spec.objective)
+
+
+def fake_estimator(arch, setup, gpu_memory_bytes=None) -> MemoryEstimate:
+    """A crude monotone memory model: lets hypothesis explore shapes fast, independent of sizing."""
+    p = arch.params
+    t = p if setup.task == "full" else arch.trainable_params(setup.task, setup.lora_rank, setup.lora_targets)
+    weights = p * (0.55 if setup.task == "qlora" else 2)
+    states = t * 16
+    if setup.sharding == "fsdp":
+        per = (weights + states) / setup.gpus
+    elif setup.sharding == "hsdp":
+        per = (weights + states) / (setup.shard_group or setup.gpus_per_node)
+    elif setup.sharding == "zero2":
+        per = weights + 2 * t + 14 * t / setup.gpus
+    else:
+        per = weights + states
+    act = setup.micro_batch * setup.seq_len * arch.hidden_size * arch.num_layers * \
+        {"none": 34, "selective": 12, "full": 2}[setup.activation_checkpointing]
+    total = int(per + act) + GiB
+    return MemoryEstimate(per_gpu_bytes=total, breakdown={"states": int(per), "activations": int(act)},
+                          model_states_bytes=int(weights + states), trainable_params=t)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    model=st.sampled_from(["llama-3.1-8b", "70b", "mistral-7b"]),
+    task=st.sampled_from(["full", "lora", "qlora"]),
+    tokens=st.sampled_from([10**8, 10**9, 2 * 10**10]),
+    seq=st.sampled_from([2048, 4096]),
+    objective=st.sampled_from(["cost", "time", "gpus"]),
+    max_nodes=st.integers(1, 5),
+    deadline=st.sampled_from([None, 5.0, 50.0]),
+)
+def test_planner_matches_brute_force_random_specs(model, task, tokens, seq, objective, max_nodes, deadline):
+    try:
+        get_model(model)
+    except GpuprovError:
+        model = "llama-3.1-8b"
+    spec = TrainingSpec(model=model, task=task, tokens=tokens, seq_len=seq, objective=objective,
+                        max_nodes=max_nodes, deadline_hours=deadline)
+    planned, brute = _both(spec, estimator=fake_estimator)
+    _assert_not_worse(planned, brute, objective)
