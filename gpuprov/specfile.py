@@ -52,12 +52,17 @@ def parse_hours(value: Any, *, what: str = "deadline") -> float:
     if isinstance(value, bool):
         raise GpuprovError(f"{what}: expected a duration like 30d or 12h, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise GpuprovError(f"{what}: expected a finite duration, got {value!r}")
         return float(value)
     match = _DURATION.match(str(value))
     if not match:
         raise GpuprovError(f"{what}: expected a duration like 30d, 12h or 90m, got {value!r}")
     number, unit = match.groups()
-    return float(number) * _HOURS_PER[unit]
+    hours = float(number) * _HOURS_PER[unit]
+    if not math.isfinite(hours):
+        raise GpuprovError(f"{what}: {value!r} is out of range")
+    return hours
 
 
 def apply_units(data: dict[str, Any], where: dict[str, str] | None = None) -> dict[str, Any]:
@@ -144,6 +149,12 @@ def _plain(node: Any) -> Any:
     return str(node)  # dates, timestamps: let the model reject them with its own message
 
 
+def _show(part: Any) -> str:
+    """A key as the user wrote it, quoted when it is not a plain name (keeps the message one line)."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w.-]{1,60}", text) else repr(text[:60])
+
+
 def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
                             names: dict[str, str] | None = None) -> str:
     """A pydantic ValidationError as one line: 'file:line: field: message; ...' (first three errors)."""
@@ -153,9 +164,9 @@ def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
         loc = tuple(error.get("loc", ()))
         # drop pydantic's union-branch markers (e.g. 'list[str]') so the path reads like the file
         loc = tuple(p for p in loc if isinstance(p, int) or not re.search(r"[\[\]]", str(p)))
-        field = ".".join(str(p) for p in loc) or "spec"
+        field = ".".join(_show(p) for p in loc) or "spec"
         if names and loc and loc[0] in names:
-            field = names[loc[0]] + "".join(f".{p}" for p in loc[1:])
+            field = names[loc[0]] + "".join(f".{_show(p)}" for p in loc[1:])
         message = error.get("msg", "invalid")
         if error.get("type") == "extra_forbidden":
             message = "unknown key (see `gpuprov schema`)"
@@ -163,7 +174,7 @@ def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
         where = f"{prefix}:{line}: " if prefix and line else (f"{prefix}: " if prefix else "")
         parts.append(f"{where}{field}: {message}")
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "; ".join(parts) + more
+    return ("; ".join(parts) + more).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def load_spec_data(path: str | Path) -> tuple[dict[str, Any], Any]:
@@ -195,6 +206,13 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     data = dict(file_data or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(overrides)
+    for key, value in data.items():
+        # inf/nan pass pydantic's gt=0 checks but mean nothing as a budget or margin (and are not JSON)
+        if isinstance(value, float) and not math.isfinite(value):
+            where = flag_names.get(key, key) if key in overrides and flag_names else key
+            line = _line_of(tree, (key,)) if key not in overrides else None
+            prefix = f"{source}:{line}: " if source and line else (f"{source}: " if source and key not in overrides else "")
+            raise GpuprovError(f"{prefix}{_show(where)}: expected a finite number, got {value!r}")
     try:
         return TrainingSpec.model_validate(data)
     except ValidationError as exc:
