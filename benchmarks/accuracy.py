@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Accuracy of the memory estimator against peak memory measured and published by public projects.
+
+    python benchmarks/accuracy.py [--precise] [--file more.yaml ...] [--json]
+
+Reads ../shared/reference/measured-peaks.yaml relative to the repository root (override the folder
+with GPUPROV_REFERENCE_DIR). Each row is estimated from its settings alone; the measured number is
+compared with what the source measured: `reserved` (torch.cuda.max_memory_reserved, the default),
+or `active`/`allocated` (live tensors), so CUDA context and NCCL buffers (outside PyTorch's
+allocator) and, for `active`, allocator fragmentation are left out of that comparison; the full
+per-GPU estimate is printed beside it. Prints each row's signed error, the mean absolute
+percentage error (MAPE) and the worst underestimate (an underestimate is an OOM for the user).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+GIB = 2**30
+UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6}
+TARGET_MAPE = 8.0
+TARGET_WORST_UNDER = -10.0
+
+# Published GPU names -> catalog slugs. For memory only the setup matters (the GPU's size decides
+# whether it fits, not how much the run uses), so a variant maps to its closest catalog entry.
+_GPU_PATTERNS = (
+    ("h200", "h200-141gb"), ("b200", "b200-180gb"), ("h100 pcie", "h100-pcie-80gb"), ("h100", "h100-80gb"),
+    ("a100 40", "a100-40gb"), ("a100", "a100-80gb"), ("l40s", "l40s-48gb"), ("6000 ada", "rtx-6000-ada-48gb"),
+    ("a6000 ada", "rtx-6000-ada-48gb"), ("a6000", "rtx-a6000-48gb"), ("4090", "rtx-4090-24gb"),
+    ("3090", "rtx-3090-24gb"), ("a10g", "a10g-24gb"), ("l4", "l4-24gb"),
+)
+
+
+def reference_file() -> Path:
+    folder = os.environ.get("GPUPROV_REFERENCE_DIR")
+    base = Path(folder) if folder else REPO.parent / "shared" / "reference"
+    return base / "measured-peaks.yaml"
+
+
+def map_gpu(name: str) -> str:
+    low = name.lower()
+    for pattern, slug in _GPU_PATTERNS:
+        if pattern in low:
+            return slug
+    raise ValueError(f"no catalog GPU for {name!r}")
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    from ruamel.yaml import YAML
+
+    with path.open(encoding="utf-8") as stream:
+        data = YAML(typ="safe", pure=True).load(stream)
+    return list(data["rows"])
+
+
+def setup_for(row: dict[str, Any]):
+    from gpuprov.sizing.memory import ExtendedSetup
+    from gpuprov.sizing.types import LORA_TARGET_PRESETS
+
+    gpus = int(row.get("gpus", 1))
+    targets = row.get("lora_targets", "all-linear")
+    if isinstance(targets, str):
+        targets = LORA_TARGET_PRESETS.get(targets, tuple(t.strip() for t in targets.split(",")))
+    offload = row.get("offload", "full" if row.get("cpu_offload") else "none")
+    return ExtendedSetup(
+        task=row.get("task", "full"),
+        seq_len=int(row["seq_len"]),
+        micro_batch=int(row.get("micro_batch", 1)),
+        gpus=gpus,
+        gpus_per_node=int(row.get("gpus_per_node", min(8, gpus))),
+        sharding=row.get("sharding", "fsdp" if gpus > 1 else "none"),
+        shard_group=row.get("shard_group"),
+        activation_checkpointing=row.get("activation_checkpointing", "none"),
+        precision=row.get("precision", "bf16-mixed"),
+        optimizer=row.get("optimizer", "adamw"),
+        offload=offload,
+        lora_rank=int(row.get("lora_rank", 16)),
+        lora_targets=tuple(targets),
+        compile=bool(row.get("compile", False)),
+        chunked_cross_entropy=bool(row.get("chunked_cross_entropy", False)),
+        activation_offloading=bool(row.get("activation_offloading", False)),
+        grad_accumulation_steps=int(row.get("gradient_accumulation_steps", 1)),
+    )
+
+
+def evaluate(rows: list[dict[str, Any]], precise: bool = False) -> list[dict[str, Any]]:
+    from gpuprov.catalog.gpus import get_gpu
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing.memory import allocator_bytes, estimate_memory
+
+    out = []
+    for row in rows:
+        arch = get_model(row["model"])
+        gpu = get_gpu(map_gpu(row["gpu"]))
+        setup = setup_for(row)
+        metric = row.get("metric", "reserved")
+        key = "active" if metric in ("active", "allocated") else "reserved"
+        measured = float(row["measured"]) * UNITS[row.get("unit", "GiB")]
+        est = estimate_memory(arch, setup, gpu.memory_bytes)
+        comparable = allocator_bytes(est)[key]
+        result = {
+            "id": row["id"],
+            "metric": key,
+            "measured_bytes": int(measured),
+            "estimated_bytes": comparable,
+            "per_gpu_bytes": est.per_gpu_bytes,
+            "error_pct": 100.0 * (comparable - measured) / measured,
+        }
+        if precise:
+            from gpuprov.sizing.precise import estimate_precise
+
+            p = estimate_precise(arch, setup, gpu.memory_bytes)
+            p_cmp = allocator_bytes(p)[key]
+            result["precise_bytes"] = p_cmp
+            result["precise_error_pct"] = 100.0 * (p_cmp - measured) / measured
+        out.append(result)
+    return out
+
+
+def summary(results: list[dict[str, Any]], field: str = "error_pct") -> dict[str, Any]:
+    errors = [r[field] for r in results]
+    worst = min(results, key=lambda r: r[field])
+    return {
+        "rows": len(results),
+        "mape_pct": sum(abs(e) for e in errors) / len(errors),
+        "worst_underestimate_pct": min(0.0, worst[field]),
+        "worst_row": worst["id"],
+    }
+
+
+def render(results: list[dict[str, Any]], precise: bool) -> str:
+    head = f"{'id':<46}{'metric':>9}{'measured':>10}{'estimated':>10}{'error':>9}{'per-GPU':>9}"
+    if precise:
+        head += f"{'precise':>9}{'error':>9}"
+    lines = [head + "   (GiB)"]
+    for r in results:
+        line = (
+            f"{r['id']:<46}{r['metric']:>9}{r['measured_bytes'] / GIB:>10.2f}{r['estimated_bytes'] / GIB:>10.2f}"
+            f"{r['error_pct']:>+8.1f}%{r['per_gpu_bytes'] / GIB:>9.2f}"
+        )
+        if precise:
+            line += f"{r['precise_bytes'] / GIB:>9.2f}{r['precise_error_pct']:>+8.1f}%"
+        lines.append(line)
+    s = summary(results)
+    lines.append("")
+    lines.append(
+        f"analytic: MAPE {s['mape_pct']:.1f}% (target <= {TARGET_MAPE:g}%), worst underestimate "
+        f"{s['worst_underestimate_pct']:+.1f}% (target >= {TARGET_WORST_UNDER:g}%, row {s['worst_row']})"
+    )
+    if precise:
+        p = summary(results, "precise_error_pct")
+        lines.append(f"precise:  MAPE {p['mape_pct']:.1f}%, worst underestimate {p['worst_underestimate_pct']:+.1f}%")
+    lines.append("estimated = the estimate of what the source measured (reserved or active); per-GPU adds CUDA context + NCCL")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precise", action="store_true", help="add a column from gpuprov.sizing.precise")
+    parser.add_argument("--file", action="append", type=Path, default=[], help="extra rows (same format)")
+    parser.add_argument("--no-reference", action="store_true", help="only the --file rows")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    paths = [] if args.no_reference else [reference_file()]
+    paths += args.file
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        if not path.is_file():
+            print(f"accuracy: reference file not found: {path} (set GPUPROV_REFERENCE_DIR)", file=sys.stderr)
+            return 2
+        rows += load_rows(path)
+    results = evaluate(rows, precise=args.precise)
+    if args.json:
+        print(json.dumps({"rows": results, "summary": summary(results)}, indent=2))
+    else:
+        print(render(results, args.precise))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
