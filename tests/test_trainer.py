@@ -2,7 +2,7 @@
 
 Each test renders a small plan into a temporary bundle, then starts launch/train.sh (torchrun,
 c10d rendezvous on 127.0.0.1) with environment overrides only: the trainer code and the shell
-scripts are exactly what a cluster gets. Kept to five short torchrun launches in all.
+scripts are exactly what a cluster gets. Kept to six short torchrun launches in all.
 """
 
 from __future__ import annotations
@@ -138,22 +138,62 @@ def test_two_nodes_hsdp_fixed_batch_loss_falls(tmp_path):
     assert checkpoints(launch) == []  # checkpoint.every_steps 0 disables them
 
 
-def test_lora_trains_only_the_adapters(tmp_path):
-    """LoRA under FSDP2: only lora_A/lora_B require grad, the checkpoint holds only adapter weights
-    and optimizer state for them, and the loss falls on a fixed batch."""
+def base_loss_on_first_batch(model_dir: Path, launch: Path, samples: int) -> float:
+    """The saved model's mean next-token loss on the trainer's first global batch (its own data code)."""
+    import importlib.util
+
+    import torch
+    import torch.nn.functional as F
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    spec = importlib.util.spec_from_file_location("generated_train", launch / "train.py")
+    trainer = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = trainer  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(trainer)
+    finally:
+        del sys.modules[spec.name]
+    cfg = yaml.safe_load((launch / "train.yaml").read_text())
+    data = trainer.TokenWindows({"data": {"path": None, "synthetic_samples": samples}}, 32, 512,
+                                cfg["training"]["seed"])
+    tokens = data.batch(0, samples)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=tokens[:, :-1]).logits
+    return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
+
+
+def test_lora_from_pretrained_trains_only_the_adapters(tmp_path):
+    """LoRA under FSDP2 on a local pretrained model (from_pretrained on rank 0, broadcast to the
+    shards): the first loss is the base model's (B = 0), only lora_A/lora_B require grad, the
+    checkpoint holds only adapter weights and their optimizer state, and the loss falls."""
     pytest.importorskip("peft")
+    import torch
     from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plan_fixtures import TINY_LLAMA_CONFIG
+
+    hf = dict(TINY_LLAMA_CONFIG)
+    torch.manual_seed(7)
+    base = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf.pop("model_type"), **hf))
+    base.to(torch.float32).save_pretrained(tmp_path / "base")
 
     launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="fsdp", task="lora", ac="none",
-                          steps=15, checkpoint_every=15)
-    finish(start(launch, "--set", "data.synthetic_samples=8", "--set", "optimizer.lr=0.01", port=free_port()))
+                          steps=12, checkpoint_every=12)
+    out = finish(start(launch, "--set", "data.synthetic_samples=8", "--set", "optimizer.lr=0.01",
+                       "--set", f"model.pretrained_path={tmp_path / 'base'}",
+                       "--set", "precision.param_dtype=float32", port=free_port()))
+    assert "pretrained:" in out
     (run,) = runs(launch)
     start_rec = run[0]
     assert start_rec["trainable"] and all(".lora_A." in n or ".lora_B." in n for n in start_rec["trainable"])
     assert {n.split(".")[-4] for n in start_rec["trainable"]} == {"q_proj", "v_proj"}  # the plan's targets
     assert 0 < start_rec["trainable_params"] < start_rec["total_params"] / 10
     loss = losses(run)
-    assert loss[15] < loss[1] - 0.1, loss
+    assert loss[1] == pytest.approx(base_loss_on_first_batch(tmp_path / "base", launch, 8), rel=1e-4)
+    assert loss[12] < loss[1] - 0.1, loss
 
     (ckpt,) = checkpoints(launch)
     keys = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata.keys()
@@ -161,3 +201,14 @@ def test_lora_trains_only_the_adapters(tmp_path):
     state_keys = [k for k in keys if k.startswith("app.optim.state.")]
     assert model_keys and all("lora_" in k for k in model_keys), model_keys
     assert state_keys and all("lora_" in k for k in state_keys), state_keys
+
+
+def test_ddp_two_processes_bf16_autocast(tmp_path):
+    """The plan's ddp sharding: DDP with bf16 autocast and no_sync over the accumulation steps."""
+    launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="ddp", ac="full", steps=12,
+                          checkpoint_every=0)
+    finish(start(launch, "--set", "data.synthetic_samples=8", port=free_port()))
+    (run,) = runs(launch)
+    assert run[0]["mesh"] is None and run[0]["world"] == 2 and run[0]["sharding"] == "ddp"
+    loss = losses(run)
+    assert loss[12] < loss[1] - 0.5, loss

@@ -171,6 +171,13 @@ def build_model(cfg: dict, rt: Runtime) -> tuple[torch.nn.Module, bool]:
     return model.to(master), True
 
 
+def dtype_kwarg(dtype: torch.dtype) -> dict:
+    """from_pretrained's dtype argument: `dtype` in transformers 5, `torch_dtype` before."""
+    import transformers
+
+    return {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
+
+
 def build_qlora_model(cfg: dict, rt: Runtime) -> torch.nn.Module:
     """QLoRA: the base in 4-bit NF4 (double quantisation) from local weights; bitsandbytes is CUDA-only."""
     if not rt.is_cuda:
@@ -184,8 +191,8 @@ def build_qlora_model(cfg: dict, rt: Runtime) -> torch.nn.Module:
     compute = DTYPES[cfg["precision"]["param_dtype"]]
     bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                              bnb_4bit_compute_dtype=compute, bnb_4bit_quant_storage=compute)
-    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=bnb, dtype=compute,
-                                                 device_map={"": rt.local_rank})
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=bnb, device_map={"": rt.local_rank},
+                                                 **dtype_kwarg(compute))
     model.config.use_cache = False
     return model
 
@@ -308,7 +315,7 @@ def load_pretrained(model: torch.nn.Module, path: str, cfg: dict, rt: Runtime) -
     if rt.rank == 0:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg["precision"]["master_dtype"]])
+        hf = AutoModelForCausalLM.from_pretrained(path, **dtype_kwarg(DTYPES[cfg["precision"]["master_dtype"]]))
         hf_sd = hf.state_dict()
         for name in model.state_dict():
             # peft renames wrapped layers: base_model.model.<fqn> and <layer>.base_layer.weight
@@ -430,7 +437,7 @@ def build_optimizer(model: torch.nn.Module, cfg: dict, rt: Runtime) -> torch.opt
               {"params": no_decay, "weight_decay": 0.0}]
     kw = dict(lr=float(opt["lr"]), betas=tuple(opt["betas"]), eps=float(opt["eps"]))
     if opt["name"] == "adamw":
-        return torch.optim.AdamW(groups, fused=rt.is_cuda or None, **kw)
+        return torch.optim.AdamW(groups, **kw)  # foreach on CUDA by default; works on DTensor shards
     if opt["name"] == "adamw-8bit":
         if not rt.is_cuda:
             raise ConfigError("optimizer adamw-8bit needs CUDA (torchao's 8-bit AdamW)")
