@@ -37,7 +37,8 @@ def _with_spec(plan, **spec):
 def plans() -> dict[str, object]:
     """Representative plans, several per cloud (node counts, NIC layouts, fabrics)."""
     aws = sample_plan("aws", nodes=2)
-    gcp = sample_plan("gcp", nodes=2)
+    # GCP NIC counts as the instance catalog states them: every NIC, nic0 included.
+    gcp = _variant(sample_plan("gcp", nodes=2), network_cards=9)
     return {
         "aws-p5-2": aws,
         "aws-p5-16-cr": _with_spec(sample_plan("aws", nodes=16, sharding="fsdp"),
@@ -47,7 +48,7 @@ def plans() -> dict[str, object]:
         "aws-g6e-noefa": _variant(sample_plan("aws", nodes=1, sharding="ddp", task="lora"), name="g6e.48xlarge",
                                   network_cards=1, efa_interfaces=0, fabric_name="ethernet"),
         "gcp-a3mega-2": _with_spec(gcp, reservation="my-a3-reservation"),
-        "gcp-a3ultra-4": _variant(sample_plan("gcp", nodes=4), name="a3-ultragpu-8g", network_cards=8,
+        "gcp-a3ultra-4": _variant(sample_plan("gcp", nodes=4), name="a3-ultragpu-8g", network_cards=10,
                                   fabric_name="roce"),
         "gcp-a2-1": _variant(sample_plan("gcp", nodes=1, sharding="ddp", task="qlora"), name="a2-highgpu-8g",
                              network_cards=1, fabric_name="ethernet", mtu=None),

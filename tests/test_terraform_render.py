@@ -188,3 +188,46 @@ def test_ansible_inventory_output_shape(name, resource, fake, loaded, tmp_path):
     assert code == 0, error
     assert values["inventory"] == {"all": {"children": {"gpu_nodes": {"hosts": {
         "n-00": {"ansible_host": "10.0.0.5"}, "n-01": {"ansible_host": "10.0.0.6"}}}}}}
+
+
+# ---- real planner output -------------------------------------------------------------------------
+
+PLANNER_SPECS = {
+    "aws-70b-full": dict(model="llama-3.1-70b", task="full", cloud="aws",
+                         capacity_reservation_id="cr-0123456789abcdef0", ssh_cidr="198.51.100.0/24"),
+    "gcp-70b-full": dict(model="llama-3.1-70b", task="full", cloud="gcp", reservation="a3-pool"),
+    "gcp-8b-lora": dict(model="llama-3.1-8b", task="lora", cloud="gcp"),
+    "azure-70b-full": dict(model="llama-3.1-70b", task="full", cloud="azure"),
+    "oci-70b-full": dict(model="llama-3.1-70b", task="full", cloud="oci"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PLANNER_SPECS))
+def test_planner_plans_render_valid_terraform(name, tmp_path):
+    """What `gpuprov generate` would write: formatted, loadable, schema-clean, and the plan's
+    defaults pass every variable validation when Terraform evaluates them."""
+    planner = pytest.importorskip("gpuprov.planner")
+    from gpuprov.spec import TrainingSpec
+    from terraform_support import load_schema, schema_problems
+
+    plan = planner.make_plan(TrainingSpec(**PLANNER_SPECS[name]))
+    cloud = plan.instance.cloud
+    directory = render_to(tmp_path / "tf", plan)
+    code, diff = fmt_check(directory)
+    assert code == 0, diff
+    module = load_module(directory)
+    assert undeclared_references(module) == []
+    assert schema_problems(module, load_schema(cloud)) == []
+    outputs = {v: f"var.{v}" for v in module["Variables"]}
+    code, values, error = evaluate(tmp_path / "eval", directory, outputs, REQUIRED_INPUTS[cloud])
+    assert code == 0, error
+    assert values["node_count"] == plan.cluster.nodes
+    assert values[INSTANCE_VARIABLE[cloud]] == plan.instance.name
+    if cloud == "aws":
+        assert values["efa_enabled"] is (plan.fabric.name == "efa")
+        assert values["capacity_reservation_id"] == "cr-0123456789abcdef0"
+    if cloud == "gcp" and plan.fabric.name == "roce":
+        assert values["rdma_nic_count"] == plan.instance.gpus
+        assert values["gpu_nic_count"] + values["rdma_nic_count"] + 1 == plan.instance.network_cards
+        assert values["reservation_name"] == "a3-pool"

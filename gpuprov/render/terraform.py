@@ -85,16 +85,19 @@ def _aws(plan: Plan) -> dict:
 
 def _gcp(plan: Plan) -> dict:
     machine = plan.instance.name
-    cards = plan.instance.network_cards
+    nics = plan.instance.network_cards  # every NIC of the machine type, nic0 included
     fabric = plan.fabric.name
     if fabric == "roce":
-        # a3-ultragpu/a4: one extra gVNIC network plus one MRDMA NIC per GPU in a RoCE VPC.
-        gvnic, rdma = 1, cards
-    elif fabric in ("tcpxo", "ethernet") and cards > 1:
-        # a3-megagpu (TCPXO, 8) and a3-highgpu (TCPX, 4): one gVNIC data VPC per NIC.
-        gvnic, rdma = cards, 0
-    else:
+        # a3-ultragpu/a4: one MRDMA NIC per GPU in the RoCE VPC; the other NICs are gVNIC.
+        rdma = plan.instance.gpus
+        gvnic = nics - 1 - rdma
+    elif fabric in ("tcpxo", "ethernet") and nics > 1:
+        # a3-megagpu (GPUDirect-TCPXO, 1 + 8) and a3-highgpu (TCPX, 1 + 4): one gVNIC VPC per data NIC.
+        gvnic, rdma = nics - 1, 0
+    else:  # single-node plans (fabric "none") and one-NIC machines: nic0 only
         gvnic, rdma = 0, 0
+    if gvnic < 0:
+        raise GpuprovError(f"{machine}: {nics} NICs cannot hold nic0 plus {rdma} MRDMA NICs")
     return {
         "machine_type": machine,
         "gpu_nic_count": gvnic,
