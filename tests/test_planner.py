@@ -189,7 +189,7 @@ def _assert_not_worse(planned, brute, objective):
         assert planned.best.time_hours <= brute.best.time_hours * (1 + 1e-12)
     else:
         assert planned.best.total_gpus <= brute.best.total_gpus
-    # and the planner's pick is in the brute-force space with the same numbers
+    # pruning only removes work, never adds it
     assert planned.evaluated <= brute.evaluated
 
 

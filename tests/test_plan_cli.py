@@ -1,0 +1,83 @@
+"""`gpuprov plan`, `explain` and `instances` through the real CLI (subprocess: exit codes, stdout)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def plan_json() -> dict:
+    r = run("plan", "--model", "70b", "--tokens", "20B", "--deadline", "30d", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_json_has_the_issue_keys(plan_json):
+    d = plan_json
+    assert d["model"]["params"] > 70e9 and d["task"] == "full"
+    for key in ("per_gpu_bytes", "model_states_bytes", "rule_of_thumb_bytes"):
+        assert isinstance(d["memory"][key], int)
+    for key in ("cloud", "instance_type", "gpu", "gpus_per_node", "nodes", "total_gpus", "sharding",
+                "activation_checkpointing", "micro_batch", "grad_accum"):
+        assert key in d["cluster"]
+    assert d["throughput"]["tokens_per_s"] > 0 and 0 < d["throughput"]["mfu"] < 1
+    assert d["time_hours"] <= 30 * 24 and d["cost_usd"] > 0
+    assert d["host"]["checks"] and isinstance(d["alternatives"], list)
+
+
+def test_units_are_parsed(plan_json):
+    assert plan_json["spec"]["tokens"] == 20 * 10**9
+    assert plan_json["spec"]["deadline_hours"] == 720
+    r = run("plan", "--model", "llama-3.1-8b", "--tokens", "1T", "--global-batch-tokens", "4M", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["spec"]["tokens"] == 10**12 and d["spec"]["global_batch_tokens"] == 4 * 2**20
+
+
+def test_human_output_sections():
+    r = run("plan", "--model", "llama-3.1-8b", "--task", "lora", "--tokens", "500M", "--cloud", "aws")
+    assert r.returncode == 0, r.stderr
+    for section in ("Chosen:", "Memory per GPU", "Time and cost:", "Host checklist", "Alternatives"):
+        assert section in r.stdout
+    assert "(aws" in r.stdout and "GiB" in r.stdout
+
+
+def test_explain_prints_the_arithmetic_beside_the_rule_of_thumb():
+    r = run("explain", "--model", "70b", "--tokens", "20B")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "6 x N_matmul" in out and "attention 12 x L x s x d" in out
+    assert "rule of thumb: 18 B x N" in out and "rule of thumb 6N" in out and "rule of thumb 6 N D" in out
+    assert "step =" in out and "cost =" in out
+
+
+def test_nothing_fits_exits_2_with_one_line():
+    r = run("plan", "--model", "70b", "--max-nodes", "1", "--gpu", "h200-141gb")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nothing fits" in lines[0] and "allow 2+ nodes" in lines[0]
+
+
+def test_bad_units_exit_2():
+    r = run("plan", "--model", "70b", "--tokens", "lots")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_instances_lists_and_filters():
+    r = run("instances", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["cloud"] for row in rows} == {"aws", "gcp", "azure", "oci", "onprem"}
+    p5 = next(row for row in rows if row["name"] == "p5.48xlarge")
+    assert p5["efa_interfaces"] == 32 and p5["price_per_hour_usd"] and p5["price_date"]
+    r = run("instances", "--cloud", "oci")
+    assert r.returncode == 0 and "BM.GPU.H100.8" in r.stdout and "p5.48xlarge" not in r.stdout
