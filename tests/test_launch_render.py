@@ -227,3 +227,38 @@ def test_render_is_lazy_about_jinja2():
     code = "import sys, gpuprov.render.launch; print('jinja2' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+PLANNER_SPECS = [
+    dict(model="llama-3.1-70b", cloud="aws", tokens=10**10),
+    dict(model="llama-3.1-8b", cloud="gcp", task="lora"),
+    dict(model="llama-3.1-405b", cloud="oci", tokens=10**11),
+]
+
+
+@pytest.mark.parametrize("kw", PLANNER_SPECS, ids=lambda kw: f"{kw['model']}-{kw['cloud']}")
+def test_real_planner_output_renders(kw, tmp_path):
+    from gpuprov.planner import make_plan
+    from gpuprov.spec import TrainingSpec
+
+    plan = make_plan(TrainingSpec(**kw))
+    files = render_launch(plan)
+    launch = write(files, tmp_path)
+    for name in ("env.sh", "train.sh", "slurm.sbatch"):
+        subprocess.run([BASH, "-n", str(launch / name)], check=True)
+    cfg = yaml.safe_load(files["train.yaml"])
+    c = plan.cluster
+    assert cfg["model"]["hf_config"] == plan.model.hf_config
+    assert (cfg["parallel"]["replicate"], cfg["parallel"]["shard"]) == (c.replicate, c.shard_group)
+    assert cfg["parallel"]["sharding"] == c.sharding
+    assert cfg["parallel"]["activation_checkpointing"] == c.activation_checkpointing
+    assert (cfg["batch"]["micro_batch"], cfg["batch"]["grad_accum"], cfg["batch"]["seq_len"]) == \
+        (c.micro_batch, c.grad_accum, c.seq_len)
+    assert cfg["mfu"]["flops_per_token"] == plan.throughput.flops_per_token
+    if plan.task != "full":
+        assert cfg["task"]["lora"]["targets"] == list(plan.training.lora_targets)
+    env = sourced_env(launch)
+    assert {k: env.get(k) for k in plan.fabric.nccl_env} == dict(plan.fabric.nccl_env)
+    words = dry_run(launch, GPUPROV_HEAD_ADDR="10.0.0.1").stdout.split()
+    assert words[words.index("--nnodes") + 1] == str(c.nodes)
+    assert words[words.index("--nproc-per-node") + 1] == str(c.gpus_per_node)
