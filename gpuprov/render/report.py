@@ -55,7 +55,8 @@ def _summary(plan) -> list[str]:
                               if plan.task != "full" else "")],
         ["Where", f"{where}: {c.nodes} x `{c.instance_type}` ({price})"],
         ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {_gib(plan.gpu.memory_bytes)} each)"],
-        ["Parallelism", f"{c.sharding}: shard group {c.shard_group} GPUs x {c.replicate} replicas"],
+        ["Parallelism", f"{c.sharding}: shard group {c.shard_group} GPUs x {c.replicate} "
+                        f"replica{'s' if c.replicate != 1 else ''}"],
         ["Batch", f"micro-batch {c.micro_batch} x seq {c.seq_len} x grad-accum {c.grad_accum} "
                   f"= {c.global_batch_tokens:,} tokens per step"],
         ["Precision / optimizer", f"{c.precision}, {c.optimizer}, offload {c.offload}, "
@@ -72,7 +73,8 @@ def _memory(plan) -> list[str]:
     mem = plan.memory
     usable = int(mem.gpu_memory_bytes * (1 - mem.safety_margin))
     rows = [[term, _gib(b), f"{100 * b / mem.per_gpu_bytes:.1f}%" if mem.per_gpu_bytes else "-"]
-            for term, b in sorted(mem.breakdown.items(), key=lambda kv: (-kv[1], kv[0]))]
+            for term, b in sorted(mem.breakdown.items(), key=lambda kv: (-kv[1], kv[0])) if b > 0]
+    zero = sorted(term for term, b in mem.breakdown.items() if b <= 0)
     rows.append(["**total per GPU**", f"**{_gib(mem.per_gpu_bytes)}**", "100.0%"])
     out = [
         "## Memory: why it fits",
@@ -83,6 +85,7 @@ def _memory(plan) -> list[str]:
         "",
         *_table(["term", "per GPU", "share"], rows),
         "",
+        *([f"Zero in this configuration: {', '.join(zero)}.", ""] if zero else []),
         f"Model states (weights, gradients, optimizer) over all GPUs: {_gib(mem.model_states_bytes)}. "
         f"The 18 bytes/parameter rule of thumb says {_gib(mem.rule_of_thumb_bytes)}"
         + (" (it ignores activations, buffers and fragmentation, and overstates LoRA)."
@@ -133,7 +136,7 @@ def _hosts(plan) -> list[str]:
         "",
         f"Each node needs at least {_gib(h.ram_bytes_required)} RAM, {h.cpu_cores_required} CPU cores and "
         f"{_tb(h.nvme_bytes_required)} of local NVMe (checkpoints: {_gib(h.checkpoint_bytes)} each, "
-        f"{h.checkpoints_kept} kept).",
+        f"{h.checkpoints_kept} kept, whole cluster).",
         "",
         *_table(["check", "required", "actual", "ok", "source"],
                 [[c.rule, c.required, c.actual, "yes" if c.ok else "**NO**", c.source] for c in h.checks]),

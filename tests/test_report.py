@@ -1,0 +1,61 @@
+"""render_report: README (plan, memory, alternatives, checklist, how to apply) and topology.svg."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from gpuprov.plan import Alternative
+from gpuprov.render.report import render_report
+from plan_fixtures import sample_plan
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_readme_explains_the_plan() -> None:
+    plan = sample_plan("aws", nodes=2)
+    plan = plan.model_copy(update={"alternatives": [Alternative(
+        cloud="gcp", instance_type="a3-megagpu-8g", gpu="h100-80gb", nodes=2, total_gpus=16, sharding="hsdp",
+        time_hours=3.0, cost_usd=530.0, reason="dearer")], "notes": ["18 B/param overstates LoRA"]})
+    readme = render_report(plan)["README.md"]
+    for needle in ("# Tiny Llama (test): full training on 16 x NVIDIA H100", "| activations | 50.0 GiB | 83.3% |",
+                   "**total per GPU** | **60.0 GiB**", "## Configurations considered", "a3-megagpu-8g",
+                   "dearer", "chosen (objective: cost)", "## Host checklist", "host RAM >= 1.5x GPU memory",
+                   "18 B/param overstates LoRA", "export FI_EFA_USE_HUGE_PAGE=0", "terraform init",
+                   "gpuprov up . --dry-run", "$551", "p5.48xlarge"):
+        assert needle in readme, needle
+
+
+def test_onprem_readme_skips_terraform_and_lists_hosts() -> None:
+    readme = render_report(sample_plan("onprem", nodes=2))["README.md"]
+    assert "terraform init" not in readme and "owned hardware" in readme
+    assert "`gpu0`: 10.0.0.10" in readme and "Bill of materials" in readme
+
+
+@pytest.mark.parametrize("cloud,nodes", [("aws", 1), ("aws", 2), ("gcp", 12), ("onprem", 3), ("azure", 8)])
+def test_topology_is_valid_svg_showing_the_cluster(cloud: str, nodes: int) -> None:
+    plan = sample_plan(cloud, nodes=nodes)
+    svg = render_report(plan)["topology.svg"]
+    assert svg == render_report(plan)["topology.svg"]
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG}svg"
+    texts = [t.text for t in root.iter(f"{SVG}text")]
+    gpus = [t for t in texts if t and t.startswith("G") and t[1:].isdigit()]
+    assert len(gpus) == 8 * min(nodes, 8)
+    assert any("NVSwitch" in t for t in texts)
+    assert any("RAID0" in t for t in texts)
+    if nodes > 8:
+        assert f"+ {nodes - 8} more nodes" in texts
+    if nodes == 1:
+        assert any("single node" in t for t in texts)
+    else:
+        assert any(t.startswith(f"{plan.fabric.name}: 8 rails") for t in texts)
+    if cloud == "onprem":
+        assert any(t.startswith("gpu0:") for t in texts)
+
+
+def test_topology_escapes_text() -> None:
+    plan = sample_plan("aws")
+    plan = plan.model_copy(update={"model": plan.model.model_copy(update={"display_name": "A<&>\"B"})})
+    ET.fromstring(render_report(plan)["topology.svg"])  # well-formed despite the markup characters
