@@ -40,6 +40,17 @@ _GPU_PATTERNS = (
 )
 
 
+# Settings a row points to instead of stating (its recipe's config), with where they come from.
+RECIPE_SETTINGS: dict[str, dict[str, Any]] = {
+    # pytorch/torchtune recipes/configs/llama3_2/3B_lora_single_device.yaml: lora_rank 64,
+    # lora_attn_modules [q_proj, v_proj, output_proj], apply_lora_to_mlp True.
+    "torchtune-3b-lora": {
+        "lora_rank": 64,
+        "lora_targets": ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    },
+}
+
+
 def reference_file() -> Path:
     folder = os.environ.get("GPUPROV_REFERENCE_DIR")
     base = Path(folder) if folder else REPO.parent / "shared" / "reference"
@@ -66,6 +77,7 @@ def setup_for(row: dict[str, Any]):
     from gpuprov.sizing.memory import ExtendedSetup
     from gpuprov.sizing.types import LORA_TARGET_PRESETS
 
+    row = {**RECIPE_SETTINGS.get(row.get("id", ""), {}), **row}
     gpus = int(row.get("gpus", 1))
     targets = row.get("lora_targets", "all-linear")
     if isinstance(targets, str):

@@ -326,12 +326,13 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # -- logits and loss -------------------------------------------------------------------
     ce = c["cross_entropy"]
     V = arch.vocab_size
-    logits = tokens * a * V  # held by the caller (model output) until backward
+    logits_elem = a if s.chunked_cross_entropy else ce["held_logits_bytes"]
+    logits = tokens * logits_elem * V  # held by the caller (model output) until backward
     if arch.model_type == "gemma2":
         logits += tokens * a * V  # final logit soft-capping saves the tanh output too
     chunks = ce["chunks"]
     if s.chunked_cross_entropy and s.compile:
-        ce_bytes = tokens * 4 * V * 2 // chunks
+        ce_bytes = tokens * 4 * V // chunks  # fused per-chunk loss: one chunk's fp32 gradient at a time
     elif s.chunked_cross_entropy:
         ce_bytes = tokens * 4 * V + tokens * 4 * V * 2 // chunks
     else:
