@@ -62,9 +62,6 @@ TERMS: tuple[str, ...] = (
     "cuda_context",
 )
 
-# Terms allocated and freed every step (what fragments the caching allocator).
-DYNAMIC_TERMS: tuple[str, ...] = ("activations", "activation_transient", "logits", "cross_entropy", "optimizer_step_transient")
-
 # Terms that live outside PyTorch's caching allocator (not in torch.cuda.memory_reserved()).
 NON_ALLOCATOR_TERMS: tuple[str, ...] = ("nccl_buffers", "cuda_context")
 
@@ -402,12 +399,11 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
 
     terms = {t: 0 for t in TERMS}
     terms.update(peak.terms)
-    # Model states are allocated once in big blocks; fragmentation comes from the churn of
-    # activations and temporaries (eager mode frees many odd-sized intermediates; compile fuses them).
+    # Cached-but-unusable blocks: freed tensors whose blocks belong to another stream or do not fit
+    # the next request (eager mode frees many odd-sized intermediates; compile fuses them away).
     alloc = c["allocator"]
     frac = alloc["fragmentation_compiled"] if s.compile else alloc["fragmentation_eager"]
-    dynamic = sum(terms[t] for t in DYNAMIC_TERMS)
-    terms["allocator_fragmentation"] = int(dynamic * frac)
+    terms["allocator_fragmentation"] = int(sum(terms.values()) * frac)
     nc = c["nccl"]
     if n > 1:
         terms["nccl_buffers"] = int(nc["buffsize_bytes"] * nc["channels"] * nc["connections_per_channel"] * nc["protocol_factor"])
@@ -489,7 +485,7 @@ def _assumptions(
         out.append("no gradient accumulation: zero_grad(set_to_none=True) frees gradients before forward")
     frag = _c()["allocator"]["fragmentation_compiled" if s.compile else "fragmentation_eager"]
     out.append(
-        f"PyTorch caching allocator: +{frag:.0%} of the per-step (activation/loss) memory for fragmentation;"
+        f"PyTorch caching allocator: +{frag:.0%} over live tensors for fragmentation (reserved vs allocated);"
         " CUDA context and NCCL buffers outside it"
     )
     out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
