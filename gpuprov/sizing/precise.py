@@ -159,6 +159,10 @@ def _register_attention() -> None:
     def flash_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         # Masks (padding, sliding window) and softcap are ignored: FA2 applies them inside the
         # kernel without extra memory; only the memory behaviour matters here.
+        # Autocast runs SDPA in the low-precision dtype (CUDA and CPU lists); a custom Function
+        # is not autocast, so cast as it would.
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else value.dtype
+        query, key, value = (t.to(dtype) for t in (query, key, value))
         return _FlashCPU.apply(query, key, value, scaling), None
 
     AttentionInterface.register(_ATTN_IMPL, flash_forward)
@@ -520,6 +524,31 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
     return Step(model, layers, opt, params, ids, labels, amp, trainable)
 
 
+def _mem_tracker_class():
+    """MemTracker that skips gradient hooks on frozen parameters (upstream registers a hook on
+    every parameter, which raises for LoRA's requires_grad=False base weights)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    class FrozenAwareMemTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            sizes = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                for param in module.parameters():
+                    if not param.requires_grad or param in self._param_to_grad_hook_handles:
+                        continue
+
+                    def grad_hook(grad):
+                        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(grad_hook),
+                        param.register_post_accumulate_grad_hook(lambda p: grad_hook(p.grad)),
+                    )
+            return sizes
+
+    return FrozenAwareMemTracker
+
+
 @contextlib.contextmanager
 def _cuda_allocator_rounding():
     """MemTracker rounds to the CUDA caching allocator's 512 B blocks only for CUDA tensors; the
@@ -554,7 +583,6 @@ def estimate_precise(
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -598,7 +626,7 @@ def estimate_precise(
                 tracker = FSDPMemTracker(step.model, step.opt)
                 tracker.track_inputs((step.ids, step.labels))
             else:
-                tracker = MemTracker()
+                tracker = _mem_tracker_class()()
                 tracker.track_external(step.model, step.opt, step.ids, step.labels)
             hooks = _progress_hooks(step.layers, report)
             report("forward", 0.15)
