@@ -273,11 +273,16 @@ def _os_error(target: Path, exc: OSError) -> GpuprovError:
 
 def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = False) -> WriteResult:
     """Write `files` (from build_bundle) as the directory `target`, atomically."""
-    target = Path(target)
+    # absolute: `-o .` must stage beside the directory, not inside it
+    target = Path(target).absolute()
     if target.is_symlink():
         target = target.resolve()
     if target.exists() and not target.is_dir():
         raise GpuprovError(f"{target} exists and is not a directory")
+    if target.is_dir() and Path.cwd().resolve().is_relative_to(target.resolve()):
+        # the swap replaces the directory: a shell inside it would be left in a deleted folder
+        raise GpuprovError(f"{target} is (or contains) the current directory; run gpuprov from outside it "
+                           "(the bundle directory is replaced as a whole)")
     old_lock: dict | None = None
     carried: list[str] = []
     replaced = False

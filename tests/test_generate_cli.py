@@ -246,3 +246,30 @@ def test_generate_refuses_foreign_dir_and_hand_edits(tmp_path: Path) -> None:
     assert (out / "README.md").read_text() != "edited\n"
     lock = json.loads((out / bundle.LOCK_NAME).read_text())
     assert lock["spec"]["model"] == "7b"
+
+
+def test_hosts_imply_onprem_and_conflict_with_another_cloud(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("- {name: gpu0, address: 10.0.0.10}\n")
+    spec_file = tmp_path / "gpuprov.yaml"
+    spec_file.write_text("model: 7b\ncloud: aws\n")
+    assert _spec("-f", str(spec_file), "--hosts", str(hosts), "--cloud", "onprem")["cloud"] == "onprem"
+    result = CliRunner().invoke(_echo_spec, ["-f", str(spec_file), "--hosts", str(hosts)])
+    assert isinstance(result.exception, GpuprovError) and "cloud: aws" in str(result.exception)
+
+
+def test_output_is_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    from bundle_fixtures import standin_renderers
+    from plan_fixtures import sample_plan
+
+    files = bundle.build_bundle(sample_plan(), standin_renderers())
+    monkeypatch.chdir(tmp_path)
+    bundle.write_bundle("infra", files)
+    monkeypatch.chdir(tmp_path / "infra")
+    with pytest.raises(GpuprovError, match="current directory"):
+        bundle.write_bundle(".", files)
+    monkeypatch.chdir(tmp_path / "infra" / "launch")
+    with pytest.raises(GpuprovError, match="current directory"):
+        bundle.write_bundle("..", files)
+    assert bundle.compare_bundle(tmp_path / "infra", files) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["infra"]

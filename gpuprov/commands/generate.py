@@ -58,7 +58,7 @@ def generate(spec, output: str | None, force: bool) -> None:
         return
     result = bundle.write_bundle(output, files, force=force)
     kept = f"; kept {len(result.carried)} of your files" if result.carried else ""
-    click.echo(_summary(plan, str(result.path), result.files) + kept, err=True)
+    click.echo(_summary(plan, output, result.files) + kept, err=True)
     click.echo(f"next: gpuprov validate {output} && gpuprov up {output} --dry-run", err=True)
 
 

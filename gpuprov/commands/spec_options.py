@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import click
 
+from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PRECISIONS, TASKS
 
 # field -> (flag declarations, click type, help). Defaults and help come from TrainingSpec's
@@ -75,10 +76,15 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
         else:
             overrides[field] = value
     apply_units(overrides, where=FLAG_NAMES)
+    file_data, tree = load_spec_data(spec_file) if spec_file else ({}, None)
     if hosts_file:
         overrides["hosts"] = [h.model_dump(exclude_none=True) for h in load_hosts(hosts_file)]
-        overrides.setdefault("cloud", "onprem")
-    file_data, tree = load_spec_data(spec_file) if spec_file else ({}, None)
+        cloud = overrides.get("cloud", file_data.get("cloud"))
+        if cloud is None:
+            overrides["cloud"] = "onprem"  # a host list means owned machines
+        elif cloud != "onprem":
+            raise GpuprovError(f"--hosts lists on-prem machines but the spec says cloud: {cloud}; "
+                               "use --cloud onprem or drop --hosts")
     return build_spec(file_data, overrides, source=spec_file, tree=tree, flag_names=FLAG_NAMES)
 
 
