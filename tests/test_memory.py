@@ -1,0 +1,184 @@
+"""The memory model term by term: what FSDP2/AMP/ZeRO/LoRA/QLoRA hold, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.catalog.models import get_model
+from gpuprov.errors import GpuprovError
+from gpuprov.sizing.memory import (
+    NON_ALLOCATOR_TERMS,
+    TERMS,
+    ExtendedSetup,
+    allocator_bytes,
+    estimate_memory,
+    nf4_bytes_per_param,
+)
+from gpuprov.sizing.types import TrainSetup
+
+GIB = 2**30
+L8B = get_model("llama-3.1-8b")
+L7B = get_model("llama-2-7b")
+
+
+def est(arch=L8B, **kw):
+    return estimate_memory(arch, TrainSetup(**kw))
+
+
+def test_breakdown_sums_and_names() -> None:
+    e = est(gpus=8, sharding="fsdp")
+    assert set(e.breakdown) == set(TERMS)
+    assert sum(e.breakdown.values()) == e.per_gpu_bytes
+    assert all(isinstance(v, int) and v >= 0 for v in e.breakdown.values())
+    assert e.assumptions and any("FlashAttention" in a for a in e.assumptions)
+    a = allocator_bytes(e)
+    assert a["active"] < a["reserved"] < e.per_gpu_bytes
+    assert e.per_gpu_bytes - a["reserved"] == sum(e.breakdown[t] for t in NON_ALLOCATOR_TERMS)
+
+
+def test_fsdp2_bf16_mixed_holds_16_bytes_per_param_sharded() -> None:
+    P = L8B.params
+    e = est(gpus=8, sharding="fsdp", precision="bf16-mixed")
+    b = e.breakdown
+    assert b["parameters"] == 4 * P // 8  # fp32 sharded params
+    assert b["gradients"] == 4 * P // 8  # fp32 sharded grads (kept by the reduce-scatter stream)
+    assert b["optimizer_states"] == 8 * P // 8  # exp_avg + exp_avg_sq fp32
+    assert b["fp32_master"] == 0  # the sharded params ARE the fp32 copy
+    assert e.model_states_bytes == 8 * (4 * P // 8 + 4 * P // 8 + 8 * P // 8)
+    layer_bf16 = 2 * L8B.layer_params()
+    root_bf16 = 2 * (P - L8B.num_layers * L8B.layer_params())
+    assert b["gathered_params"] == 2 * layer_bf16 + root_bf16  # current + prefetched block + root
+
+
+def test_pure_bf16_is_8_bytes_per_param() -> None:
+    P = L8B.params
+    b = est(gpus=1, sharding="none", precision="bf16", activation_checkpointing="full", seq_len=128).breakdown
+    assert b["parameters"] == 2 * P and b["optimizer_states"] == 4 * P
+
+
+def test_autocast_ddp_holds_bf16_weight_copies() -> None:
+    b = est(gpus=2, sharding="ddp", precision="bf16-mixed", seq_len=256).breakdown
+    P = L8B.params
+    assert b["parameters"] == 4 * P and b["autocast_weight_cache"] == 2 * P
+    assert b["comm_buckets"] == b["gradients"] == 4 * P  # DDP buckets duplicate the grads
+
+
+def test_zero_stages_shard_what_they_should() -> None:
+    P = L8B.params
+    z1 = est(gpus=8, sharding="zero1", seq_len=256).breakdown
+    z2 = est(gpus=8, sharding="zero2", seq_len=256).breakdown
+    assert z1["parameters"] == z2["parameters"] == 2 * P  # bf16 params replicated
+    assert z1["optimizer_states"] == z2["optimizer_states"] == 8 * P // 8
+    assert z1["fp32_master"] == 4 * P // 8
+    assert z2["gradients"] < z1["gradients"]
+
+
+def test_hsdp_shards_within_group() -> None:
+    P = L8B.params
+    h = est(gpus=32, gpus_per_node=8, sharding="hsdp").breakdown
+    f = est(gpus=32, gpus_per_node=8, sharding="fsdp").breakdown
+    assert h["parameters"] == 4 * P // 8 and f["parameters"] == 4 * P // 32
+    h4 = est(gpus=32, gpus_per_node=8, sharding="hsdp", shard_group=16).breakdown
+    assert h4["parameters"] == 4 * P // 16
+
+
+def test_lora_frozen_base_has_no_grads_or_optimizer_state() -> None:
+    e = est(L7B, task="lora", gpus=1, sharding="none", precision="bf16", lora_rank=8, lora_targets=("q_proj", "v_proj"))
+    trainable = 32 * 2 * 8 * 8192
+    assert e.trainable_params == trainable
+    assert e.breakdown["optimizer_states"] == 4 * trainable  # bf16 AdamW states, adapters only
+    assert e.breakdown["parameters"] == 2 * L7B.params + 2 * trainable
+    full = est(L7B, gpus=1, sharding="none", precision="bf16")
+    assert e.per_gpu_bytes < full.per_gpu_bytes
+
+
+def test_qlora_nf4_double_quant_bytes() -> None:
+    # QLoRA paper: 4 bits + 8-bit absmax per 64 + fp32 per 256 absmax = 0.5 + 0.0159 B/param
+    assert nf4_bytes_per_param() == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256))
+    q = est(L7B, task="qlora", gpus=1, sharding="none", precision="bf16", lora_rank=8, lora_targets="qv")
+    quantized = L7B.num_layers * L7B.layer_linear_params()
+    rest = L7B.params - quantized
+    adapters = 32 * 2 * 8 * 8192
+    expected = int(nf4_bytes_per_param() * quantized + 2 * rest) + 2 * adapters
+    assert q.breakdown["parameters"] == pytest.approx(expected, abs=2)
+    assert q.breakdown["parameters"] < 0.3 * 2 * L7B.params
+
+
+def test_activation_checkpointing_order_and_compile() -> None:
+    kw = dict(gpus=8, seq_len=8192, micro_batch=2)
+    none, sel, full = (est(activation_checkpointing=m, **kw).breakdown["activations"] for m in ("none", "selective", "full"))
+    assert none > sel > full > 0
+    # full AC keeps one hidden-state per layer: 2 bytes * h * tokens * layers (+ final norm)
+    assert full >= 2 * 4096 * 16384 * 32
+    eager = est(activation_checkpointing="none", **kw).breakdown["activations"]
+    compiled = est(activation_checkpointing="none", compile=True, **kw).breakdown["activations"]
+    assert compiled < eager
+
+
+def test_no_s_squared_term() -> None:
+    # FlashAttention: doubling the sequence (halving the batch) keeps activations the same
+    a = est(activation_checkpointing="none", seq_len=4096, micro_batch=2).breakdown["activations"]
+    b = est(activation_checkpointing="none", seq_len=8192, micro_batch=1).breakdown["activations"]
+    assert a == b
+
+
+def test_cross_entropy_for_128k_vocab_and_chunking() -> None:
+    e = est(seq_len=8192, micro_batch=2, gpus=8)
+    tokens, V = 16384, L8B.vocab_size
+    assert e.breakdown["cross_entropy"] == 3 * 4 * tokens * V  # fp32 log-probs, their grad, nll grad
+    assert e.breakdown["logits"] == 2 * tokens * V
+    chunked = est(seq_len=8192, micro_batch=2, gpus=8, chunked_cross_entropy=True)
+    assert chunked.breakdown["cross_entropy"] < e.breakdown["cross_entropy"]
+    assert chunked.per_gpu_bytes < e.per_gpu_bytes
+
+
+def test_offload_and_8bit_reduce_memory() -> None:
+    base = est(gpus=8, seq_len=1024)
+    opt = est(gpus=8, seq_len=1024, offload="optimizer")
+    full = est(gpus=8, seq_len=1024, offload="full")
+    assert opt.breakdown["optimizer_states"] == 0 and opt.per_gpu_bytes < base.per_gpu_bytes
+    assert full.breakdown["parameters"] == 0 and full.per_gpu_bytes < opt.per_gpu_bytes
+    q8 = est(gpus=8, seq_len=1024, optimizer="adamw-8bit")
+    assert q8.breakdown["optimizer_states"] < base.breakdown["optimizer_states"] / 3
+
+
+def test_context_and_nccl() -> None:
+    one = est(gpus=1, sharding="none", seq_len=256)
+    many = est(gpus=8, seq_len=256)
+    assert one.breakdown["nccl_buffers"] == 0 and many.breakdown["nccl_buffers"] > 0
+    assert one.breakdown["cuda_context"] > 0
+
+
+def test_gradient_accumulation_and_activation_offload_knobs() -> None:
+    plain = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=2048))
+    accum = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=2048, grad_accumulation_steps=4))
+    assert accum.per_gpu_bytes > plain.per_gpu_bytes
+    off = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=2048, activation_offloading=True))
+    assert off.breakdown["activations"] < plain.breakdown["activations"] / 4
+
+
+def test_moe_and_gemma_run() -> None:
+    moe = est(get_model("mixtral-8x7b"), gpus=16, seq_len=4096)
+    assert moe.per_gpu_bytes > 0
+    gemma = est(get_model("gemma-2-9b"), gpus=8, seq_len=4096)
+    assert any("soft-capping" in a for a in gemma.assumptions)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(seq_len=0), "--seq-len"),
+        (dict(micro_batch=-1), "--micro-batch"),
+        (dict(gpus=0), "--gpus"),
+        (dict(task="lora", lora_rank=0), "--lora-rank"),
+        (dict(task="lora", lora_rank=5000), "larger than the hidden size"),
+        (dict(sharding="hsdp", gpus=12, gpus_per_node=8), "does not divide"),
+        (dict(sharding="hsdp", gpus=16, shard_group=3), "does not divide"),
+        (dict(sharding="tp"), "--sharding"),
+        (dict(task="lora", lora_targets=("q_proj", "bogus")), "unknown LoRA target"),
+    ],
+)
+def test_bad_setups_raise_one_line(kw, message) -> None:
+    with pytest.raises(GpuprovError, match=message) as info:
+        est(**kw)
+    assert "\n" not in str(info.value)
