@@ -150,10 +150,10 @@ def test_context_and_nccl() -> None:
 
 
 def test_gradient_accumulation_and_activation_offload_knobs() -> None:
-    plain = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=2048))
-    accum = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=2048, grad_accumulation_steps=4))
+    plain = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=16384))
+    accum = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=16384, grad_accumulation_steps=4))
     assert accum.per_gpu_bytes > plain.per_gpu_bytes
-    off = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=2048, activation_offloading=True))
+    off = estimate_memory(L8B, ExtendedSetup(gpus=1, sharding="none", precision="bf16", seq_len=16384, activation_offloading=True))
     assert off.breakdown["activations"] < plain.breakdown["activations"] / 4
 
 
