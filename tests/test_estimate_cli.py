@@ -1,0 +1,126 @@
+"""`gpuprov estimate`, `models`, `gpus`: the interface others call, its JSON, errors and start-up cost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_json_interface() -> None:
+    r = run(
+        "estimate", "--model", "llama-3.1-8b", "--task", "full", "--seq-len", "8192", "--micro-batch", "2",
+        "--gpu", "h100-80gb", "--gpus", "8", "--sharding", "fsdp", "--activation-checkpointing", "selective",
+        "--precision", "bf16-mixed", "--optimizer", "adamw", "--offload", "none", "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert isinstance(d["per_gpu_bytes"], int) and d["per_gpu_bytes"] == sum(d["breakdown"].values())
+    assert d["model"]["name"] == "llama-3.1-8b" and d["model"]["params"] == 8_030_261_248
+    assert d["gpu_memory_bytes"] == 81559 * 2**20
+    assert d["fits"] == (d["per_gpu_bytes"] <= d["gpu_memory_bytes"])
+    assert d["assumptions"] and d["estimator"] == "analytic"
+
+
+def test_lora_flags_and_hsdp() -> None:
+    r = run(
+        "estimate", "--model", "70b", "--task", "qlora", "--lora-rank", "64", "--lora-targets", "q_proj,k_proj,v_proj",
+        "--gpus", "16", "--sharding", "hsdp", "--shard-group", "8", "--gpu", "a100-80gb", "--seq-len", "2048",
+        "--activation-checkpointing", "full", "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["setup"]["lora_targets"] == ["q_proj", "k_proj", "v_proj"]
+    assert 0 < d["model"]["trainable_params"] < d["model"]["params"] / 100
+
+
+def test_human_table_shows_gib_and_fit() -> None:
+    r = run("estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--gpu", "rtx-4090-24gb", "--seq-len", "1024")
+    assert r.returncode == 0, r.stderr
+    assert "GiB" in r.stdout and "peak per GPU" in r.stdout and ("FITS" in r.stdout or "DOES NOT FIT" in r.stdout)
+    assert "headroom" in r.stdout and "assumes:" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "llama3-8b"], "did you mean"),
+        (["--gpu", "h100"], "h100-80gb"),
+        (["--seq-len", "0"], "--seq-len"),
+        (["--micro-batch", "-3"], "--micro-batch"),
+        (["--task", "lora", "--lora-rank", "100000"], "hidden size"),
+        (["--sharding", "hsdp", "--gpus", "12"], "does not divide"),
+        (["--task", "lora", "--lora-targets", "q_proj,nope"], "unknown LoRA target"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle) -> None:
+    r = run("estimate", *args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_malformed_config_json(tmp_path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": 4096,')
+    r = run("estimate", "--model", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "JSON" in r.stderr
+    unsupported = tmp_path / "gpt2.json"
+    unsupported.write_text(json.dumps({"model_type": "gpt2", "n_embd": 768}))
+    r = run("estimate", "--model", str(unsupported))
+    assert r.returncode == 2 and "not supported" in r.stderr
+
+
+def test_catalog_commands() -> None:
+    r = run("models", "--json")
+    assert r.returncode == 0
+    d = json.loads(r.stdout)
+    names = {m["name"] for m in d["models"]}
+    assert {"llama-2-7b", "mixtral-8x7b", "gemma-2-9b", "qwen2.5-72b"} <= names
+    assert d["aliases"]["70b"]["model"] in names
+    r = run("gpus", "--json")
+    slugs = {g["slug"]: g for g in json.loads(r.stdout)["gpus"]}
+    for slug in ("h100-80gb", "h100-pcie-80gb", "h200-141gb", "a100-80gb", "a100-40gb", "l40s-48gb",
+                 "rtx-6000-ada-48gb", "rtx-a6000-48gb", "rtx-4090-24gb", "rtx-3090-24gb", "a10g-24gb", "l4-24gb",
+                 "b200-180gb"):
+        assert slug in slugs and slugs[slug]["source"], slug
+    assert slugs["h100-80gb"]["memory_bytes"] == 81559 * 2**20
+    assert "rtx-3090-24gb" in run("gpus").stdout and "7b" in run("models").stdout
+
+
+def test_estimate_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from gpuprov.cli import main\n"
+        "try:\n"
+        "    main(['estimate', '--model', '70b', '--json'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('TORCH' if 'torch' in sys.modules or 'transformers' in sys.modules else 'CLEAN', file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stderr.strip().endswith("CLEAN"), r.stderr
+
+
+def test_precise_without_torch_says_how_to_install(tmp_path) -> None:
+    # Hide torch/transformers behind import blockers: the message must name the extra, exit 2.
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'transformers'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from gpuprov.cli import main\n"
+        "main(['estimate', '--model', 'llama-3.2-1b', '--gpus', '1', '--precise'])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "gpuprov[precise]" in r.stderr and "Traceback" not in r.stderr
