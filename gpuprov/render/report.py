@@ -252,7 +252,8 @@ def render_topology(plan) -> str:
     columns = min(drawn, 4)
     rows = -(-drawn // columns)
     extra_box = c.nodes > drawn
-    width = 40 + columns * (node_w + gap) + (node_w // 2 + gap if extra_box else 0)
+    # wide enough for the title line too (about 8 px per character at 15 px)
+    width = max(40 + columns * (node_w + gap) + (node_w // 2 + gap if extra_box else 0), 760)
     multi = c.nodes > 1 and fab.name != "none"
     rails = gpus if fab.name not in ("ethernet", "none") else 1
     fabric_y = 70 + rows * (node_h + gap) + 40
