@@ -90,30 +90,30 @@ def checkpoints(launch: Path) -> list[Path]:
 
 def test_fsdp_two_processes_memmap_data_resumes_to_same_losses(tmp_path):
     """1-D FSDP on 2 processes, bf16 params (the plan's policy), selective AC, data from uint16
-    memmap shards; a resume from the step-10 checkpoint logs the same losses for steps 11-20."""
+    memmap shards; a resume from the step-6 checkpoint logs the same losses for steps 7-12."""
     import numpy as np
 
-    launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="fsdp")
+    launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="fsdp", steps=12, checkpoint_every=6)
     data = tmp_path / "tokens"
     data.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(2):  # 2 shards; 20 steps x 8 samples x 32 tokens wraps around them (an epoch)
-        rng.integers(0, 512, 2500, dtype=np.uint16).tofile(data / f"part-{i}.bin")
+    for i in range(2):  # 2 shards; 12 steps x 8 samples x 32 tokens wraps around them (an epoch)
+        rng.integers(0, 512, 1500, dtype=np.uint16).tofile(data / f"part-{i}.bin")
     args = ("--set", f"data.path={data}")
 
     finish(start(launch, *args, port=free_port()))
     first = runs(launch)
     assert first[0][0]["mesh"] == [2] and first[0][0]["world"] == 2 and first[0][0]["data"] == str(data)
-    assert sorted(losses(first[0])) == list(range(1, 21))
-    assert [c.name for c in checkpoints(launch)] == ["step-00000010", "step-00000020"]
+    assert sorted(losses(first[0])) == list(range(1, 13))
+    assert [c.name for c in checkpoints(launch)] == ["step-00000006", "step-00000012"]
 
-    shutil.rmtree(checkpoints(launch)[-1])  # as if the job died after step 10's checkpoint
+    shutil.rmtree(checkpoints(launch)[-1])  # as if the job died after step 6's checkpoint
     out = finish(start(launch, *args, port=free_port()))
-    assert "resumed from" in out and "at step 10" in out
+    assert "resumed from" in out and "at step 6" in out
     second = runs(launch)[1]
-    assert second[0]["step"] == 10
+    assert second[0]["step"] == 6
     before, after = losses(first[0]), losses(second)
-    assert sorted(after) == list(range(11, 21))
+    assert sorted(after) == list(range(7, 13))
     for step in after:
         assert after[step] == pytest.approx(before[step], rel=1e-5, abs=1e-6), step
 
@@ -121,7 +121,7 @@ def test_fsdp_two_processes_memmap_data_resumes_to_same_losses(tmp_path):
 def test_two_nodes_hsdp_fixed_batch_loss_falls(tmp_path):
     """Two torchrun launches (two "nodes") rendezvous on 127.0.0.1; HSDP on a 2x1 (replicate x
     shard) mesh, full AC, fp32 via the config; on a fixed batch the loss must fall."""
-    launch = render_small(tmp_path, nodes=2, gpus_per_node=1, sharding="hsdp", ac="full", steps=30,
+    launch = render_small(tmp_path, nodes=2, gpus_per_node=1, sharding="hsdp", ac="full", steps=20,
                           checkpoint_every=0)
     port = free_port()
     # one global batch: 2 micro-batches x 2 samples x 2 data-parallel ranks
@@ -132,8 +132,8 @@ def test_two_nodes_hsdp_fixed_batch_loss_falls(tmp_path):
     (run,) = runs(launch)
     assert run[0]["mesh"] == [2, 1] and run[0]["sharding"] == "hsdp" and run[0]["world"] == 2
     loss = losses(run)
-    assert len(loss) == 30
-    assert sum(loss[s] for s in (28, 29, 30)) / 3 < loss[1] - 1.0, loss
+    assert len(loss) == 20
+    assert sum(loss[s] for s in (18, 19, 20)) / 3 < loss[1] - 1.0, loss
     assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in run if "loss" in r)
     assert checkpoints(launch) == []  # checkpoint.every_steps 0 disables them
 

@@ -217,26 +217,32 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
-def selective_ac_policy():
-    """Per-op selective checkpointing: keep matmul and attention outputs, recompute everything else.
+def selective_ac_context():
+    """Op-level selective checkpointing, torchtitan's policy (and what gpuprov's estimate assumes).
 
-    Inside each block the outputs of the linear layers (aten.mm/addmm/bmm) and of the attention
-    kernel are saved; norms, RoPE, activations and other elementwise ops are recomputed in the
-    backward pass. That is the cheap-to-recompute / expensive-to-store split of Korthikanti et al.
-    2022 (selective recomputation) and torchtitan's op-level SAC, for about 5% extra compute.
+    Inside each block: keep the block input, the attention kernel's output and every other
+    matmul output; recompute the rest (norms, RoPE, activations, the other matmuls) in backward.
+    Called once per block forward, so the matmul count restarts for each block.
     """
+    from collections import defaultdict
+
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     aten = torch.ops.aten
-    names = ["mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
-             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-             "_scaled_dot_product_flash_attention_for_cpu"]
+    names = ["mm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"]
     save = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    mm = aten.mm.default
+    counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func == mm:
+            counts[key] += 1
+        keep = func in save and not (func == mm and counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
-    return partial(create_selective_checkpoint_contexts, policy)
+    return create_selective_checkpoint_contexts(policy)
 
 
 def apply_activation_checkpointing(blocks: torch.nn.ModuleList, mode: str) -> None:
@@ -249,7 +255,7 @@ def apply_activation_checkpointing(blocks: torch.nn.ModuleList, mode: str) -> No
         wrap = partial(checkpoint_wrapper, checkpoint_fn=checkpoint, use_reentrant=False)
     elif mode == "selective":
         wrap = partial(checkpoint_wrapper, checkpoint_fn=checkpoint, use_reentrant=False,
-                       context_fn=selective_ac_policy())
+                       context_fn=selective_ac_context)
     else:
         raise ConfigError(f"unknown parallel.activation_checkpointing {mode!r}")
     for i, block in enumerate(blocks):
