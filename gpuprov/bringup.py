@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,44 @@ def training_command(root: Path, plan) -> str:
     if (launch / "slurm.sbatch").is_file():
         lines.append(f"  or under Slurm:  cd {launch} && sbatch slurm.sbatch")
     return "\n".join(lines) or f"see {launch}/ for the launch scripts"
+
+
+_VARIABLE = re.compile(r'^variable\s+"([A-Za-z0-9_-]+)"\s*\{', re.M)
+
+
+def required_variables(tf: Path) -> list[str]:
+    """Terraform variables declared without a default (terraform plan -input=false needs a value)."""
+    required = []
+    for path in sorted(tf.glob("*.tf")):
+        text = path.read_text(encoding="utf-8")
+        for match in _VARIABLE.finditer(text):
+            depth, index = 1, match.end()
+            while depth and index < len(text):  # the block's body, braces matched
+                depth += {"{": 1, "}": -1}.get(text[index], 0)
+                index += 1
+            body = text[match.end():index - 1]
+            top_level = re.sub(r"\{[^{}]*\}", "", re.sub(r"\{[^{}]*\}", "", body))  # drop nested blocks
+            if not re.search(r"^\s*default\s*=", top_level, re.M):
+                required.append(match.group(1))
+    return required
+
+
+def missing_variables(tf: Path) -> list[str]:
+    """Required variables set neither in terraform.tfvars / *.auto.tfvars(.json) nor as TF_VAR_*."""
+    given = ""
+    for path in [tf / "terraform.tfvars", tf / "terraform.tfvars.json", *sorted(tf.glob("*.auto.tfvars*"))]:
+        if path.is_file():
+            given += path.read_text(encoding="utf-8") + "\n"
+    return [name for name in required_variables(tf)
+            if f"TF_VAR_{name}" not in os.environ
+            and not re.search(rf'^\s*"?{re.escape(name)}"?\s*[=:]', given, re.M)]
+
+
+def _variables_hint(tf: Path, missing: list[str]) -> str:
+    example = tf / "terraform.tfvars.example"
+    start = (f"cp {example} {tf / 'terraform.tfvars'} and fill in" if example.is_file()
+             else f"write {tf / 'terraform.tfvars'} with")
+    return f"{start} {', '.join(missing)} (or export {', '.join('TF_VAR_' + m for m in missing)})"
 
 
 # ---------------------------------------------------------------- state
@@ -209,7 +248,11 @@ def display(step: Step, root: Path) -> str:
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
              echo: Callable[[str], None] = print) -> None:
     steps = build_steps(root, plan.cluster.cloud)
+    tf = root / "terraform"
+    missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
     if dry_run:
+        if missing:
+            echo(f"note: terraform needs values first: {_variables_hint(tf, missing)}")
         for number, step in enumerate(steps, start=1):
             suffix = f"  > ansible/{INVENTORY}" if step.kind == "inventory" else ""
             echo(f"{number}. {display(step, root)}{suffix}")
@@ -227,6 +270,10 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         if step.name in done:
             echo(f"[{number}/{total}] {step.title}: done in an earlier run, skipped")
             continue
+        if step.name == "terraform-plan" and missing:
+            write_state(root, {**state, "completed": done, "failed": step.name})
+            raise StepFailed(f"step {number}/{total} '{step.name}' needs Terraform variables: "
+                             f"{_variables_hint(tf, missing)}; then re-run `gpuprov up {root}`")
         echo(f"[{number}/{total}] {step.title}")
         echo(f"  $ {display(step, root)}")
         code = run_step(root, step, echo)

@@ -191,3 +191,34 @@ def test_missing_terraform_is_a_clear_error(tmp_path: Path, fakes: dict) -> None
 def test_not_a_bundle(tmp_path: Path, fakes: dict) -> None:
     result = _up(tmp_path, fakes["env"])
     assert result.returncode == 2 and "not a gpuprov bundle" in result.stderr
+
+
+def test_required_terraform_variables_are_asked_for_before_plan(tmp_path: Path, fakes: dict) -> None:
+    from gpuprov.bringup import required_variables
+
+    renderers = standin_renderers()
+    renderers[0] = ("terraform", lambda plan: {
+        "main.tf": 'output "ansible_inventory" {\n  value = {}\n}\n',
+        "variables.tf": 'variable "subnet_id" {\n  type = string\n  validation {\n    condition = true\n'
+                        '    error_message = "x"\n  }\n}\n\nvariable "region" {\n  type    = string\n'
+                        '  default = "us-east-1"\n}\n',
+        "terraform.tfvars.example": 'subnet_id = "subnet-0"\n'})
+    root = tmp_path / "infra"
+    bundle.write_bundle(root, bundle.build_bundle(sample_plan("aws"), renderers))
+    assert required_variables(root / "terraform") == ["subnet_id"]
+    dry = _up(root, fakes["env"], "--dry-run")
+    assert "note: terraform needs values first" in dry.stdout and "subnet_id" in dry.stdout
+    result = _up(root, fakes["env"])
+    assert result.returncode == 1 and "terraform.tfvars.example" in result.stderr
+    assert [argv[1] for argv, _ in _calls(fakes["log"], root)] == ["init"]  # stopped before plan
+    (root / "terraform" / "terraform.tfvars").write_text('subnet_id = "subnet-123"\n')
+    fakes["log"].unlink()
+    resumed = _up(root, fakes["env"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert [argv[1] for argv, _ in _calls(fakes["log"], root)][:1] == ["plan"]
+    # terraform.tfvars is the user's: a regeneration keeps it and check does not call it drift
+    bundle.write_bundle(root, bundle.build_bundle(sample_plan("aws"), renderers))
+    assert (root / "terraform" / "terraform.tfvars").is_file()
+    env = dict(fakes["env"], TF_VAR_subnet_id="subnet-9")
+    (root / "terraform" / "terraform.tfvars").unlink()
+    assert _up(root, env, "--dry-run").stdout.count("note:") == 0
