@@ -167,6 +167,11 @@ def test_init_writes_a_valid_commented_spec_and_refuses_to_overwrite(tmp_path: P
     assert text.count("#") > 10 and "model: 70b" in text and "cloud: aws" in text
     from gpuprov.specfile import load_spec
 
+    from ruamel.yaml import YAML
+
+    yaml, buffer = YAML(typ="rt"), io.StringIO()
+    yaml.dump(yaml.load(text), buffer)
+    assert buffer.getvalue() == text  # round-trip safe: comments and layout survive a load/dump
     spec = load_spec(tmp_path / "gpuprov.yaml")
     assert spec.model == "70b" and spec.global_batch_tokens == 4 * 2**20
     before = (tmp_path / "gpuprov.yaml").read_bytes()
