@@ -146,6 +146,9 @@ def test_plan_sanity_detects_a_plan_that_no_longer_fits(tmp_path: Path) -> None:
     plan = sample_plan("aws")
     root = _standin_bundle(tmp_path, plan)
     assert gitops.check_plan(root)[0] == "ok"
+    gone = plan.model_copy(update={"instance": plan.instance.model_copy(update={"name": "p9.retired"})})
+    (root / bundle.PLAN_NAME).write_text(bundle.plan_json(gone))
+    assert gitops.check_plan(root) == ("fail", "instance type p9.retired is no longer in the catalog")
     big = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"micro_batch": 4096})})
     (root / bundle.PLAN_NAME).write_text(bundle.plan_json(big))
     status, detail = gitops.check_plan(root)

@@ -212,7 +212,29 @@ def check_plan(root: Path) -> Result:
     detail = f"{estimate.per_gpu_bytes / 2**30:.1f} GiB of {usable / 2**30:.1f} GiB usable per GPU on {gpu.slug}"
     if estimate.per_gpu_bytes > usable:
         return "fail", "no longer fits: " + detail
-    return "ok", detail
+    instance_problem, price_note = _instance_still_listed(plan)
+    if instance_problem:
+        return "fail", instance_problem
+    return "ok", detail + price_note
+
+
+def _instance_still_listed(plan) -> tuple[str | None, str]:
+    """(why the planned instance no longer matches the catalog, a note on a price change)."""
+    try:
+        from gpuprov.catalog.instances import get_instance
+    except ModuleNotFoundError:
+        return None, ""
+    try:
+        current = get_instance(plan.instance.name)
+    except GpuprovError:
+        return f"instance type {plan.instance.name} is no longer in the catalog", ""
+    if current.gpu != plan.gpu.slug or current.gpus != plan.instance.gpus:
+        return (f"{plan.instance.name} is now {current.gpus} x {current.gpu} in the catalog, "
+                f"the plan has {plan.instance.gpus} x {plan.gpu.slug}"), ""
+    before, now = plan.instance.price_per_hour_usd, current.price_per_hour_usd
+    if before is not None and now is not None and abs(before - now) > 0.005:
+        return None, f"; price now ${now:,.2f}/h (plan: ${before:,.2f}/h)"
+    return None, ""
 
 
 CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
