@@ -85,6 +85,8 @@ class ExtendedSetup(TrainSetup):
 
     activation_offloading: bool = False  # saved activations streamed to host memory (torchtune)
     grad_accumulation_steps: int = 1  # >1 keeps gradients alive through every forward
+    optimizer_impl: str = "fused"  # "fused" (no step temporaries) or "foreach" (PyTorch's default)
+    qlora_base_replicated: bool = False  # NF4 base kept whole on every GPU (left out of FSDP)
 
 
 # ---------------------------------------------------------------------------- validation
@@ -210,7 +212,8 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
         ad_elem = 2 if s.precision == "bf16" else 4
         layer_trainable = trainable // L
         layer_compute += act * layer_trainable
-        params = int(base) // d_param + ad_elem * trainable // d_param
+        d_base = 1 if (s.task == "qlora" and getattr(s, "qlora_base_replicated", False)) else d_param
+        params = int(base) // d_base + ad_elem * trainable // d_param
         grads = ad_elem * trainable // d_grad
         master = 0
         opt = _optimizer_bytes_per_param(s.optimizer, ad_elem) * trainable / d_opt
@@ -389,6 +392,12 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         "activation_transient": layer_transient,
     })
     step_transient = 0  # fused AdamW: no per-step temporaries
+    impl = getattr(s, "optimizer_impl", "fused")
+    if impl not in ("fused", "foreach"):
+        raise GpuprovError(f"optimizer implementation {impl!r} is not one of fused, foreach")
+    if impl == "foreach" and s.optimizer == "adamw" and s.offload == "none":
+        # torch._foreach_sqrt(exp_avg_sqs) materialises one state-sized list before addcdiv_
+        step_transient = w.optimizer // 2
     phase_c = _Phase("optimizer step", {
         **base,
         "gradients": w.grads,
@@ -453,13 +462,20 @@ def _assumptions(
             out.append(f"{s.precision}: params, grads and AdamW states in {s.precision.replace('-mixed', '')}")
     else:
         base = "NF4 (blocksize 64, double-quantized absmax) decoder linears, bf16 embeddings/head" if s.task == "qlora" else "bf16 frozen base"
+        if s.task == "qlora" and getattr(s, "qlora_base_replicated", False):
+            base += ", replicated on every GPU"
+        elif s.sharding in ("fsdp", "hsdp"):
+            base += ", sharded by FSDP"
         out.append(f"{s.task}: {base}; only adapters (rank {s.lora_rank}) have gradients and optimizer state")
     if s.sharding == "hsdp":
         out.append(f"hsdp: sharded within groups of {shard} GPUs, replicated across {s.gpus // shard} groups")
     if s.optimizer == "adamw-8bit":
         out.append("bitsandbytes 8-bit AdamW: 2 B/param of state + blockwise absmax")
     else:
-        out.append("fused AdamW (torch.optim.AdamW(fused=True)); foreach AdamW would add one state-sized temporary at the step")
+        if getattr(s, "optimizer_impl", "fused") == "foreach":
+            out.append("foreach AdamW (PyTorch's default): one optimizer-state-sized temporary at the step")
+        else:
+            out.append("fused AdamW (torch.optim.AdamW(fused=True)); foreach AdamW would add one state-sized temporary at the step")
     if s.offload != "none":
         out.append(f"CPU offload of {'optimizer states' if s.offload == 'optimizer' else 'params, grads and optimizer states'}")
     attn = "SDPA/FlashAttention (no s^2 scores stored), GQA K/V repeated to the query heads"
