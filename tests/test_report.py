@@ -59,3 +59,17 @@ def test_topology_escapes_text() -> None:
     plan = sample_plan("aws")
     plan = plan.model_copy(update={"model": plan.model.model_copy(update={"display_name": "A<&>\"B"})})
     ET.fromstring(render_report(plan)["topology.svg"])  # well-formed despite the markup characters
+
+
+@pytest.mark.parametrize("cloud,nodes", [("aws", 1), ("aws", 4), ("gcp", 5), ("azure", 32)])
+def test_topology_shapes_stay_inside_the_canvas(cloud: str, nodes: int) -> None:
+    root = ET.fromstring(render_report(sample_plan(cloud, nodes=nodes))["topology.svg"])
+    width, height = int(root.get("width")), int(root.get("height"))
+    for rect in root.iter(f"{SVG}rect"):
+        x, y, w, h = (int(rect.get(k)) for k in ("x", "y", "width", "height"))
+        assert 0 <= x and x + w <= width and 0 <= y and y + h <= height, rect.attrib
+    for line in root.iter(f"{SVG}line"):
+        assert all(0 <= int(line.get(k)) <= width for k in ("x1", "x2"))
+        assert all(0 <= int(line.get(k)) <= height for k in ("y1", "y2"))
+    for text in root.iter(f"{SVG}text"):
+        assert 0 <= int(text.get("x")) <= width and 0 < int(text.get("y")) <= height
