@@ -320,7 +320,8 @@ def render_topology(plan) -> str:
             parts.append(_text(cx, fabric_y + 18, f"{label} {r}" if rails > 1 else fab.name, 10, "middle"))
         parts.append(_text(width // 2, fabric_y + 50,
                            f"{fab.name}: {rails} rail{'s' if rails > 1 else ''}, {fab.gbps_per_gpu:g} Gb/s per GPU, "
-                           f"{fab.gbps_per_gpu * gpus:,.0f} Gb/s per node", 12, "middle"))
+                           f"{fab.gbps_per_gpu * gpus:,.0f} Gb/s per node"
+                           + (f" over {inst.network_cards} NICs" if inst.network_cards else ""), 12, "middle"))
     else:
         parts.append(_text(20, fabric_y, "single node: no inter-node fabric needed" if c.nodes == 1
                            else "no RDMA fabric", 12))
