@@ -266,6 +266,14 @@ def _swap_in(new: Path, target: Path) -> None:
     os.rename(parking, new)
 
 
+def _recover_parked(target: Path) -> None:
+    """A crash between the two renames of the fallback swap leaves the old bundle parked: restore it."""
+    with contextlib.suppress(OSError):
+        parked = sorted(target.parent.glob(f".{target.name}.gpuprov-old-*"), key=lambda p: p.stat().st_mtime)
+        if parked and (parked[-1] / LOCK_NAME).is_file():
+            os.rename(parked[-1], target)
+
+
 def _os_error(target: Path, exc: OSError) -> GpuprovError:
     where = exc.filename or target
     return GpuprovError(f"cannot write bundle {target}: {exc.strerror or exc} ({where})")
@@ -277,6 +285,8 @@ def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = Fal
     target = Path(target).absolute()
     if target.is_symlink():
         target = target.resolve()
+    if not target.exists():
+        _recover_parked(target)
     if target.exists() and not target.is_dir():
         raise GpuprovError(f"{target} exists and is not a directory")
     if target.is_dir() and Path.cwd().resolve().is_relative_to(target.resolve()):

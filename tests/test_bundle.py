@@ -277,3 +277,13 @@ def test_compare_reports_every_kind_of_drift(tmp_path: Path) -> None:
                           ("stale", "topology.svg")}
     diff = found[("modified", "README.md")].diff
     assert "-## My plan" in diff and "+## The plan" in diff
+
+
+def test_bundle_parked_by_a_crash_mid_swap_is_recovered(tmp_path: Path) -> None:
+    target = tmp_path / "infra"
+    bundle.write_bundle(target, _files())
+    (target / "terraform" / "terraform.tfstate").write_text("state")
+    target.rename(tmp_path / ".infra.gpuprov-old-abc123")  # as if killed between the two renames
+    bundle.write_bundle(target, _files(nodes=4))
+    assert (target / "terraform" / "terraform.tfstate").read_text() == "state"  # the user's state survived
+    assert [p.name for p in tmp_path.iterdir()] == ["infra"]
