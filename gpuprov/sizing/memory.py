@@ -326,8 +326,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # -- logits and loss -------------------------------------------------------------------
     ce = c["cross_entropy"]
     V = arch.vocab_size
-    logits_elem = a if s.chunked_cross_entropy else ce["held_logits_bytes"]
-    logits = tokens * logits_elem * V  # held by the caller (model output) until backward
+    logits = tokens * a * V  # the model output in compute dtype, held by the caller until backward
     if arch.model_type == "gemma2":
         logits += tokens * a * V  # final logit soft-capping saves the tanh output too
     chunks = ce["chunks"]
