@@ -173,8 +173,8 @@ def search(
     else:
         # 'any' compares clouds; on-prem needs the user's hosts, so it joins only when asked
         insts = [i for i in insts if i.cloud != "onprem" or spec.hosts]
-    if spec.region:
-        insts = [i for i in insts if i.onprem or i.region == spec.region]
+    if spec.region and spec.cloud == "any":
+        raise GpuprovError(f"--region {spec.region} names one cloud's region: give --cloud as well")
     max_nodes = spec.max_nodes
     if spec.cloud == "onprem" and spec.hosts:
         max_nodes = min(max_nodes, len(spec.hosts))
@@ -207,7 +207,26 @@ def search(
             est = estimator(arch, setup)
             mem_calls += 1
             mem_cache[key] = est
+            seen.setdefault(_family(gpn, sharding, sg, ac, mb), []).append((total, est.per_gpu_bytes))
         return est
+
+    # Per-GPU memory never grows when the same model state is spread over more GPUs, and replicas
+    # (ddp, hsdp with a fixed shard group) do not change it at all: a fit (or, for replicas, a
+    # miss) seen at one cluster size settles others without asking the estimator again. The
+    # brute force asks every time, and the tests and benchmark hold the two to the same answer.
+    seen: dict[tuple, list[tuple[int, int]]] = {}
+
+    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int) -> tuple:
+        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb)
+
+    def known_fit(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, usable: int) -> bool | None:
+        replicas = sharding in ("ddp", "hsdp")
+        for t, b in seen.get(_family(gpn, sharding, sg, ac, mb), ()):
+            if b <= usable and t <= total:
+                return True
+            if replicas and b > usable:
+                return False
+        return None
 
     from gpuprov.sizing.throughput import assumptions
 
@@ -334,10 +353,14 @@ def search(
                         # (estimates are cached across instances, so smaller GPUs reuse them)
                         fitting_shapes = []
                         for x in shapes:
-                            est = memory(total, gpn, sharding, sg, ac, x[0])
-                            if est.per_gpu_bytes > usable:
-                                record_miss(est)
+                            known = known_fit(total, gpn, sharding, sg, ac, x[0], usable)
+                            if known is False:
                                 break
+                            if known is None:
+                                est = memory(total, gpn, sharding, sg, ac, x[0])
+                                if est.per_gpu_bytes > usable:
+                                    record_miss(est)
+                                    break
                             fitting_shapes.append(x)
                     for mb, ga, batch in fitting_shapes:
                         fit_mb = max(fit_mb, mb)
@@ -410,7 +433,7 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
         if spec.budget_usd is not None and c is not None and c.cost_usd is not None:
             parts.append(f"the cheapest ({c.instance.name} x{c.nodes}) costs ${c.cost_usd:,.0f} > budget "
                          f"${spec.budget_usd:,.0f}")
-        return (f"{result.fitting} configurations fit in memory but none meets the constraints: "
+        return ("configurations fit in memory but none meets the constraints: "
                 + "; ".join(parts) + "; relax --deadline/--budget, allow more nodes (--max-nodes) or train fewer tokens")
     miss = result.nearest_miss
     if miss is None:
@@ -540,6 +563,9 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                      f"{best.total_gpus} GPUs x {best.grad_accum} accumulation), "
                      f"{(best.batch_tokens - spec.global_batch_tokens) / spec.global_batch_tokens:+.1%} from the "
                      f"requested {spec.global_batch_tokens:,}")
+    if spec.region and best.instance.region and spec.region != best.instance.region:
+        notes.append(f"Price is the {best.instance.region} list price ({best.instance.price_date}); "
+                     f"{spec.region} may differ and the instance type may not be offered there")
     if best.instance.name.startswith("p5e."):
         notes.append("p5e.48xlarge is sold through EC2 Capacity Blocks only (its price here is the block rate): "
                      "reserve a block and pass --capacity-reservation-id")

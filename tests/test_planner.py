@@ -160,9 +160,9 @@ def test_onprem_plan_has_bom_and_hosts():
 def test_full_catalog_plans_fast():
     spec = TrainingSpec(model="70b", tokens=20 * 10**9)
     make_plan(spec)  # catalogs loaded and parsed once
-    t = time.perf_counter()
+    t = time.process_time()  # CPU time: wall time on a shared CI box measures the neighbours
     make_plan(spec)
-    assert time.perf_counter() - t < 2.0  # well under 1 s on an idle core; slack for a shared CI box
+    assert time.process_time() - t < 1.0
 
 
 # --------------------------------------------------------------------------- brute force
