@@ -508,10 +508,25 @@ def save_checkpoint(state: TrainState, root: Path, keep: int, rt: Runtime) -> Pa
     dcp.save({"app": state}, checkpoint_id=str(path))
     if rt.world > 1:
         dist.barrier()
+        # Every rank wrote its own shard files; only rank 0 wrote .metadata. A resume needs all
+        # of them in one place: say so at once if nodes do not share this directory.
+        seen = torch.tensor([int((path / ".metadata").is_file())], device=rt.device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MIN)
+        if not int(seen):
+            log(f"warning: {root} is not shared by all nodes; to resume, copy every node's {path.name} "
+                f"into one directory all nodes can read, or set checkpoint.dir to shared storage")
     if rt.rank == 0 and keep > 0:
         for old in checkpoint_dirs(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def latest_checkpoint(root: Path, rt: Runtime) -> Path | None:
+    """Rank 0 picks the newest complete checkpoint and tells the others, so all load the same one."""
+    found = [str(checkpoint_dirs(root)[-1]) if root.is_dir() and checkpoint_dirs(root) else None]
+    if rt.world > 1:
+        dist.broadcast_object_list(found, src=0)
+    return Path(found[0]) if found[0] else None
 
 
 def load_checkpoint(state: TrainState, path: Path) -> None:
@@ -621,8 +636,8 @@ def train(cfg: dict) -> None:
     state = TrainState(model, optimizer, frozen_ok=task != "full")
     ck = cfg["checkpoint"]
     ck_root = Path(ck["dir"])
-    if ck.get("resume", True) and ck_root.is_dir() and checkpoint_dirs(ck_root):
-        latest = checkpoint_dirs(ck_root)[-1]
+    latest = latest_checkpoint(ck_root, rt) if ck.get("resume", True) else None
+    if latest is not None:
         load_checkpoint(state, latest)
         log(f"resumed from {latest} at step {state.step} (samples seen {state.samples_seen})")
 
