@@ -563,6 +563,9 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                      f"{best.total_gpus} GPUs x {best.grad_accum} accumulation), "
                      f"{(best.batch_tokens - spec.global_batch_tokens) / spec.global_batch_tokens:+.1%} from the "
                      f"requested {spec.global_batch_tokens:,}")
+    if best.instance.onprem and not spec.gpus:
+        notes.append("On-prem: this server template was chosen among all templates by GPU-hours; pass --gpu "
+                     "with your hosts' GPU type so the plan matches the machines you have")
     if spec.region and best.instance.region and spec.region != best.instance.region:
         notes.append(f"Price is the {best.instance.region} list price ({best.instance.price_date}); "
                      f"{spec.region} may differ and the instance type may not be offered there")
