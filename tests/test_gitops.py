@@ -166,3 +166,14 @@ def test_validate_real_bundle(generated: Path) -> None:
     result = run("validate", str(generated))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok    plan fits" in result.stdout
+
+
+def test_validate_terraform_config_catches_what_fmt_cannot(tmp_path: Path) -> None:
+    root = _standin_bundle(tmp_path)
+    # well formatted HCL, but an invalid configuration: a validation rule must refer to its own variable
+    (root / "terraform" / "variables.tf").write_text(
+        'variable "a" {\n  type = string\n  validation {\n    condition     = var.b != ""\n'
+        '    error_message = "a must be set."\n  }\n}\n')
+    assert gitops.check_terraform_fmt(root)[0] == "ok"
+    status, detail = gitops.check_terraform_config(root)
+    assert status == "fail" and "variables.tf:4: Invalid variable validation condition" in detail

