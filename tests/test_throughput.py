@@ -114,3 +114,15 @@ def test_every_gpu_has_a_sourced_utilisation():
         cls = gpu_class(gpu)
         value, source = a.utilisation[cls]
         assert 0.1 < value < 0.7 and len(source) > 20, (gpu.slug, cls)
+
+
+@pytest.mark.parametrize("nodes,measured", [(1, 5762), (16, 5605)])
+def test_matches_torchtitan_measured_throughput(arch8b, nodes, measured):
+    """torchtitan benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3: Llama 3.1 8B, FSDP,
+    selective AC, local batch 2, seq 8192, no compile, on 500 W H100s (below the SXM peak we use)."""
+    gpu = get_gpu("h100-80gb")
+    shape = Shape(nodes=nodes, gpus_per_node=8, sharding="fsdp", shard_group=8 * nodes, micro_batch=2,
+                  grad_accum=1, seq_len=8192)
+    st = _step(arch8b, gpu, shape, fabric="infiniband", gbps=400, ac="selective")
+    per_gpu = st.tokens_per_s / shape.total_gpus
+    assert per_gpu == pytest.approx(measured, rel=0.20)
