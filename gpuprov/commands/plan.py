@@ -52,7 +52,8 @@ def render_plan(plan) -> str:
     out.append("Memory per GPU (GiB = 2**30 bytes):")
     width = max(len(k) for k in m.breakdown) if m.breakdown else 10
     for term, b in m.breakdown.items():
-        out.append(f"  {term:<{width}}  {b / GiB:10,.2f}")
+        if b:  # terms this setup does not have (e.g. fp32 master under FSDP2) stay in --json
+            out.append(f"  {term:<{width}}  {b / GiB:10,.2f}")
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     out.append(f"  {'total':<{width}}  {m.per_gpu_bytes / GiB:10,.2f}  of {m.gpu_memory_bytes / GiB:,.1f} GiB "
                f"({usable / GiB:,.1f} usable at {m.safety_margin:.0%} margin; headroom {m.headroom_bytes / GiB:,.1f})")
@@ -153,7 +154,8 @@ def render_explain(spec, plan) -> str:
     w("")
     w("2. Memory per GPU (estimator terms)                         GiB")
     for term, b in m.breakdown.items():
-        w(f"   {term:<55}{b / GiB:10,.2f}")
+        if b:
+            w(f"   {term:<55}{b / GiB:10,.2f}")
     w(f"   {'= per-GPU peak':<55}{m.per_gpu_bytes / GiB:10,.2f}")
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     w(f"   usable = {m.gpu_memory_bytes / GiB:,.2f} GiB x (1 - {m.safety_margin:g}) = {usable / GiB:,.2f} GiB -> "
@@ -190,8 +192,15 @@ def render_explain(spec, plan) -> str:
       f"   inside a node: {link} at {intra:,.0f} GB/s achievable (single node: no fabric)")
     if c.sharding in ("fsdp", "hsdp"):
         g = c.shard_group
-        w(f"   per micro-batch over the shard group of {g}: (g-1)/g x (2 all-gathers x {a.param_gather_bytes:g} B "
-          f"+ reduce-scatter {a.grad_reduce_bytes:g} B) per parameter = {st.terms['comm_per_micro_batch_s']:,.3f} s")
+        if plan.task == "full":
+            what = (f"(2 all-gathers x {a.param_gather_bytes:g} B + reduce-scatter {a.grad_reduce_bytes:g} B) "
+                    f"per parameter")
+        else:
+            base = a.qlora_gather_bytes if plan.task == "qlora" else a.param_gather_bytes
+            what = (f"(2 all-gathers of the frozen base x {base:g} B/param + reduce-scatter of the adapter "
+                    f"grads x {a.grad_reduce_bytes:g} B/param)")
+        w(f"   per micro-batch over the shard group of {g}: (g-1)/g x {what} = "
+          f"{st.terms['comm_per_micro_batch_s']:,.3f} s")
         if c.sharding == "hsdp":
             w(f"   per step across {c.replicate} replicas: all-reduce of the grad shard = {st.terms['sync_per_step_s']:,.3f} s")
     elif c.sharding == "zero2":
