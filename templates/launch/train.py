@@ -569,10 +569,11 @@ class Metrics:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the busiest GPU, as the planner sizes it
         return int(t[0]), int(t[1])
 
-    def step_done(self, step: int, loss: torch.Tensor, grad_norm: float, lr: float, every: int) -> None:
+    def step_done(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, every: int) -> None:
         self.steps += 1
         if step % every:
             return
+        grad_norm = float(grad_norm)
         if self.rt.world > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.SUM)  # gloo has no AVG
             loss = loss / self.rt.world
@@ -676,10 +677,11 @@ def train(cfg: dict) -> None:
                 else contextlib.nullcontext()
             first = state.samples_seen + (m * rt.dp_size + rt.dp_rank) * micro
             tokens = data.batch(first, micro).to(rt.device, non_blocking=True)
-            with sync, amp:
-                logits = model(input_ids=tokens[:, :-1]).logits
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()) / accum
-            loss.backward()
+            with sync:
+                with amp:
+                    logits = model(input_ids=tokens[:, :-1]).logits
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()) / accum
+                loss.backward()
             step_loss += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
@@ -688,7 +690,7 @@ def train(cfg: dict) -> None:
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.samples_seen += samples_per_step
-        metrics.step_done(state.step, step_loss, float(grad_norm), lr, every_log)
+        metrics.step_done(state.step, step_loss, grad_norm, lr, every_log)  # syncs only on log steps
         if every_ck > 0 and (state.step % every_ck == 0 or state.step == steps):
             path = save_checkpoint(state, ck_root, int(ck["keep"]), rt)
             log(f"checkpoint {path}")
