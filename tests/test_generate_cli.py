@@ -179,14 +179,28 @@ def test_init_writes_a_valid_commented_spec_and_refuses_to_overwrite(tmp_path: P
     assert (tmp_path / "gpuprov.yaml").read_bytes() == before
 
 
-def test_schema_is_the_models_json_schema() -> None:
+def test_schema_is_the_models_json_schema_with_units(tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")  # comes with ansible-lint (test extra)
+
     result = run("schema")
     assert result.returncode == 0
     schema = json.loads(result.stdout)
     from gpuprov.spec import TrainingSpec
 
-    assert schema == json.loads(json.dumps(TrainingSpec.model_json_schema()))
-    assert schema["additionalProperties"] is False and "model" in schema["properties"]
+    model = json.loads(json.dumps(TrainingSpec.model_json_schema()))
+    assert schema["additionalProperties"] is False and set(schema["properties"]) == set(model["properties"])
+    for key in set(model["properties"]) - {"tokens", "global_batch_tokens", "deadline_hours"}:
+        assert schema["properties"][key] == model["properties"][key], key
+    # what `init` writes (units included) is valid against the schema; typos and bad units are not
+    assert run("init", cwd=tmp_path).returncode == 0
+    from ruamel.yaml import YAML
+
+    starter = YAML(typ="safe").load((tmp_path / "gpuprov.yaml").read_text())
+    jsonschema.validate(starter, schema)
+    for bad in ({"tokens": "20X"}, {"deadline_hours": "soon"}, {"modle": "7b"}, {"seq_len": "4k"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    jsonschema.validate({"tokens": "1T", "global_batch_tokens": "4M", "deadline_hours": "30d"}, schema)
 
 
 def test_tty_without_output_asks_where(tmp_path: Path) -> None:

@@ -150,9 +150,33 @@ def init(path: str, model: str | None, cloud: str | None) -> None:
     click.echo(f"wrote {target}; edit it, then: gpuprov generate -f {target} -o infra/", err=True)
 
 
+UNIT_PATTERNS = {
+    "decimal": r"^\s*[0-9][0-9_]*(\.[0-9]+)?([eE][+-]?[0-9]+)?\s*([kKmMbBgGtT]i?)?\s*$",
+    "binary": r"^\s*[0-9][0-9_]*(\.[0-9]+)?([eE][+-]?[0-9]+)?\s*([kKmMbBgGtT]i?)?\s*$",
+    "duration": r"^\s*[0-9]+(\.[0-9]+)?\s*[smhdw]?\s*$",
+}
+
+
+def spec_schema() -> dict:
+    """TrainingSpec's JSON Schema, widened where the spec file takes units (`tokens: 20B`,
+    `deadline_hours: 30d`), so editors accept what gpuprov accepts (and what `init` writes)."""
+    from gpuprov.spec import TrainingSpec
+    from gpuprov.specfile import UNIT_KEYS
+
+    schema = TrainingSpec.model_json_schema()
+    for key, kind in UNIT_KEYS.items():
+        prop = schema["properties"][key]
+        numeric = {k: v for k, v in prop.items() if k not in ("title", "description", "default")}
+        unit = {"type": "string", "pattern": UNIT_PATTERNS[kind]}
+        branches = numeric["anyOf"] if "anyOf" in numeric else [numeric]
+        schema["properties"][key] = {
+            **{k: v for k, v in prop.items() if k in ("title", "description", "default")},
+            "anyOf": [*branches, unit],
+        }
+    return schema
+
+
 @click.command()
 def schema() -> None:
     """Print the JSON Schema of the spec file (for editors and CI)."""
-    from gpuprov.spec import TrainingSpec
-
-    click.echo(json.dumps(TrainingSpec.model_json_schema(), indent=2, sort_keys=True))
+    click.echo(json.dumps(spec_schema(), indent=2, sort_keys=True))
