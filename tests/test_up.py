@@ -222,3 +222,10 @@ def test_required_terraform_variables_are_asked_for_before_plan(tmp_path: Path, 
     env = dict(fakes["env"], TF_VAR_subnet_id="subnet-9")
     (root / "terraform" / "terraform.tfvars").unlink()
     assert _up(root, env, "--dry-run").stdout.count("note:") == 0
+
+
+def test_hand_edits_are_noted_before_bring_up(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    (root / "ansible" / "site.yml").write_text((root / "ansible" / "site.yml").read_text() + "# mine\n")
+    result = _up(root, fakes["env"], "--dry-run")
+    assert result.returncode == 0 and "1 file(s) changed since `gpuprov generate` (ansible/site.yml)" in result.stderr

@@ -25,7 +25,11 @@ def up(directory: str, dry_run: bool, restart: bool) -> None:
     root = Path(directory)
     if not root.is_dir():
         raise GpuprovError(f"{root}: no such bundle directory")
-    bundle.read_lock(root)
+    lock = bundle.read_lock(root)
+    edited = bundle.edited_files(root, lock)
+    if edited:
+        click.echo(f"note: {len(edited)} file(s) changed since `gpuprov generate` ({', '.join(edited[:3])}"
+                   f"{', ...' if len(edited) > 3 else ''}); `gpuprov check {directory}` shows how", err=True)
     try:
         plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
     except FileNotFoundError:
