@@ -103,21 +103,17 @@ def test_activations_are_linear_in_seq_len_no_s2_scores():
     arch = tiny(layers=1)
     short = precise.estimate_precise(arch, setup(seq_len=1024))
     long = precise.estimate_precise(arch, setup(seq_len=4096))
-    act = lambda e: e.breakdown.get("activations", 0) + e.breakdown.get("activation_gradients", 0)  # noqa: E731
+    act = lambda e: e.breakdown.get("activations", 0) + e.breakdown.get("activation_transient", 0)  # noqa: E731
     assert act(long) < 4.5 * act(short)
 
 
 def test_peak_shrinks_with_more_fsdp_gpus():
     arch = tiny(layers=4)
-    peaks = [
-        precise.estimate_precise(arch, setup(sharding="fsdp", gpus=n, seq_len=256)).per_gpu_bytes
-        for n in (1, 2, 4, 8)
-    ]
+    ests = [precise.estimate_precise(arch, setup(sharding="fsdp", gpus=n, seq_len=256)) for n in (1, 2, 4, 8)]
+    peaks = [tensor_bytes(e) for e in ests]  # (1 GPU has no NCCL buffers: compare tensors)
     assert peaks == sorted(peaks, reverse=True) and peaks[-1] < peaks[0], peaks
-    one, eight = (
-        precise.estimate_precise(arch, setup(sharding="fsdp", gpus=n, seq_len=256)) for n in (1, 8)
-    )
-    assert eight.breakdown["parameters"] * 7 < one.breakdown["parameters"]
+    assert ests[1].per_gpu_bytes > ests[2].per_gpu_bytes > ests[3].per_gpu_bytes
+    assert ests[3].breakdown["parameters"] * 7 < ests[0].breakdown["parameters"]
 
 
 def test_lora_has_far_fewer_optimizer_and_gradient_bytes_than_full():
@@ -150,7 +146,7 @@ def test_zero_and_ddp_partitioning():
     arch = tiny()
     ddp = precise.estimate_precise(arch, setup(sharding="ddp", gpus=4))
     zero2 = precise.estimate_precise(arch, setup(sharding="zero2", gpus=4))
-    assert ddp.breakdown["ddp_buckets"] > 0
+    assert ddp.breakdown["comm_buckets"] > 0
     assert zero2.breakdown["optimizer_states"] * 3 < ddp.breakdown["optimizer_states"]
 
 

@@ -24,7 +24,9 @@ Progress = Callable[[str, float], None]
 
 INSTALL_HINT = "precise mode needs PyTorch, transformers and peft: pip install gpuprov[precise]"
 
-# MemTracker / FSDPMemTracker reference types -> the analytic model's breakdown terms.
+# MemTracker / FSDPMemTracker reference types -> the analytic model's breakdown terms
+# (gpuprov.sizing.memory.TERMS). "Temp" is what backward allocates beyond saved activations
+# (activation gradients, recomputed tensors), the analytic model's activation_transient.
 _TERM_OF_REFTYPE = {
     "Parameter": "parameters",
     "Sharded Param": "parameters",
@@ -33,23 +35,18 @@ _TERM_OF_REFTYPE = {
     "Sharded Grad": "gradients",
     "Optstate": "optimizer_states",
     "OptState": "optimizer_states",
-    "Unsharded Param": "fsdp_buffers",
-    "All Gather": "fsdp_buffers",
-    "Unsharded Grad": "fsdp_buffers",
-    "Reduce Scatter": "fsdp_buffers",
+    "Unsharded Param": "gathered_params",
+    "All Gather": "gathered_params",
+    "Unsharded Grad": "reduce_scatter_buffers",
+    "Reduce Scatter": "reduce_scatter_buffers",
     "Activation": "activations",
     "Inputs": "activations",
     "Other": "activations",
-    "Temp": "activation_gradients",
+    "Temp": "activation_transient",
 }
 
-# bitsandbytes NF4 with double quantisation (QLoRA paper, sec. 3): 4-bit codes, one 8-bit absmax
-# per 64-weight block, one fp32 second-level scale per 256 absmax values.
-_NF4_BLOCK = 64
-_NF4_DQ_BLOCK = 256
-# bitsandbytes 8-bit optimizers: blockwise uint8 states (block 256, fp32 absmax per block);
-# tensors under min_8bit_size (4096 elements) keep fp32 states.
-_BNB8_BLOCK = 256
+# bitsandbytes 8-bit optimizers keep fp32 states for tensors under min_8bit_size elements
+# (bnb.optim.Optimizer8bit default). NF4 and 8-bit block sizes come from memory_constants.yaml.
 _BNB8_MIN_SIZE = 4096
 
 _ATTN_IMPL = "gpuprov_fa2"  # no "flash" in the name: HF would look for a hub kernel
@@ -174,9 +171,15 @@ def _register_attention() -> None:
 # --------------------------------------------------------------------------------------------
 
 def nf4_bytes(numel: int) -> int:
-    """Bytes bitsandbytes NF4 with double quantisation stores for `numel` weights."""
-    blocks = math.ceil(numel / _NF4_BLOCK)
-    return math.ceil(numel / 2) + blocks + 4 * math.ceil(blocks / _NF4_DQ_BLOCK)
+    """Bytes bitsandbytes NF4 with double quantisation stores for `numel` weights: 4-bit codes,
+    an 8-bit absmax per block, an fp32 scale per double-quant block of absmax values."""
+    q = _constants()["nf4"]
+    blocks = math.ceil(numel / q["blocksize"])
+    return (
+        math.ceil(numel * q["weight_bits"] / 8)
+        + blocks * q["double_quant_absmax_bytes"]
+        + q["double_quant_scale_bytes"] * math.ceil(blocks / q["double_quant_blocksize"])
+    )
 
 
 def _nf4_linear_class():
@@ -254,7 +257,7 @@ def _adamw8bit_class():
     import torch
 
     class AdamW8bitSim(torch.optim.Optimizer):
-        """Memory model of bnb.optim.AdamW8bit: two uint8 states + fp32 absmax per 256-block
+        """Memory model of bnb.optim.AdamW8bit: two uint8 states + fp32 absmax per block
         (fp32 states under 4096 elements); the fused kernel updates in place (no transient).
         The update arithmetic is plain SGD-like: only the bytes are simulated."""
 
@@ -263,6 +266,7 @@ def _adamw8bit_class():
 
         @torch.no_grad()
         def step(self, closure=None):
+            block = _constants()["adamw_8bit"]["blocksize"]
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is None:
@@ -273,7 +277,7 @@ def _adamw8bit_class():
                             state["state1"] = torch.zeros_like(p, dtype=torch.float32)
                             state["state2"] = torch.zeros_like(p, dtype=torch.float32)
                         else:
-                            blocks = math.ceil(p.numel() / _BNB8_BLOCK)
+                            blocks = math.ceil(p.numel() / block)
                             state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
                             state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
                             state["absmax1"] = p.new_zeros(blocks, dtype=torch.float32)
@@ -507,9 +511,12 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         fully_shard(model, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     if setup.optimizer == "adamw":
-        # foreach is PyTorch's default for CUDA tensors: its step holds one extra fp32
-        # buffer (sqrt of exp_avg_sq) over all parameters of the group.
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        # fused (the analytic model's default) updates in place; foreach, PyTorch's default for
+        # CUDA tensors, holds one extra state-sized buffer (sqrt of exp_avg_sq) at the step.
+        impl = getattr(setup, "optimizer_impl", "fused")
+        if impl not in ("fused", "foreach"):
+            raise GpuprovError(f"optimizer implementation {impl!r} is not one of fused, foreach")
+        opt = torch.optim.AdamW(params, lr=1e-4, **{impl: True})
     else:
         opt = _adamw8bit_class()(params, lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (setup.micro_batch, setup.seq_len))
@@ -524,12 +531,26 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
     return Step(model, layers, opt, params, ids, labels, amp, trainable)
 
 
-def _mem_tracker_class():
-    """MemTracker that skips gradient hooks on frozen parameters (upstream registers a hook on
-    every parameter, which raises for LoRA's requires_grad=False base weights)."""
+def _tracker_classes():
+    """(MemTracker, FSDPMemTracker) subclasses tuned for this use.
+
+    - Only the global peak is kept: upstream also updates every tracked module's local peak on
+      every op, O(ops x modules), which dominates the run time with peft's many small modules.
+    - MemTracker skips gradient hooks on frozen parameters (upstream hooks every parameter,
+      which raises for LoRA's requires_grad=False base weights).
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
-    class FrozenAwareMemTracker(MemTracker):
+    def update_peak_stats(self, peak_state) -> None:
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = dict(dev_snap)
+
+    class FastMemTracker(MemTracker):
+        _update_peak_stats = update_peak_stats
+
         def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
             sizes = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
             if install_grad_hooks:
@@ -546,7 +567,10 @@ def _mem_tracker_class():
                     )
             return sizes
 
-    return FrozenAwareMemTracker
+    class FastFSDPMemTracker(FSDPMemTracker):
+        _update_peak_stats = update_peak_stats
+
+    return FastMemTracker, FastFSDPMemTracker
 
 
 @contextlib.contextmanager
@@ -582,7 +606,6 @@ def estimate_precise(
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -599,7 +622,8 @@ def estimate_precise(
         "as CUDA FA2 writes it (saves one (b,s,h*d) copy per layer); masks, softcap and sliding "
         "windows are applied inside the kernel",
         "eager PyTorch (no torch.compile), HF transformers modelling code, loss via HF "
-        "ForCausalLMLoss (fp32 upcast of logits), AdamW foreach (PyTorch's CUDA default)",
+        "ForCausalLMLoss (fp32 upcast of logits), "
+        f"AdamW {getattr(setup, 'optimizer_impl', 'fused')}",
         "tensor sizes rounded to the CUDA caching allocator's 512 B blocks; fragmentation and "
         "non-tensor terms from memory_constants.yaml",
     ]
@@ -622,11 +646,12 @@ def estimate_precise(
             step = build_step(arch, setup, assumptions, mesh=mesh)
             report("optimizer warm-up", 0.1)
             step.warm_up_optimizer()
+            plain_tracker, fsdp_tracker = _tracker_classes()
             if use_fsdp:
-                tracker = FSDPMemTracker(step.model, step.opt)
+                tracker = fsdp_tracker(step.model, step.opt)
                 tracker.track_inputs((step.ids, step.labels))
             else:
-                tracker = _mem_tracker_class()()
+                tracker = plain_tracker()
                 tracker.track_external(step.model, step.opt, step.ids, step.labels)
             hooks = _progress_hooks(step.layers, report)
             report("forward", 0.15)
@@ -706,7 +731,7 @@ def _apply_sharding_outside_fsdp(
     if setup.sharding == "ddp" and n > 1:
         # DDP's reducer allocates flat buckets holding a copy of every gradient at construction
         # (gradient_as_bucket_view=False, the default); they live for the whole run.
-        bd["ddp_buckets"] = grad_bytes
+        bd["comm_buckets"] = grad_bytes
         notes.append("ddp: gradient buckets = one more copy of the gradients (PyTorch default)")
     elif setup.sharding in ("zero1", "zero2") and n > 1:
         for term in ("optimizer_states", "optimizer_step_transient") + (
@@ -737,42 +762,28 @@ def _apply_offload(bd: dict[str, int], setup: TrainSetup, notes: list[str]) -> d
     return bd
 
 
-def _overhead_terms(setup: TrainSetup, tensor_bytes: int, notes: list[str]) -> dict[str, int]:
-    """Non-tensor terms from the constants catalog the analytic model reads (never written here)."""
+def _constants() -> dict:
     from gpuprov.catalog import load_data
 
-    try:
-        data = load_data("memory_constants.yaml")
-    except FileNotFoundError:
-        notes.append("memory_constants.yaml missing: CUDA context, allocator and NCCL terms omitted")
-        return {}
-    return _terms_from_constants(data, setup, tensor_bytes, notes)
+    return load_data("memory_constants.yaml")
 
 
-def _constant(data: dict, key: str) -> float | None:
-    entry = data.get(key)
-    if isinstance(entry, dict):
-        for field in ("value", "bytes", "fraction"):
-            if field in entry:
-                return float(entry[field])
-        return None
-    if isinstance(entry, (int, float)):
-        return float(entry)
-    return None
-
-
-def _terms_from_constants(data: Any, setup: TrainSetup, tensor_bytes: int, notes: list[str]) -> dict[str, int]:
-    terms: dict[str, int] = {}
-    if not isinstance(data, dict):
-        return terms
-    ctx = _constant(data, "cuda_context_bytes")
-    if ctx is not None:
-        terms["cuda_context"] = int(ctx)
-    frag = _constant(data, "allocator_fragmentation")
-    if frag is not None:
-        terms["allocator_fragmentation"] = int(tensor_bytes * frag)
-    if setup.gpus > 1 and setup.sharding != "none":
-        nccl = _constant(data, "nccl_buffers_bytes")
-        if nccl is not None:
-            terms["nccl_buffers"] = int(nccl)
+def _overhead_terms(setup: TrainSetup, tensor_bytes: int, notes: list[str]) -> dict[str, int]:
+    """Non-tensor terms, computed from memory_constants.yaml exactly as the analytic model does."""
+    c = _constants()
+    alloc = c["allocator"]
+    frac = alloc["fragmentation_compiled"] if setup.compile else alloc["fragmentation_eager"]
+    terms = {
+        "allocator_fragmentation": int(tensor_bytes * frac),
+        "cuda_context": int(c["cuda_context"]["bytes"]),
+    }
+    if setup.gpus > 1:
+        nc = c["nccl"]
+        terms["nccl_buffers"] = int(
+            nc["buffsize_bytes"] * nc["channels"] * nc["connections_per_channel"] * nc["protocol_factor"]
+        )
+    notes.append(
+        f"non-tensor terms from memory_constants.yaml: allocator fragmentation +{frac:.0%} of live "
+        "tensors, CUDA context" + (", NCCL buffers" if setup.gpus > 1 else "")
+    )
     return terms
