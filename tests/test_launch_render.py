@@ -187,6 +187,21 @@ def test_train_sh_reads_head_and_node_rank_from_the_inventory(tmp_path):
     assert words[words.index("--rdzv-conf") + 1] == "is_host=0"
 
 
+def test_train_sh_inventory_without_pyyaml(tmp_path):
+    """A bare python3 without PyYAML still finds the hosts (regex over the fixed layout)."""
+    launch = write(render_launch(sample_plan("aws", 2)), tmp_path)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n"
+                         "        n0:\n          ansible_host: \"10.4.4.4\"\n        n1:\n          ansible_host: 10.4.4.5\n")
+    blocker = tmp_path / "noyaml"
+    blocker.mkdir()
+    (blocker / "yaml.py").write_text("raise ImportError('no PyYAML here')\n")
+    out = dry_run(launch, GPUPROV_INVENTORY=str(inventory), PYTHONPATH=str(blocker))
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[words.index("--rdzv-endpoint") + 1] == "10.4.4.4:29500"
+
+
 def test_onprem_plan_hosts_give_the_head(tmp_path):
     launch = write(render_launch(sample_plan("onprem", 2)), tmp_path)
     words = dry_run(launch).stdout.split()
