@@ -40,6 +40,16 @@ def test_lora_flags_and_hsdp() -> None:
     assert 0 < d["model"]["trainable_params"] < d["model"]["params"] / 100
 
 
+def test_extra_knobs() -> None:
+    base = ["estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--precision", "bf16", "--seq-len", "512", "--json"]
+    plain = json.loads(run(*base).stdout)
+    foreach = json.loads(run(*base, "--optimizer-impl", "foreach").stdout)
+    accum = json.loads(run(*base, "--grad-accumulation", "4", "--seq-len", "16384").stdout)
+    assert foreach["per_gpu_bytes"] > plain["per_gpu_bytes"]
+    assert foreach["setup"]["optimizer_impl"] == "foreach" and accum["setup"]["grad_accumulation"] == 4
+    assert run(*base, "--grad-accumulation", "0").returncode == 2
+
+
 def test_human_table_shows_gib_and_fit() -> None:
     r = run("estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--gpu", "rtx-4090-24gb", "--seq-len", "1024")
     assert r.returncode == 0, r.stderr

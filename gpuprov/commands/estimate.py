@@ -15,10 +15,13 @@ GIB = 2**30
 def build_setup(
     *, task, seq_len, micro_batch, gpus, gpus_per_node, sharding, shard_group, activation_checkpointing,
     precision, optimizer, offload, lora_rank, lora_targets, compile, chunked_cross_entropy,
+    grad_accumulation=1, activation_offloading=False, optimizer_impl="fused",
 ) -> TrainSetup:
     from gpuprov.sizing.arch import resolve_lora_targets
+    from gpuprov.sizing.memory import ExtendedSetup
 
-    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--gpus", gpus), ("--lora-rank", lora_rank)):
+    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--gpus", gpus),
+                        ("--lora-rank", lora_rank), ("--grad-accumulation", grad_accumulation)):
         if value <= 0:
             raise GpuprovError(f"{flag} must be a positive integer, got {value}")
     if gpus_per_node is None:
@@ -30,11 +33,12 @@ def build_setup(
     if shard_group is not None and sharding != "hsdp":
         raise GpuprovError("--shard-group applies to --sharding hsdp only")
     targets = resolve_lora_targets(lora_targets)
-    return TrainSetup(
+    return ExtendedSetup(
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
         sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=targets,
-        compile=compile, chunked_cross_entropy=chunked_cross_entropy,
+        compile=compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation_steps=grad_accumulation,
+        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl,
     )
 
 
@@ -87,6 +91,9 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "lora_rank": setup.lora_rank if setup.task != "full" else None,
             "lora_targets": list(setup.lora_targets) if setup.task != "full" else None,
             "compile": setup.compile, "chunked_cross_entropy": setup.chunked_cross_entropy,
+            "grad_accumulation": getattr(setup, "grad_accumulation_steps", 1),
+            "activation_offloading": getattr(setup, "activation_offloading", False),
+            "optimizer_impl": getattr(setup, "optimizer_impl", "fused"),
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions),
@@ -136,11 +143,17 @@ def render_table(d: dict) -> str:
 @click.option("--offload", type=click.Choice(OFFLOADS), default="none", show_default=True)
 @click.option("--compile/--no-compile", "use_compile", default=False, show_default=True, help="torch.compile per block.")
 @click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=False, show_default=True)
+@click.option("--grad-accumulation", type=int, default=1, show_default=True,
+              help="Micro-batches per optimizer step (>1 keeps gradients through forward).")
+@click.option("--activation-offloading", is_flag=True, help="Saved activations streamed to host memory.")
+@click.option("--optimizer-impl", type=click.Choice(("fused", "foreach")), default="fused", show_default=True,
+              help="AdamW kernel: foreach adds one state-sized temporary at the step.")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
-             chunked_cross_entropy, precise, as_json) -> None:
+             chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, precise,
+             as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits."""
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
@@ -152,7 +165,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
         sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=lora_targets,
-        compile=use_compile, chunked_cross_entropy=chunked_cross_entropy,
+        compile=use_compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation=grad_accumulation,
+        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl,
     )
     if precise:
         est = run_precise(arch, setup, gpu.memory_bytes)
