@@ -214,3 +214,58 @@ def test_ddp_two_processes_bf16_autocast(tmp_path):
     assert run[0]["mesh"] is None and run[0]["world"] == 2 and run[0]["sharding"] == "ddp"
     loss = losses(run)
     assert loss[12] < loss[1] - 0.5, loss
+
+
+@pytest.fixture(scope="module")
+def trainer_module(tmp_path_factory):
+    """The generated train.py imported in-process, with its rendered train.yaml path."""
+    import importlib.util
+
+    launch = render_small(tmp_path_factory.mktemp("unit"), nodes=1, gpus_per_node=1, sharding="fsdp",
+                          task="qlora", steps=100)
+    spec = importlib.util.spec_from_file_location("generated_train_unit", launch / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module, launch / "train.yaml"
+    del sys.modules[spec.name]
+
+
+def test_config_overrides_and_clear_errors(trainer_module):
+    train, yaml_path = trainer_module
+    cfg = train.load_config(str(yaml_path), ["batch.seq_len=64", "data.path=null", "task.lora.targets=[q_proj]"])
+    assert cfg["batch"]["seq_len"] == 64 and cfg["data"]["path"] is None and cfg["task"]["lora"]["targets"] == ["q_proj"]
+    with pytest.raises(SystemExit, match="unknown key 'seqlen'"):
+        train.load_config(str(yaml_path), ["batch.seqlen=64"])
+    with pytest.raises(SystemExit, match="section.key=value"):
+        train.load_config(str(yaml_path), ["batch.seq_len"])
+    # QLoRA's 4-bit kernels are CUDA-only: on CPU a one-line reason, not a bitsandbytes traceback
+    cfg = train.load_config(str(yaml_path), ["runtime.device=cpu"])
+    rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
+    with pytest.raises(SystemExit, match="qlora needs CUDA"):
+        train.build_model(cfg, rt)
+
+
+def test_lr_schedule_warmup_then_cosine(trainer_module):
+    train, yaml_path = trainer_module
+    cfg = train.load_config(str(yaml_path), [])  # lr 3e-3, warmup 3, 100 steps, floor 0.1
+    lrs = [train.lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[2] == pytest.approx(3e-3)
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # non-increasing after warmup
+    assert train.lr_at(100, cfg) == pytest.approx(3e-4)  # lr x min_lr_ratio at the end
+
+
+def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
+    import numpy as np
+
+    train, _ = trainer_module
+    (tmp_path / "a.bin").write_bytes(np.arange(0, 21, dtype=np.uint16).tobytes())  # 2 windows of 10+1
+    (tmp_path / "b.bin").write_bytes(np.arange(100, 111, dtype=np.uint16).tobytes())  # 1 window
+    data = train.TokenWindows({"data": {"path": str(tmp_path), "dtype": "uint16"}}, 10, 512, 0)
+    assert len(data) == 3
+    assert data.sample(0).tolist() == list(range(0, 11))
+    assert data.sample(1).tolist() == list(range(10, 21))
+    assert data.sample(2).tolist() == list(range(100, 111))
+    assert data.sample(3).tolist() == data.sample(0).tolist()  # next epoch
+    synthetic = train.TokenWindows({"data": {"path": None, "synthetic_samples": None}}, 10, 512, 0)
+    assert synthetic.batch(5, 2).shape == (2, 11) and synthetic.sample(5).tolist() == synthetic.sample(5).tolist()
