@@ -142,3 +142,23 @@ def test_corpus_through_generate(tmp_path: Path, case: Path, capsys) -> None:
     assert len(lines) == 1 and lines[0].startswith("gpuprov: error: "), err
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == []  # no staging debris either
+
+
+@SETTINGS
+@given(st.one_of(st.text(max_size=150), st.dictionaries(st.text(max_size=8), values, max_size=4).map(_dump),
+                 st.lists(st.dictionaries(st.sampled_from(["name", "address", "user", "x"]), scalars, max_size=3),
+                          max_size=3).map(lambda v: _dump({"h": v})[3:])))
+@example("[gpu_nodes]\ngpu0 ansible_host=\n")
+@example("all:\n  children: 3\n")
+@example("gpu0: {ansible_host: [1, 2]}\n")
+def test_hosts_files(tmp_path: Path, text: str) -> None:
+    from gpuprov.specfile import load_hosts
+
+    path = tmp_path / "hosts"
+    path.write_bytes(text.encode("utf-8", errors="replace"))
+    try:
+        hosts = load_hosts(path)
+    except GpuprovError as exc:
+        assert str(exc) and "\n" not in str(exc), str(exc)
+        return
+    assert hosts and all(h.name and h.address for h in hosts)
