@@ -372,7 +372,8 @@ def search(
                             shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=util,
                             hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter,
                             params=arch.params, trainable=trainable, num_layers=arch.num_layers, task=task,
-                            optimizer=spec.optimizer,
+                            optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload,
+                            pcie_gen=gpu.pcie_gen,
                         )
                         evaluated += 1
                         hours = steps * step.step_time_s / 3600.0 + overhead_h

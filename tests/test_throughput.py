@@ -126,3 +126,24 @@ def test_matches_torchtitan_measured_throughput(arch8b, nodes, measured):
     st = _step(arch8b, gpu, shape, fabric="infiniband", gbps=400, ac="selective")
     per_gpu = st.tokens_per_s / shape.total_gpus
     assert per_gpu == pytest.approx(measured, rel=0.20)
+
+
+def test_precision_and_offload_cost_time(arch8b):
+    gpu = get_gpu("h100-80gb")
+    shape = Shape(nodes=1, gpus_per_node=8, sharding="fsdp", shard_group=8, micro_batch=1, grad_accum=4,
+                  seq_len=4096)
+    fl = flops_per_token(arch8b, 4096, "full", arch8b.params, "none")
+    util, _ = utilisation(gpu)
+    intra, _ = intra_node_gbytes(gpu)
+    common = dict(shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=util,
+                  hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=intra,
+                  params=arch8b.params, trainable=arch8b.params, num_layers=arch8b.num_layers, task="full",
+                  pcie_gen=5)
+    base = step_estimate(**common)
+    fp32 = step_estimate(**common, precision="fp32")
+    assert fp32.compute_time_s == pytest.approx(2 * base.compute_time_s)  # TF32 = half the BF16 peak
+    assert fp32.comm_bytes_per_gpu > base.comm_bytes_per_gpu
+    off = step_estimate(**common, offload="optimizer")
+    assert off.optimizer_time_s > 10 * base.optimizer_time_s
+    full = step_estimate(**common, offload="full")
+    assert full.comm_time_s > off.comm_time_s

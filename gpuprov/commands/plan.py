@@ -143,7 +143,8 @@ def render_explain(spec, plan) -> str:
                   micro_batch=c.micro_batch, grad_accum=c.grad_accum, seq_len=s)
     st = step_estimate(shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
                        hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
-                       params=n_params, trainable=trainable, num_layers=L, task=plan.task, optimizer=c.optimizer)
+                       params=n_params, trainable=trainable, num_layers=L, task=plan.task, optimizer=c.optimizer,
+                       precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen)
     out: list[str] = []
     w = out.append
     w(f"== {plan.model.display_name}: {c.nodes} x {c.instance_type}, {c.total_gpus} x {gpu.slug}, {c.sharding}, "

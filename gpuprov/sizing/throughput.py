@@ -184,19 +184,24 @@ def step_estimate(
     num_layers: int,
     task: str,
     optimizer: str = "adamw",
+    precision: str = "bf16-mixed",
+    offload: str = "none",
+    pcie_gen: int = 4,
 ) -> StepEstimate:
     a = assumptions()
+    prec = a.raw["precision"][precision]
     n = shape.total_gpus
-    speed = util * (a.qlora_factor if task == "qlora" else 1.0)
+    speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"])
     tokens_mb = shape.micro_batch * shape.seq_len
     compute_mb = tokens_mb * flops.executed / (peak_tflops * 1e12 * speed)
     compute = compute_mb * shape.grad_accum
 
-    gather_bytes = a.qlora_gather_bytes if task == "qlora" else a.param_gather_bytes
+    param_bytes = float(prec["gather_bytes"])
+    gather_bytes = a.qlora_gather_bytes if task == "qlora" else param_bytes
     frozen = params - trainable if task != "full" else 0
     # bytes in one full copy of what is gathered / reduced
-    gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * a.param_gather_bytes
-    grad_buf = trainable * a.grad_reduce_bytes
+    gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * param_bytes
+    grad_buf = trainable * float(prec["reduce_bytes"])
 
     per_mb_comm = 0.0  # hides under each micro-batch's compute
     per_step_sync = 0.0  # hides under the last backward only
@@ -225,7 +230,7 @@ def step_estimate(
         b_rs = frac * grad_buf
         vol += b_rs * shape.grad_accum
         per_mb_comm = b_rs / (bw * 1e9) + num_layers * lat
-        b_ag = frac * trainable * a.param_gather_bytes  # updated bf16 params after the step
+        b_ag = frac * trainable * param_bytes  # updated params after the step
         vol += b_ag
         tail = b_ag / (bw * 1e9) + lat
     elif s == "ddp" and n > 1:
@@ -233,21 +238,33 @@ def step_estimate(
         b = 2 * (n - 1) / n * grad_buf  # no_sync during accumulation: one all-reduce per step
         vol += b
         per_step_sync = b / (bw * 1e9) + num_layers * lat
+    # CPU offload: the host link (PCIe) carries what the optimizer and the offloaded shards need
+    if s in ("fsdp", "hsdp"):
+        shard = trainable / max(1, shape.shard_group)
+        param_shard = params / max(1, shape.shard_group)
+    elif s == "zero2":
+        shard, param_shard = trainable / n, params
+    else:
+        shard, param_shard = trainable, params
+    host_gbytes = a.pcie_gbytes.get(int(pcie_gen), 16.0) * a.link_eff["pcie"]
+    off = a.raw["offload"]
+    if offload == "full":
+        # parameters live on the host: every micro-batch brings the shard up twice, grads down
+        per_mb_comm += param_shard * float(off["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
     exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
     backward_last = compute_mb * 2.0 / 3.0
     exposed_sync = max(0.0, per_step_sync - a.overlap * backward_last)
     exposed = exposed_mb * shape.grad_accum + exposed_sync + tail
     comm = per_mb_comm * shape.grad_accum + per_step_sync + tail
 
-    # optimizer step over this GPU's shard of the trainable parameters (memory-bound)
-    if s in ("fsdp", "hsdp"):
-        shard = trainable / max(1, shape.shard_group)
-    elif s == "zero2":
-        shard = trainable / n
+    # optimizer step over this GPU's shard of the trainable parameters: HBM-bound on the GPU, or
+    # host-side after shipping grads down and params up when offloaded
+    if offload in ("optimizer", "full"):
+        opt = shard / float(off["cpu_adam_params_per_s_per_gpu"]) + \
+            shard * float(off["host_link_bytes_per_param_per_step"]) / (host_gbytes * 1e9)
     else:
-        shard = trainable
-    opt_bytes = a.opt_bytes_8bit if optimizer == "adamw-8bit" else a.opt_bytes
-    opt = shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
+        opt_bytes = a.opt_bytes_8bit if optimizer == "adamw-8bit" else a.opt_bytes
+        opt = shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
 
     step = compute + exposed + opt
     tokens_step = tokens_mb * shape.grad_accum * n
