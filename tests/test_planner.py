@@ -200,6 +200,8 @@ def _assert_not_worse(planned, brute, objective):
     dict(model="70b", tokens=10**10, max_nodes=4),
     dict(model="70b", task="qlora", tokens=10**8, max_nodes=2, objective="gpus"),
     dict(model="llama-3.1-8b", tokens=10**11, max_nodes=6, budget_usd=60000, seq_len=8192),
+    dict(model="70b", tokens=10**9, max_nodes=2, offload="optimizer"),
+    dict(model="llama-3.1-8b", tokens=10**9, max_nodes=3, precision="bf16", optimizer="adamw-8bit"),
 ])
 def test_planner_matches_brute_force_real_estimator(kw):
     spec = TrainingSpec(**kw)
