@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The `vm` tests' guest: qemu + debootstrap from apt (if missing), then the Debian bookworm image
+# cached in .vm-cache/ (tests/vm/build_image.sh; ~3 minutes once, free afterwards).
+# Never fails the suite: where this cannot be done the vm tests skip with the reason, loudly.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+warn() { echo "WARNING: 20-vm-image: $* (the vm tests will be SKIPPED)" >&2; exit 0; }
+
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v ssh >/dev/null || need+=(openssh-client)
+command -v ssh-keygen >/dev/null || need+=(openssh-client)
+if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        warn "missing ${need[*]} and not root to apt-get install them"
+    fi
+    command -v apt-get >/dev/null || warn "missing ${need[*]} and no apt-get"
+    echo "20-vm-image: apt-get install ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -q && apt-get install -y -q --no-install-recommends "${need[@]}"; } >/tmp/20-vm-image-apt.log 2>&1 \
+        || { tail -20 /tmp/20-vm-image-apt.log >&2; warn "apt-get install ${need[*]} failed"; }
+fi
+
+bash tests/vm/build_image.sh || warn "building the guest image failed"
