@@ -70,7 +70,7 @@ def load_config(path: str, overrides: list[str]) -> dict:
             if not isinstance(node.get(part), dict):
                 raise ConfigError(f"--set {key}: no section {part!r} in {path}")
             node = node[part]
-        if leaf not in node:
+        if leaf not in node and parents[:2] != ["model", "hf_config"]:  # a config.json takes any key
             raise ConfigError(f"--set {key}: unknown key {leaf!r} (known: {', '.join(node)})")
         node[leaf] = yaml.safe_load(raw)
     return cfg
