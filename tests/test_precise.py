@@ -103,8 +103,19 @@ def test_activations_are_linear_in_seq_len_no_s2_scores():
     arch = tiny(layers=1)
     short = precise.estimate_precise(arch, setup(seq_len=1024))
     long = precise.estimate_precise(arch, setup(seq_len=4096))
-    act = lambda e: e.breakdown.get("activations", 0) + e.breakdown.get("activation_transient", 0)  # noqa: E731
+    act = lambda e: sum(  # noqa: E731
+        e.breakdown.get(k, 0) for k in ("activations", "activation_transient", "logits", "cross_entropy")
+    )
     assert act(long) < 4.5 * act(short)
+
+
+def test_loss_buffers_are_split_out_as_three_fp32_logit_tensors():
+    # fp32 upcast of the logits, its log-softmax (saved) and the gradient at the start of
+    # backward: the loss end is reported under the analytic model's cross_entropy term.
+    arch, s = tiny(vocab=4000), setup(seq_len=2048)
+    est = precise.estimate_precise(arch, s)
+    fp32_logits = s.seq_len * 4000 * 4
+    assert abs(est.breakdown["cross_entropy"] - 3 * fp32_logits) < 0.05 * fp32_logits, est.breakdown
 
 
 def test_peak_shrinks_with_more_fsdp_gpus():

@@ -43,6 +43,8 @@ _TERM_OF_REFTYPE = {
     "Inputs": "activations",
     "Other": "activations",
     "Temp": "activation_transient",
+    "logits": "logits",
+    "cross_entropy": "cross_entropy",
 }
 
 # bitsandbytes 8-bit optimizers keep fp32 states for tensors under min_8bit_size elements
@@ -548,7 +550,33 @@ def _tracker_classes():
                 self._peak_mem[dev] = dev_snap["Total"]
                 self._peak_mem_snap[dev] = dict(dev_snap)
 
-    class FastMemTracker(MemTracker):
+    class HeadAware:
+        """Split the loss end of the model out of "Activation"/"Temp": tensors made inside the
+        output head are "logits", those made by the loss outside any decoder module (fp32
+        upcast, log-softmax, their gradients) are "cross_entropy" - the analytic model's terms."""
+
+        head = None  # the output-embedding module
+        body = None  # the decoder stack module (embeddings, layers, final norm)
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            snap = self._curr_mem_snap.setdefault(winfo.device, dict.fromkeys(self._ref_class, 0))
+            snap.setdefault("Total", 0)
+            for key in (winfo.reftype, old_reftype):
+                if key is not None:
+                    snap.setdefault(key, 0)
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _track(self, reftype, t):
+            if getattr(reftype, "value", None) in ("Activation", "Temp") and self.head is not None:
+                known = self._mod_tracker._known_modules
+                parents = self._mod_tracker.parents
+                if known.get(self.head) in parents:
+                    reftype = "logits"
+                elif known.get(self.body) not in parents and not self._in_ac:
+                    reftype = "cross_entropy"
+            super()._track(reftype, t)
+
+    class FastMemTracker(HeadAware, MemTracker):
         _update_peak_stats = update_peak_stats
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
@@ -567,7 +595,7 @@ def _tracker_classes():
                     )
             return sizes
 
-    class FastFSDPMemTracker(FSDPMemTracker):
+    class FastFSDPMemTracker(HeadAware, FSDPMemTracker):
         _update_peak_stats = update_peak_stats
 
     return FastMemTracker, FastFSDPMemTracker
@@ -653,6 +681,8 @@ def estimate_precise(
             else:
                 tracker = plain_tracker()
                 tracker.track_external(step.model, step.opt, step.ids, step.labels)
+            tracker.head = step.model.get_output_embeddings()
+            tracker.body = step.model.get_decoder()
             hooks = _progress_hooks(step.layers, report)
             report("forward", 0.15)
             with tracker:
