@@ -1,0 +1,187 @@
+"""render_ansible: glue from the plan, roles copied verbatim; real ansible-playbook --syntax-check
+and ansible-lint --profile production on the rendered bundles (sample plans and planner plans)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from ansible_helpers import ANSIBLE_LINT, REPO, ansible_env, playbook, private_dir, write_files
+from gpuprov.errors import GpuprovError
+from gpuprov.render.ansible import GLUE, fabric_role, render_ansible
+from plan_fixtures import sample_plan
+
+CLOUDS = ("aws", "gcp", "azure", "oci", "onprem")
+EXPECTED_FABRIC_ROLE = {"aws": "efa", "gcp": "gcp_rdma", "azure": "infiniband", "oci": "infiniband",
+                        "onprem": "infiniband"}
+
+
+def _roles_in(site: list) -> list[str]:
+    return [r["role"] for play in site if "roles" in play for r in play["roles"]]
+
+
+def _tags(site: list) -> dict[str, list[str]]:
+    return {r["role"]: r["tags"] for play in site if "roles" in play for r in play["roles"]}
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_glue_carries_the_plan(cloud):
+    plan = sample_plan(cloud)
+    files = render_ansible(plan)
+    for name in GLUE:
+        assert name in files
+    site = yaml.safe_load(files["site.yml"])
+    assert all(play.get("hosts", "gpu_nodes") == "gpu_nodes" for play in site)
+    roles = _roles_in(site)
+    assert roles == ["nvme_raid", "nvidia_driver", EXPECTED_FABRIC_ROLE[cloud], "nccl", "gds"]
+    tags = _tags(site)
+    assert tags["nvme_raid"] == ["storage"] and tags["nvidia_driver"] == ["gpu"]
+    assert tags[EXPECTED_FABRIC_ROLE[cloud]] == ["fabric"] and tags["nccl"] == ["nccl"] and tags["gds"] == ["gds"]
+    assert site[-1] == {"name": "Health check", "ansible.builtin.import_playbook": "health.yml", "tags": ["health"]}
+    health = yaml.safe_load(files["health.yml"])
+    assert health[0]["roles"] == [{"role": "healthcheck", "tags": ["health"]}]
+
+    gv = yaml.safe_load(files["group_vars/all.yml"])
+    assert gv["nvidia_driver_branch"] == plan.software.driver_branch
+    assert gv["nvidia_driver_open_kernel_modules"] is plan.software.open_kernel_modules
+    assert gv["nvidia_driver_fabric_manager"] is plan.software.fabric_manager
+    assert gv["gpu_preflight_supported_os"] == plan.software.os
+    assert gv["nccl_version"] == plan.software.nccl_version and gv["nccl_cuda_version"] == plan.software.cuda_version
+    assert gv["nccl_env"] == plan.fabric.nccl_env
+    assert gv["nccl_env_profile"] == (plan.fabric.nccl_env_profile or "")
+    assert gv["nvme_raid_name"] == plan.storage.raid_name
+    assert gv["nvme_raid_mount_point"] == plan.storage.mount_point == gv["gds_mount_point"] == gv["healthcheck_mount_point"]
+    assert gv["nvme_raid_device_glob"] == (plan.storage.device_glob or "")
+    assert gv["nvme_raid_expected_devices"] == plan.storage.devices
+    assert gv["nvme_raid_force"] is False and gv["nvme_raid_update_initramfs"] is True
+    assert gv["healthcheck_expected_gpus"] == plan.cluster.gpus_per_node
+    assert gv["healthcheck_nccl_busbw_min_gbytes_per_s"] == plan.health.nccl_allreduce_busbw_gbytes_per_s
+    assert gv["healthcheck_expected_bytes"] == plan.storage.expected_bytes
+    assert gv["healthcheck_fabric"] == plan.fabric.name
+    if cloud == "aws":
+        assert gv["efa_installer_version"] == plan.software.efa_installer_version
+        assert gv["efa_expected_devices"] == plan.instance.efa_interfaces == 32
+    if cloud == "gcp":
+        assert gv["gcp_rdma_mode"] == "tcpxo" and gv["gcp_rdma_mtu"] == 8896
+    if cloud in ("azure", "oci", "onprem"):
+        assert gv["infiniband_subnet_manager"] == plan.fabric.subnet_manager
+        assert gv["infiniband_hcas"] == plan.fabric.hcas
+
+    if cloud == "onprem":
+        inventory = yaml.safe_load(files["inventory.yml"])
+        hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+        assert hosts == {h.name: {"ansible_host": h.address} for h in plan.hosts}
+    else:
+        assert "inventory.yml" not in files  # clouds: `gpuprov up` writes it from Terraform
+
+
+def test_roles_are_copied_verbatim():
+    files = render_ansible(sample_plan("aws"))
+    repo_roles = {f"roles/{p.relative_to(REPO / 'ansible' / 'roles').as_posix()}": p.read_text()
+                  for p in (REPO / "ansible" / "roles").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")}
+    copied = {k: v for k, v in files.items() if k.startswith("roles/")}
+    assert copied == repo_roles
+    for role in ("nvidia_driver", "nccl", "efa", "infiniband", "gcp_rdma", "gds", "healthcheck",
+                 "gpu_preflight", "nvme_raid"):
+        assert f"roles/{role}/tasks/main.yml" in copied
+
+
+def test_single_node_and_no_local_nvme():
+    plan = sample_plan("aws", nodes=1)
+    plan = plan.model_copy(update={
+        "fabric": plan.fabric.model_copy(update={"name": "none", "nccl_env": {}}),
+        "storage": plan.storage.model_copy(update={"devices": 0, "expected_bytes": 0})})
+    files = render_ansible(plan)
+    site = yaml.safe_load(files["site.yml"])
+    assert _roles_in(site) == ["nvidia_driver", "nccl"]  # no fabric, no RAID, so no GDS either
+    gv = yaml.safe_load(files["group_vars/all.yml"])
+    assert "nvme_raid_name" not in gv and gv["healthcheck_mount_point"] == "" and gv["healthcheck_gds"] is False
+
+
+def test_onprem_without_hosts_is_a_clear_error():
+    plan = sample_plan("onprem").model_copy(update={"hosts": None})
+    with pytest.raises(GpuprovError, match="on-prem plan needs hosts"):
+        render_ansible(plan)
+
+
+def test_tcpxo_outside_gcp_is_rejected():
+    plan = sample_plan("aws")
+    plan = plan.model_copy(update={"fabric": plan.fabric.model_copy(update={"name": "tcpxo"})})
+    with pytest.raises(GpuprovError, match="tcpxo exists only on GCP"):
+        fabric_role(plan)
+
+
+def test_values_with_yaml_specials_stay_strings():
+    plan = sample_plan("oci")
+    odd = {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_X": "yes", "NCCL_Y": "0x10: {a}", "NCCL_Z": "it's # not a comment"}
+    plan = plan.model_copy(update={"fabric": plan.fabric.model_copy(update={"nccl_env": odd, "source": "line1\nline2"})})
+    gv = yaml.safe_load(render_ansible(plan)["group_vars/all.yml"])
+    assert gv["nccl_env"] == odd
+
+
+def _syntax_check(bundle, playbook_name="site.yml"):
+    (bundle / "inventory.yml").exists() or (bundle / "inventory.yml").write_text(
+        "all:\n  children:\n    gpu_nodes:\n      hosts:\n        node0:\n          ansible_host: 127.0.0.1\n")
+    return playbook(bundle, "--syntax-check", "-i", "inventory.yml", playbook_name)
+
+
+@pytest.fixture
+def workdir():
+    with private_dir("render") as path:
+        yield path
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_syntax_check_sample_plans(workdir, cloud):
+    bundle = write_files(workdir / cloud, render_ansible(sample_plan(cloud)))
+    result = _syntax_check(bundle)  # site.yml imports health.yml, so both are checked
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "playbook: site.yml" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def planner_plans():
+    planner = pytest.importorskip("gpuprov.planner")
+    from gpuprov.spec import TrainingSpec
+
+    plans = {}
+    for cloud in ("aws", "gcp", "azure", "oci"):
+        plans[cloud] = planner.make_plan(TrainingSpec(model="70b", cloud=cloud, tokens=2 * 10**10,
+                                                      objective="time", max_nodes=4))
+    return plans
+
+
+def test_planner_plans_render_and_pass_syntax_check(workdir, planner_plans):
+    for cloud, plan in planner_plans.items():
+        files = render_ansible(plan)
+        site = yaml.safe_load(files["site.yml"])
+        gv = yaml.safe_load(files["group_vars/all.yml"])
+        assert gv["nccl_env"] == plan.fabric.nccl_env
+        if plan.cluster.nodes > 1:
+            assert fabric_role(plan) in _roles_in(site)
+        if plan.fabric.name == "efa":
+            assert gv["nccl_env"] == {"FI_EFA_USE_HUGE_PAGE": "0"}
+        bundle = write_files(workdir / cloud, files)
+        result = _syntax_check(bundle)
+        assert result.returncode == 0, f"{cloud}: {result.stdout[-2000:]}"
+
+
+@pytest.mark.slow
+def test_rendered_bundles_pass_ansible_lint_production(workdir):
+    # One ansible-lint run over a bundle per cloud (the copied roles included, byte-identical to
+    # the repo's ansible/roles, see test_roles_are_copied_verbatim).
+    targets = []
+    for cloud in CLOUDS:
+        bundle = write_files(workdir / cloud, render_ansible(sample_plan(cloud)))
+        targets += [f"{cloud}/site.yml", f"{cloud}/health.yml", f"{cloud}/group_vars/all.yml"]
+        if cloud == "onprem":
+            targets.append(f"{cloud}/inventory.yml")
+        assert bundle.is_dir()
+    proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--nocolor", *targets], cwd=workdir,
+                          capture_output=True, text=True, timeout=900, env=ansible_env(workdir / ".scratch"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Profile 'production' was required, and it passed" in out

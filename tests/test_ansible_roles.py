@@ -1,0 +1,243 @@
+"""The roles run for real against this machine (ansible-playbook -c local): the early OS and no-GPU
+failures, the health checks that can measure here (RAID/mount size, GPU count), the NCCL
+environment files and cufile.json as the roles write them; ansible-lint on the repo's roles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from ansible_helpers import (
+    ANSIBLE_LINT, REPO, ansible_env, has_nvidia_gpu, os_id, playbook, private_dir, recap, write_files,
+    write_local_inventory,
+)
+from gpuprov.render.ansible import render_ansible
+from plan_fixtures import sample_plan
+
+ROLES = REPO / "ansible" / "roles"
+MY_ROLES = ("gpu_preflight", "nvidia_driver", "nccl", "efa", "infiniband", "gcp_rdma", "gds", "healthcheck")
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    with private_dir("roles") as root:
+        write_files(root, render_ansible(sample_plan("aws")))
+        write_local_inventory(root)
+        yield root
+
+
+@pytest.fixture
+def scratch(bundle):
+    with private_dir("scratch") as path:
+        yield path
+
+
+def _role_play(root, name: str, tasks: list, variables: dict | None = None, gather: bool = True):
+    (root / name).write_text(yaml.safe_dump([{
+        "name": "test", "hosts": "gpu_nodes", "gather_facts": gather, "gather_subset": ["!all", "network"],
+        "vars": variables or {}, "tasks": tasks,
+    }], sort_keys=False))
+    return name
+
+
+# ---------------------------------------------------------------- structure
+
+
+@pytest.mark.parametrize("role", MY_ROLES)
+def test_role_layout(role):
+    meta = yaml.safe_load((ROLES / role / "meta" / "main.yml").read_text())
+    platforms = meta["galaxy_info"]["platforms"]
+    assert {"name": "Ubuntu", "versions": ["jammy", "noble"]} in platforms
+    defaults = ROLES / role / "defaults" / "main.yml"
+    if defaults.exists():
+        lines = defaults.read_text().splitlines()
+        names = [ln.split(":")[0] for ln in lines if ln and not ln.startswith((" ", "#", "-"))]
+        for name in names:  # every knob has a comment right above it (or above its group)
+            index = next(i for i, ln in enumerate(lines) if ln.startswith(name + ":"))
+            assert index > 0 and lines[index - 1].startswith("#"), f"{role}: {name} has no comment above it"
+            assert name.startswith(role + "_"), f"{role}: {name} lacks the role prefix"
+    # only ansible.builtin modules: the bundle must run on a bare ansible-core
+    for path in (ROLES / role).rglob("*.yml"):
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            if stripped.endswith(":") and "." in stripped and not stripped.startswith(("#", "-", "'")):
+                module = stripped[:-1]
+                if module.count(".") >= 2:
+                    assert module.startswith("ansible.builtin."), f"{path}: {module}"
+
+
+@pytest.mark.slow
+def test_repo_roles_pass_ansible_lint_production():
+    with private_dir("lint") as scratch:
+        proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--nocolor", "roles/"],
+                              cwd=REPO / "ansible", capture_output=True, text=True, timeout=900,
+                              env=ansible_env(scratch))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Profile 'production' was required, and it passed" in out
+
+
+# ---------------------------------------------------------------- early failures
+
+
+def test_unsupported_os_fails_before_anything_changes(bundle):
+    # Force the mismatch whatever this machine runs: the check compares real facts to the list.
+    result = playbook(bundle, "-i", "local-inventory.yml", "site.yml", "--tags", "gpu", "--check",
+                      extra_vars={"gpu_preflight_supported_os": ["ubuntu-99.04"]})
+    assert result.returncode != 0
+    assert f"({os_id()}); the GPU roles support only ubuntu-99.04" in result.stdout
+    assert "Install kernel headers" not in result.stdout and "CUDA repository keyring" not in result.stdout
+    counts = recap(result.stdout)
+    assert counts["failed"] == 1 and counts["changed"] == 0
+
+
+@pytest.mark.skipif(has_nvidia_gpu(), reason="this machine has an NVIDIA GPU: the no-GPU path cannot be exercised")
+@pytest.mark.parametrize("tags", ["nccl", "health"])
+def test_no_gpu_fails_early_with_the_reason(bundle, tags):
+    target = "health.yml" if tags == "health" else "site.yml"
+    result = playbook(bundle, "-i", "local-inventory.yml", target, "--tags", tags, "--check",
+                      extra_vars={"gpu_preflight_supported_os": [os_id()]})
+    assert result.returncode != 0
+    assert "No NVIDIA GPU on node0: no PCI device with vendor 0x10de" in result.stdout
+    assert "Check the operating system is supported" in result.stdout  # the OS check passed first
+    for later in ("Install NCCL", "Query the GPUs", "Read the loaded NVIDIA driver version"):
+        assert later not in result.stdout
+    assert recap(result.stdout)["changed"] == 0
+
+
+# ---------------------------------------------------------------- health checks measuring here
+# Each scenario is one include_role with its own vars; ignore_errors lets one playbook run hold
+# several scenarios (ansible-playbook start-up dominates these tests), and each still prints its
+# own success or failure message.
+
+
+def _scenarios(role: str, tasks_from: str, cases: list[dict]) -> list[dict]:
+    return [{"name": f"case {i}", "ansible.builtin.include_role": {
+        "name": role, "tasks_from": tasks_from, "apply": {"ignore_errors": True}}, "vars": case}
+        for i, case in enumerate(cases)]
+
+
+def _passing_preflight():
+    return {"gpu_preflight_supported_os": [os_id()], "gpu_preflight_require_gpu": False}
+
+
+def _run_scenarios(bundle, name: str, role: str, tasks_from: str, cases: list[dict]):
+    play = _role_play(bundle, name, _scenarios(role, tasks_from, cases), _passing_preflight())
+    result = playbook(bundle, "-i", "local-inventory.yml", play)
+    assert result.returncode == 0, result.stdout[-3000:]  # every failure is an ignored, printed one
+    return result.stdout
+
+
+def test_raid_check_measures_the_mount(bundle):
+    st = os.statvfs("/")
+    total = st.f_frsize * st.f_blocks
+    out = _run_scenarios(bundle, "raid-check.yml", "healthcheck", "raid.yml", [
+        {"healthcheck_mount_point": "/", "healthcheck_expected_bytes": total},
+        {"healthcheck_mount_point": "/", "healthcheck_expected_bytes": total * 10},
+        {"healthcheck_mount_point": "/no-such-scratch", "healthcheck_expected_bytes": 1},
+    ])
+    assert f"/ mounted, {round(total / 2**30, 1)} GiB" in out
+    assert f"is {round(total / 2**30, 1)} GiB" in out and f"of {round(total * 10 / 2**30, 1)} GiB" in out
+    assert "/no-such-scratch is not mounted" in out
+    assert out.count("...ignoring") == 2
+
+
+def _fake_tool(bundle, name: str, output: str, rc: int = 0):
+    """A stand-in binary printing a real tool's output format, to exercise the role's parsing."""
+    tools = bundle / "fake-bin"
+    tools.mkdir(exist_ok=True)
+    path = tools / name
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\nexit {rc}\n")
+    path.chmod(0o755)
+    return tools
+
+
+# Tail of a real nccl-tests all_reduce_perf run (format of nccl-tests 2.x).
+ALL_REDUCE_OUTPUT = """#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+  8589934592    2147483648     float     sum      -1    35791  240.00  420.00      0    35800  239.94  419.90      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 419.95
+#"""
+
+
+@pytest.mark.skipif(has_nvidia_gpu(), reason="this machine has an NVIDIA GPU")
+def test_health_checks_fail_with_the_measured_value(bundle, scratch):
+    tools = _fake_tool(bundle, "all_reduce_perf", ALL_REDUCE_OUTPUT)
+    out = _run_scenarios(bundle, "measured.yml", "healthcheck", "nccl.yml", [
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 400.0},
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 460.0},
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": None},
+        {"healthcheck_nccl_tests_dir": str(scratch / "none"), "healthcheck_nccl_busbw_min_gbytes_per_s": None},
+    ])
+    assert out.count("all_reduce_perf bus bandwidth 419.95 GB/s") == 2  # 400 threshold and none
+    assert "measured 419.95 GB/s bus bandwidth (minimum 460.0 GB/s" in out
+    assert "measured -1.0 GB/s" in out  # the probe did not run: fails, never passes silently
+    assert out.count("...ignoring") == 2
+    # nvidia-smi is absent here: the GPU check fails with what it found
+    gpus = _run_scenarios(bundle, "gpus.yml", "healthcheck", "gpus.yml", [{}])
+    assert "0 GPU(s) (expected 8)" in gpus and "nvidia-smi rc=" in gpus
+
+
+# ---------------------------------------------------------------- files the roles write
+
+
+def test_nccl_env_files_as_written_by_the_role(bundle, scratch):
+    profile = scratch / "vendor-profile.sh"
+    # a vendor profile that reads NCCL_LIB_DIR (as TCPXO's does) and sets its own values
+    profile.write_text('export SEEN_LIB_DIR="$NCCL_LIB_DIR"\nexport NCCL_FROM_PROFILE=1\n'
+                       'export NCCL_NET=from-profile\n')
+    env = {"NCCL_LIB_DIR": "/var/lib/tcpxo/lib64", "NCCL_NET": "gIB", "NCCL_IB_HCA": "=mlx5_0,mlx5_1",
+           "ODD": "a b 'c' $HOME"}
+    conf, script = scratch / "nccl.conf", scratch / "gpuprov-nccl.sh"
+    tasks = [
+        {"name": "conf", "ansible.builtin.template": {"src": "roles/nccl/templates/nccl.conf.j2", "dest": str(conf),
+                                                      "mode": "0644"}},
+        {"name": "profile", "ansible.builtin.template": {"src": "roles/nccl/templates/gpuprov-nccl.sh.j2",
+                                                         "dest": str(script), "mode": "0644"}},
+    ]
+    play = _role_play(bundle, "nccl-files.yml", tasks,
+                      {"nccl_env": env, "nccl_env_profile": str(profile)}, gather=False)
+    first = playbook(bundle, "-i", "local-inventory.yml", play)
+    assert first.returncode == 0, first.stdout[-2000:]
+    assert recap(first.stdout)["changed"] == 2
+    again = playbook(bundle, "-i", "local-inventory.yml", play)
+    assert recap(again.stdout)["changed"] == 0  # idempotent
+    check = playbook(bundle, "-i", "local-inventory.yml", play, "--check")
+    assert check.returncode == 0 and recap(check.stdout)["changed"] == 0
+
+    lines = [ln for ln in conf.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items())
+    out = subprocess.run(["bash", "-c", f". {script}; env -0"], capture_output=True, text=True, check=True).stdout
+    seen = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    assert seen["SEEN_LIB_DIR"] == "/var/lib/tcpxo/lib64"  # exported before the profile ran
+    assert seen["NCCL_FROM_PROFILE"] == "1"
+    assert seen["NCCL_NET"] == "gIB"  # the plan's value wins over the profile's
+    assert seen["ODD"] == "a b 'c' $HOME"  # quoted, not expanded
+
+
+def test_cufile_json_uses_nvidia_fs_mode(bundle, scratch):
+    dest = scratch / "cufile.json"
+    play = _role_play(bundle, "cufile.yml", [{"name": "cufile", "ansible.builtin.template": {
+        "src": "roles/gds/templates/cufile.json.j2", "dest": str(dest), "mode": "0644"}}],
+        {"gds_mount_point": "/scratch", "gds_allow_compat_mode": True}, gather=False)
+    result = playbook(bundle, "-i", "local-inventory.yml", play)
+    assert result.returncode == 0, result.stdout[-2000:]
+    data = json.loads(dest.read_text())
+    assert data["properties"]["use_pci_p2pdma"] is False  # RAID0 is not supported by P2PDMA mode
+    assert data["properties"]["allow_compat_mode"] is True
+    assert "/scratch" in data["_comment"]
+
+
+def test_gcp_mtu_check_reads_the_real_interfaces(bundle):
+    out = _run_scenarios(bundle, "mtu.yml", "gcp_rdma", "main.yml", [
+        {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 100000},
+        {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 576},
+    ])
+    assert "No interface on node0 has MTU 100000 (found" in out
+    assert out.count("...ignoring") == 1  # 576 passes on any real interface
