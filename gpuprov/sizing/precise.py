@@ -45,6 +45,7 @@ _TERM_OF_REFTYPE = {
     "Temp": "activation_transient",
     "logits": "logits",
     "cross_entropy": "cross_entropy",
+    "autocast_weight_cache": "autocast_weight_cache",
 }
 
 # bitsandbytes 8-bit optimizers keep fp32 states for tensors under min_8bit_size elements
@@ -452,14 +453,17 @@ class Step:
         self.model, self.layers, self.opt, self.params = model, layers, opt, params
         self.ids, self.labels, self.autocast, self.trainable = ids, labels, autocast, trainable
 
-    def warm_up_optimizer(self) -> None:
-        """Create optimizer states (and DTensor sharding caches) with one step on zero grads."""
+    def warm_up_optimizer(self, keep_grads: bool = False) -> None:
+        """Create optimizer states (and DTensor sharding caches) with one step on zero grads.
+        keep_grads: leave the gradients allocated, as in gradient accumulation, where the
+        measured micro-batch runs with the previous micro-batches' gradients alive."""
         import torch
 
         for p in self.params:
             p.grad = torch.zeros_like(p)
         self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        if not keep_grads:
+            self.opt.zero_grad(set_to_none=True)
 
     def run(self, report: Progress | None = None) -> None:
         """forward, backward, optimizer step, zero_grad(set_to_none): one steady-state step."""
@@ -544,6 +548,10 @@ def _tracker_classes():
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
+    import torch
+
+    _TO_COPY = torch.ops.aten._to_copy.default
+
     def update_peak_stats(self, peak_state) -> None:
         for dev, dev_snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
@@ -556,6 +564,7 @@ def _tracker_classes():
         upcast, log-softmax, their gradients) are "cross_entropy" - the analytic model's terms."""
 
         head = None  # the output-embedding module
+        _param_cast = False
         body = None  # the decoder stack module (embeddings, layers, final norm)
 
         def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
@@ -566,8 +575,18 @@ def _tracker_classes():
                     snap.setdefault(key, 0)
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
 
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # torch.autocast's low-precision copy of a weight (cached for the forward, saved by
+            # autograd until the weight's backward): the analytic autocast_weight_cache term.
+            self._param_cast = (
+                func is _TO_COPY and bool(args) and isinstance(args[0], torch.nn.Parameter)
+            )
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
         def _track(self, reftype, t):
-            if getattr(reftype, "value", None) in ("Activation", "Temp") and self.head is not None:
+            if self._param_cast and getattr(reftype, "value", None) == "Activation":
+                reftype = "autocast_weight_cache"
+            elif getattr(reftype, "value", None) in ("Activation", "Temp") and self.head is not None:
                 known = self._mod_tracker._known_modules
                 parents = self._mod_tracker.parents
                 if known.get(self.head) in parents:
@@ -657,6 +676,10 @@ def estimate_precise(
     ]
     if setup.compile:
         assumptions.append("torch.compile is not simulated: eager memory (usually an overestimate)")
+    if int(getattr(setup, "grad_accumulation_steps", 1) or 1) > 1:
+        assumptions.append("gradient accumulation: gradients stay allocated through the forward")
+    if getattr(setup, "activation_offloading", False):
+        assumptions.append("activation offloading is not simulated: activations stay on the GPU (overestimate)")
     if setup.chunked_cross_entropy:
         assumptions.append("chunked cross-entropy is not simulated: full logits (overestimate)")
 
@@ -673,7 +696,8 @@ def estimate_precise(
         with FakeTensorMode(), _cuda_allocator_rounding():
             step = build_step(arch, setup, assumptions, mesh=mesh)
             report("optimizer warm-up", 0.1)
-            step.warm_up_optimizer()
+            grad_accum = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
+            step.warm_up_optimizer(keep_grads=grad_accum > 1)
             plain_tracker, fsdp_tracker = _tracker_classes()
             if use_fsdp:
                 tracker = fsdp_tracker(step.model, step.opt)
