@@ -180,7 +180,7 @@ def test_rendered_bundles_pass_ansible_lint_production(workdir):
         if cloud == "onprem":
             targets.append(f"{cloud}/inventory.yml")
         assert bundle.is_dir()
-    proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--nocolor", *targets], cwd=workdir,
+    proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--offline", "--nocolor", *targets], cwd=workdir,
                           capture_output=True, text=True, timeout=900, env=ansible_env(workdir / ".scratch"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

@@ -73,7 +73,7 @@ def test_role_layout(role):
 @pytest.mark.slow
 def test_repo_roles_pass_ansible_lint_production():
     with private_dir("lint") as scratch:
-        proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--nocolor", "roles/"],
+        proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--offline", "--nocolor", "roles/"],
                               cwd=REPO / "ansible", capture_output=True, text=True, timeout=900,
                               env=ansible_env(scratch))
     out = proc.stdout + proc.stderr
