@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from typing import Any, Callable
 
 from gpuprov.errors import GpuprovError
@@ -693,7 +694,9 @@ def estimate_precise(
         mesh = init_device_mesh("cpu", (world,)) if use_fsdp else None  # outside fake mode
         t_start = time.monotonic()
         report("building model", 0.02)
-        with FakeTensorMode(), _cuda_allocator_rounding():
+        with FakeTensorMode(), _cuda_allocator_rounding(), warnings.catch_warnings():
+            # transformers deprecation chatter from checkpoint wrappers is not the user's concern
+            warnings.simplefilter("ignore", FutureWarning)
             step = build_step(arch, setup, assumptions, mesh=mesh)
             report("optimizer warm-up", 0.1)
             grad_accum = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
