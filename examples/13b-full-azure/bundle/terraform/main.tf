@@ -1,0 +1,93 @@
+# GPU nodes for the gpuprov plan: one Linux VM scale set. single_placement_group = true puts every
+# VM on one InfiniBand fabric partition (at most 100 VMs); the proximity placement group keeps the
+# front-end network close too. The Ubuntu HPC image ships the InfiniBand stack and NCCL topology files.
+
+provider "azurerm" {
+  features {}
+}
+
+################################################################################
+# Resource group
+################################################################################
+
+resource "azurerm_resource_group" "this" {
+  name     = var.resource_group_name
+  location = var.location
+  tags     = var.tags
+}
+
+resource "azurerm_proximity_placement_group" "this" {
+  name                = "${var.name_prefix}-ppg"
+  location            = azurerm_resource_group.this.location
+  resource_group_name = azurerm_resource_group.this.name
+  allowed_vm_sizes    = [var.vm_size]
+  tags                = var.tags
+}
+
+################################################################################
+# Nodes
+################################################################################
+
+resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
+  name                 = "${var.name_prefix}-vmss"
+  location             = azurerm_resource_group.this.location
+  resource_group_name  = azurerm_resource_group.this.name
+  sku                  = var.vm_size
+  instances            = var.node_count
+  computer_name_prefix = "${var.name_prefix}-"
+
+  # One scale set, one placement group: every VM shares one InfiniBand partition.
+  single_placement_group       = true
+  proximity_placement_group_id = azurerm_proximity_placement_group.this.id
+  platform_fault_domain_count  = 1
+  overprovision                = false
+  upgrade_mode                 = "Manual"
+
+  admin_username                  = var.admin_username
+  disable_password_authentication = true
+  encryption_at_host_enabled      = var.encryption_at_host
+  provision_vm_agent              = true
+  extension_operations_enabled    = true
+
+  admin_ssh_key {
+    username   = var.admin_username
+    public_key = var.ssh_public_key
+  }
+
+  source_image_reference {
+    publisher = var.image.publisher
+    offer     = var.image.offer
+    sku       = var.image.sku
+    version   = var.image.version
+  }
+
+  os_disk {
+    caching              = "ReadWrite"
+    storage_account_type = "Premium_LRS"
+    disk_size_gb         = var.os_disk_size_gb
+  }
+
+  network_interface {
+    name                          = "${var.name_prefix}-nic"
+    primary                       = true
+    enable_accelerated_networking = true
+
+    ip_configuration {
+      name      = "internal"
+      primary   = true
+      subnet_id = azurerm_subnet.nodes.id
+    }
+  }
+
+  boot_diagnostics {}
+
+  tags = var.tags
+
+  depends_on = [azurerm_subnet_nat_gateway_association.nodes]
+}
+
+# The scale set's instance list (names and private IPs) for the outputs.
+data "azurerm_virtual_machine_scale_set" "nodes" {
+  name                = azurerm_linux_virtual_machine_scale_set.nodes.name
+  resource_group_name = azurerm_resource_group.this.name
+}

@@ -1,0 +1,32 @@
+output "node_names" {
+  description = "Host names of the scale set's VMs"
+  value       = data.azurerm_virtual_machine_scale_set.nodes.instances[*].computer_name
+}
+
+output "private_ips" {
+  description = "Private IPv4 address of each VM"
+  value       = data.azurerm_virtual_machine_scale_set.nodes.instances[*].private_ip_address
+}
+
+output "instance_ids" {
+  description = "Scale set instance ids"
+  value       = data.azurerm_virtual_machine_scale_set.nodes.instances[*].instance_id
+}
+
+output "scale_set_id" {
+  description = "The VM scale set (one InfiniBand partition)"
+  value       = azurerm_linux_virtual_machine_scale_set.nodes.id
+}
+
+output "ansible_inventory" {
+  description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
+  value = {
+    all = {
+      children = {
+        gpu_nodes = {
+          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = vm.private_ip_address } }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,65 @@
+################################################################################
+# Fabric: cluster placement group and the EFA security group
+################################################################################
+
+# All nodes in one placement group: EFA's low-latency path stays inside one network spine.
+resource "aws_placement_group" "cluster" {
+  name     = "${var.name_prefix}-cluster"
+  strategy = "cluster"
+}
+
+resource "aws_security_group" "efa" {
+  name_prefix = "${var.name_prefix}-efa-"
+  description = "gpuprov GPU nodes: EFA needs all traffic to and from the group itself"
+  vpc_id      = data.aws_subnet.nodes.vpc_id
+
+  lifecycle {
+    create_before_destroy = true
+  }
+}
+
+# EFA fails ("Unresponsive receiver") unless the group allows all traffic both ways within itself.
+resource "aws_vpc_security_group_ingress_rule" "efa_self" {
+  security_group_id            = aws_security_group.efa.id
+  referenced_security_group_id = aws_security_group.efa.id
+  ip_protocol                  = "-1"
+  description                  = "EFA and NCCL: all traffic from the other nodes"
+}
+
+resource "aws_vpc_security_group_egress_rule" "efa_self" {
+  security_group_id            = aws_security_group.efa.id
+  referenced_security_group_id = aws_security_group.efa.id
+  ip_protocol                  = "-1"
+  description                  = "EFA and NCCL: all traffic to the other nodes"
+}
+
+# Package mirrors, the EFA installer, container registries and SSM endpoints (through the VPC's NAT).
+resource "aws_vpc_security_group_egress_rule" "https" {
+  security_group_id = aws_security_group.efa.id
+  cidr_ipv4         = "0.0.0.0/0"
+  ip_protocol       = "tcp"
+  from_port         = 443
+  to_port           = 443
+  description       = "HTTPS out: packages, registries, SSM"
+}
+
+resource "aws_vpc_security_group_egress_rule" "http" {
+  security_group_id = aws_security_group.efa.id
+  cidr_ipv4         = "0.0.0.0/0"
+  ip_protocol       = "tcp"
+  from_port         = 80
+  to_port           = 80
+  description       = "HTTP out: Ubuntu apt mirrors"
+}
+
+# SSH only from the CIDR the user names; without one, reach the nodes through SSM.
+resource "aws_vpc_security_group_ingress_rule" "ssh" {
+  count = var.ssh_cidr == null ? 0 : 1
+
+  security_group_id = aws_security_group.efa.id
+  cidr_ipv4         = var.ssh_cidr
+  ip_protocol       = "tcp"
+  from_port         = 22
+  to_port           = 22
+  description       = "SSH from the operator's network"
+}

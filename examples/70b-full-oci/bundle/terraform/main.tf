@@ -1,0 +1,74 @@
+# GPU nodes for the gpuprov plan: bare-metal GPU shapes in an OCI cluster network (network.tf),
+# launched from one instance configuration with the HPC RDMA agent plugins enabled.
+
+provider "oci" {
+  region = var.region
+}
+
+locals {
+  # Oracle Cloud Agent plugins that authenticate and configure the RDMA NICs of a cluster network,
+  # plus the GPU/RDMA health monitor.
+  rdma_plugins = [
+    "Compute HPC RDMA Authentication",
+    "Compute HPC RDMA Auto-Configuration",
+    "Compute RDMA GPU Monitoring",
+  ]
+}
+
+################################################################################
+# Instance configuration
+################################################################################
+
+resource "oci_core_instance_configuration" "node" {
+  compartment_id = var.compartment_ocid
+  display_name   = "${var.name_prefix}-node"
+  freeform_tags  = var.freeform_tags
+
+  instance_details {
+    instance_type = "compute"
+
+    launch_details {
+      availability_domain                 = var.availability_domain
+      compartment_id                      = var.compartment_ocid
+      shape                               = var.shape
+      display_name                        = "${var.name_prefix}-node"
+      is_pv_encryption_in_transit_enabled = true
+      freeform_tags                       = var.freeform_tags
+
+      metadata = {
+        ssh_authorized_keys = var.ssh_public_key
+      }
+
+      # Nodes stay private; the subnet's NAT gateway serves package downloads.
+      create_vnic_details {
+        subnet_id        = var.subnet_id
+        assign_public_ip = false
+      }
+
+      source_details {
+        source_type             = "image"
+        image_id                = var.image_id
+        boot_volume_size_in_gbs = var.boot_volume_size_gb
+      }
+
+      # IMDSv2 only.
+      instance_options {
+        are_legacy_imds_endpoints_disabled = true
+      }
+
+      agent_config {
+        are_all_plugins_disabled = false
+        is_management_disabled   = false
+        is_monitoring_disabled   = false
+
+        dynamic "plugins_config" {
+          for_each = local.rdma_plugins
+          content {
+            name          = plugins_config.value
+            desired_state = "ENABLED"
+          }
+        }
+      }
+    }
+  }
+}

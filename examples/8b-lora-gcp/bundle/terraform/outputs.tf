@@ -1,0 +1,32 @@
+output "node_names" {
+  description = "VM names, in node order"
+  value       = google_compute_instance.node[*].name
+}
+
+output "private_ips" {
+  description = "Primary (nic0) internal IPv4 address of each node"
+  value       = google_compute_instance.node[*].network_interface[0].network_ip
+}
+
+output "instance_ids" {
+  description = "Compute Engine instance ids, in node order"
+  value       = google_compute_instance.node[*].instance_id
+}
+
+output "placement_policy" {
+  description = "Compact placement policy (null when not used)"
+  value       = one(google_compute_resource_policy.placement[*].id)
+}
+
+output "ansible_inventory" {
+  description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
+  value = {
+    all = {
+      children = {
+        gpu_nodes = {
+          hosts = { for vm in google_compute_instance.node : vm.name => { ansible_host = vm.network_interface[0].network_ip } }
+        }
+      }
+    }
+  }
+}
