@@ -190,3 +190,13 @@ def test_missing_torch_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
     with pytest.raises(GpuprovError, match=r"pip install gpuprov\[precise\]"):
         precise.estimate_precise(tiny(), setup())
+
+
+def test_hsdp_shards_like_fsdp_over_its_group_and_offload_moves_states_off_gpu():
+    arch = tiny()
+    hsdp = precise.estimate_precise(arch, setup(sharding="hsdp", gpus=16, shard_group=4))
+    fsdp4 = precise.estimate_precise(arch, setup(sharding="fsdp", gpus=4))
+    assert tensor_bytes(hsdp) == tensor_bytes(fsdp4)
+    assert hsdp.model_states_bytes == 4 * fsdp4.model_states_bytes  # 4 replicas of the shards
+    off = precise.estimate_precise(arch, setup(sharding="fsdp", gpus=4, offload="optimizer"))
+    assert "optimizer_states" not in off.breakdown and off.per_gpu_bytes < fsdp4.per_gpu_bytes
