@@ -47,6 +47,7 @@ def test_glue_carries_the_plan(cloud):
     assert gv["nvidia_driver_branch"] == plan.software.driver_branch
     assert gv["nvidia_driver_open_kernel_modules"] is plan.software.open_kernel_modules
     assert gv["nvidia_driver_fabric_manager"] is plan.software.fabric_manager
+    assert gv["nvidia_driver_gpu_architecture"] == plan.gpu.architecture
     assert gv["gpu_preflight_supported_os"] == plan.software.os
     assert gv["nccl_version"] == plan.software.nccl_version and gv["nccl_cuda_version"] == plan.software.cuda_version
     assert gv["nccl_env"] == plan.fabric.nccl_env
