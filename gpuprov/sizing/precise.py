@@ -55,10 +55,14 @@ _BNB8_MIN_SIZE = 4096
 
 _ATTN_IMPL = "gpuprov_fa2"  # no "flash" in the name: HF would look for a hub kernel
 
-# Seconds per decoder-layer forward+backward under fake tensors and a fixed start-up cost,
-# measured on one shared CPU core (see the report in benchmarks/precise_grid.py).
-_SECONDS_BASE = 6.0
-_SECONDS_PER_LAYER = 0.9
+# Wall time of a simulation: fake tensors cost per op, not per byte, so time ~ decoder layers.
+# Measured on a shared 2-core machine (benchmarks/precise_grid.py prints each run's seconds):
+# Llama-2-7B FSDP 8 GPUs seq 4096 took 23 s (full AC) to 59 s (selective AC, incl. imports),
+# Llama-3.2-1B 5-17 s; first use in a process also pays ~10 s to import transformers and peft.
+_SECONDS_BASE = 5.0
+_SECONDS_IMPORT = 10.0
+_SECONDS_PER_LAYER = 0.6
+_SECONDS_FACTORS = {"selective": 1.5, "lora": 1.8, "qlora": 1.8, "sharded": 1.2}
 
 
 def _require_torch() -> None:
@@ -71,16 +75,19 @@ def _require_torch() -> None:
 
 
 def estimate_seconds(arch: Any, setup: TrainSetup) -> float:
-    """Up-front guess of the simulation's wall time (fake tensors cost per op, not per byte)."""
+    """Up-front guess of estimate_precise's wall time in seconds (about +-50% on a busy CPU)."""
+    import sys
+
     layers = int(getattr(arch, "num_layers", 0) or arch.hf_config.get("num_hidden_layers", 32))
-    factor = 1.0
-    if setup.activation_checkpointing != "none":
-        factor += 0.35  # recomputation replays each layer's forward in backward
+    per_layer = _SECONDS_PER_LAYER
+    if setup.activation_checkpointing == "selective":
+        per_layer *= _SECONDS_FACTORS["selective"]  # the SAC policy runs in Python per op
+    if setup.task in ("lora", "qlora"):
+        per_layer *= _SECONDS_FACTORS[setup.task]  # peft adds three modules per projection
     if _shard_world(setup) > 1:
-        factor += 0.4  # FSDP2 hooks and DTensor bookkeeping
-    if setup.task != "full":
-        factor += 0.3  # peft wrappers add modules per projection
-    return _SECONDS_BASE + _SECONDS_PER_LAYER * layers * factor
+        per_layer *= _SECONDS_FACTORS["sharded"]  # FSDP2 hooks and DTensor bookkeeping
+    imports = 0.0 if "transformers" in sys.modules and "peft" in sys.modules else _SECONDS_IMPORT
+    return _SECONDS_BASE + imports + per_layer * layers
 
 
 def _shard_world(setup: TrainSetup) -> int:
