@@ -99,3 +99,18 @@ def test_software_stack_is_consistent(arch):
         assert int(sw.driver_branch) >= 570
     assert sw.source
     assert get_software(arch, "ethernet", nvswitch=False).fabric_manager is False
+
+
+def test_every_catalog_instance_has_its_fabric():
+    """Each instance type the planner can pick resolves to a fabric entry of the same name."""
+    instances = pytest.importorskip("gpuprov.catalog.instances")
+    for inst in instances.list_instances():
+        fabric = get_fabric(inst.fabric, inst.cloud, inst.name)
+        assert fabric.name == inst.fabric, inst.name
+        assert get_fabric("none", inst.cloud, inst.name).name == "none"
+
+
+def test_onprem_fabric_follows_the_host_template():
+    assert get_fabric("roce", "onprem", "l40s-4x").subnet_manager == "none"
+    assert get_fabric("ethernet", "onprem", "rtx4090-8x").nccl_env == {}
+    assert get_fabric("infiniband", "onprem", "anything").subnet_manager == "opensm"

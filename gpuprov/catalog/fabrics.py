@@ -24,12 +24,16 @@ def _cloud_table(cloud: str) -> dict[str, Any]:
     return data[cloud]
 
 
-def fabric_entry(cloud: str, instance_type: str) -> dict[str, Any]:
-    """The raw catalog entry for (cloud, instance type): exact instance first, then the cloud default."""
+def fabric_entry(cloud: str, instance_type: str, name: str | None = None) -> dict[str, Any]:
+    """The raw catalog entry: the exact instance type first, then the cloud's entry for fabric
+    `name` (on-prem: the host template names its fabric), then the cloud default."""
     table = _cloud_table(cloud)
     instances = table.get("instances") or {}
     if instance_type in instances:
         return instances[instance_type]
+    by_fabric = table.get("fabrics") or {}
+    if name in by_fabric:
+        return by_fabric[name]
     if "default" in table:
         return table["default"]
     raise GpuprovError(
@@ -63,7 +67,7 @@ def get_fabric(name: str, cloud: str, instance_type: str) -> FabricInfo:
     if name == "none":
         _cloud_table(cloud)  # still reject an unknown cloud
         return _to_fabric_info(load_data("fabrics.yaml")["single_node"])
-    entry = fabric_entry(cloud, instance_type)
+    entry = fabric_entry(cloud, instance_type, name)
     if entry["fabric"] != name:
         raise GpuprovError(
             f"{cloud} {instance_type} has fabric {entry['fabric']!r} in the catalog, not {name!r}"
