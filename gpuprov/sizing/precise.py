@@ -7,6 +7,24 @@ and optimizer step runs under PyTorch's `MemTracker` / `FSDPMemTracker`. Their p
 the tensor memory of one GPU; the non-tensor terms (CUDA context, allocator, NCCL) come from the
 same constants catalog the analytic model reads.
 
+Where the CPU build differs from a CUDA run, and what is done about it:
+- no fake CUDA device: tensors are fake *CPU* tensors; MemTracker rounds only CUDA tensors to the
+  caching allocator's 512 B blocks, so that rounding is applied here explicitly;
+- attention: HF's SDPA on CPU may fall back to the math path (s^2 scores) or eager attention, and
+  the CPU flash kernel writes its output (b, h, s, d) so HF copies it; a registered attention
+  function forces the CPU flash kernel and re-lays its output out as CUDA FlashAttention-2 does
+  (see `_register_attention`), so activations are linear in sequence length as on the GPU;
+- autocast: CPU autocast's op lists differ slightly from CUDA's (both run matmuls and SDPA in bf16,
+  norms and the loss in fp32), which matters only without FSDP (FSDP2 casts by policy);
+- kernels' scratch (cuBLAS workspaces, FA2 split buffers) and NCCL/CUDA context are not tensors:
+  the non-tensor terms come from memory_constants.yaml like the analytic model's.
+Not simulated (said in the assumptions): torch.compile fusion, chunked cross-entropy, activation
+offloading, MoE routing (data-dependent shapes); ZeRO-1/2 are run unsharded and their partitioning
+applied to the optimizer states (and gradients) afterwards.
+
+The simulation is checked against a real CPU run of the same step (tests/test_precise.py): the
+profiler's allocator events agree with the simulated peak to within 0.1% on tiny models.
+
 torch, transformers and peft are imported inside functions: `gpuprov plan` never pays for them.
 """
 
@@ -694,7 +712,9 @@ def estimate_precise(
     created_pg = False
     if use_fsdp:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            raise GpuprovError(
+                "precise mode needs its own fake process group: run it outside a distributed job"
+            )
         dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
         created_pg = True
     try:
