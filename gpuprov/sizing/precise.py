@@ -83,13 +83,23 @@ _SECONDS_PER_LAYER = 0.6
 _SECONDS_FACTORS = {"selective": 1.5, "lora": 1.8, "qlora": 1.8, "sharded": 1.2}
 
 
-def _require_torch() -> None:
+def _require_torch(setup: TrainSetup) -> None:
     try:
-        import peft  # noqa: F401
         import torch  # noqa: F401
         import transformers  # noqa: F401
+
+        if setup.task in ("lora", "qlora"):
+            import peft  # noqa: F401
     except ImportError as exc:
         raise GpuprovError(INSTALL_HINT) from exc
+    try:
+        from transformers import AttentionInterface  # noqa: F401
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
+    except ImportError as exc:
+        raise GpuprovError(
+            f"precise mode needs transformers >= 4.56 (found {transformers.__version__}): "
+            "pip install -U 'gpuprov[precise]'"
+        ) from exc
 
 
 def estimate_seconds(arch: Any, setup: TrainSetup) -> float:
@@ -671,8 +681,8 @@ def estimate_precise(
     progress: Progress | None = None,
 ) -> MemoryEstimate:
     """Peak memory of one GPU from a simulated training step (see the module docstring)."""
-    _require_torch()
     _validate(arch, setup)
+    _require_torch(setup)
     report: Progress = progress or (lambda stage, fraction: None)
     report("loading torch", 0.0)
 
