@@ -160,7 +160,11 @@ def array_state(guest: Guest) -> dict:
 
 def assert_built(guest: Guest, fs_uuid: str | None = None) -> dict:
     state = array_state(guest)
+    assert "MD_LEVEL" in state, (f"/dev/md/{NAME} missing: "
+                                 + guest.ssh("ls -l /dev/md/; cat /proc/mdstat", check=False).stdout)
     assert state["MD_LEVEL"] == "raid0", state["detail"]
+    # host-independent superblock name: assembled as /dev/md/<name> anywhere
+    assert state["MD_NAME"] in (NAME, f"any:{NAME}"), state["MD_NAME"]
     assert state["MD_DEVICES"] == str(DRIVES), state["detail"]
     members = {v for k, v in state.items() if k.startswith("MD_DEVICE_") and k.endswith("_DEV")}
     assert len(members) == DRIVES, state["detail"]

@@ -45,7 +45,7 @@ def free_port() -> int:
 
 class Guest:
     def __init__(self, workdir: Path, drives: int = 4, drive_bytes: int = 2**30, memory_mb: int = 2048,
-                 smp: int = 2):
+                 smp: int = 1):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.drives = drives
