@@ -77,6 +77,7 @@ def measured_real_peak(arch, s: TrainSetup) -> int:
         dict(task="lora", activation_checkpointing="selective"),
         dict(task="qlora"),
         dict(optimizer="adamw-8bit", seq_len=256),
+        dict(chunked_cross_entropy=True, seq_len=1024),
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
@@ -116,6 +117,14 @@ def test_loss_buffers_are_split_out_as_three_fp32_logit_tensors():
     est = precise.estimate_precise(arch, s)
     fp32_logits = s.seq_len * 4000 * 4
     assert abs(est.breakdown["cross_entropy"] - 3 * fp32_logits) < 0.05 * fp32_logits, est.breakdown
+
+
+def test_chunked_cross_entropy_saves_the_transient_upcasts():
+    arch, s = tiny(vocab=4000), setup(seq_len=2048)
+    plain = precise.estimate_precise(arch, s)
+    chunked = precise.estimate_precise(arch, replace(s, chunked_cross_entropy=True))
+    fp32_logits = s.seq_len * 4000 * 4
+    assert chunked.breakdown["cross_entropy"] < plain.breakdown["cross_entropy"] - fp32_logits
 
 
 def test_peak_shrinks_with_more_fsdp_gpus():

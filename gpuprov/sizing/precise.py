@@ -514,6 +514,23 @@ class Step:
         self.opt.zero_grad(set_to_none=True)
 
 
+def _chunked_cross_entropy(logits, labels, vocab_size=None, num_items_in_batch=None,
+                           ignore_index: int = -100, **kwargs):
+    """torchtune's CEWithChunkedOutputLoss in HF's loss_function signature: the fp32 upcast
+    happens per sequence chunk (one chunk's upcast alive at a time); the log-softmax of every
+    chunk is still saved for backward."""
+    import torch.nn.functional as F
+
+    chunks = int(_constants()["cross_entropy"]["chunks"])
+    labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # next-token targets, as HF shifts
+    total = None
+    for lc, yc in zip(logits.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
+        part = F.cross_entropy(lc.float().flatten(0, 1), yc.flatten(), ignore_index=ignore_index,
+                               reduction="sum")
+        total = part if total is None else total + part
+    return total / labels.numel()  # mean over tokens (no padding in the simulated batch)
+
+
 def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Step:
     """Build the configured model and optimizer in the current tensor mode.
 
@@ -539,6 +556,8 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         if setup.task in ("lora", "qlora"):
             model = _add_lora(model, setup, dtype_frozen, dtype_store, notes)
     _materialize(model)
+    if setup.chunked_cross_entropy:
+        getattr(model, "get_base_model", lambda: model)().loss_function = _chunked_cross_entropy
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     layers = _decoder_layers(model)
     _apply_ac(layers, setup.activation_checkpointing)
@@ -717,7 +736,10 @@ def estimate_precise(
     if getattr(setup, "activation_offloading", False):
         assumptions.append("activation offloading is not simulated: activations stay on the GPU (overestimate)")
     if setup.chunked_cross_entropy:
-        assumptions.append("chunked cross-entropy is not simulated: full logits (overestimate)")
+        assumptions.append(
+            "chunked cross-entropy as torchtune's CEWithChunkedOutputLoss: bf16 logits of the whole "
+            "sequence, fp32 upcast per chunk (chunks from memory_constants.yaml)"
+        )
 
     created_pg = False
     if use_fsdp:
