@@ -485,9 +485,11 @@ def _global_bytes(t) -> int:
 class Step:
     """A training step ready to run: model, optimizer, batch (fake or real tensors)."""
 
-    def __init__(self, model, layers, opt, params, ids, labels, autocast, trainable: int):
+    def __init__(self, model, layers, opt, params, ids, labels, autocast, trainable: int,
+                 offload_activations: bool = False):
         self.model, self.layers, self.opt, self.params = model, layers, opt, params
         self.ids, self.labels, self.autocast, self.trainable = ids, labels, autocast, trainable
+        self.offload_activations = offload_activations
 
     def warm_up_optimizer(self, keep_grads: bool = False) -> None:
         """Create optimizer states (and DTensor sharding caches) with one step on zero grads.
@@ -504,7 +506,8 @@ class Step:
     def run(self, report: Progress | None = None) -> None:
         """forward, backward, optimizer step, zero_grad(set_to_none): one steady-state step."""
         report = report or (lambda stage, fraction: None)
-        with self.autocast:
+        offload = _offload_saved_activations() if self.offload_activations else contextlib.nullcontext()
+        with self.autocast, offload:
             loss = self.model(input_ids=self.ids, labels=self.labels).loss
         report("backward", 0.5)
         loss.backward()
@@ -514,21 +517,75 @@ class Step:
         self.opt.zero_grad(set_to_none=True)
 
 
-def _chunked_cross_entropy(logits, labels, vocab_size=None, num_items_in_batch=None,
-                           ignore_index: int = -100, **kwargs):
-    """torchtune's CEWithChunkedOutputLoss in HF's loss_function signature: the fp32 upcast
-    happens per sequence chunk (one chunk's upcast alive at a time); the log-softmax of every
-    chunk is still saved for backward."""
-    import torch.nn.functional as F
+def _fused_cross_entropy_class():
+    import torch
 
-    chunks = int(_constants()["cross_entropy"]["chunks"])
-    labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]  # next-token targets, as HF shifts
-    total = None
-    for lc, yc in zip(logits.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
-        part = F.cross_entropy(lc.float().flatten(0, 1), yc.flatten(), ignore_index=ignore_index,
-                               reduction="sum")
-        total = part if total is None else total + part
-    return total / labels.numel()  # mean over tokens (no padding in the simulated batch)
+    class FusedChunkCE(torch.autograd.Function):
+        """What a compiled (fused) cross-entropy keeps: the low-precision logits and one fp32
+        log-sum-exp per token; the fp32 softmax is rebuilt in backward one chunk at a time."""
+
+        @staticmethod
+        def forward(ctx, logits, labels):  # logits (b, c, V), labels (b, c)
+            lse = torch.logsumexp(logits.float(), dim=-1)  # the fp32 chunk lives only here
+            picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
+            ctx.save_for_backward(logits, labels, lse)
+            return (lse - picked).sum()
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            logits, labels, lse = ctx.saved_tensors
+            # one fp32 chunk-sized buffer, updated in place as a fused kernel would
+            grad = logits.float()
+            grad.sub_(lse.unsqueeze(-1)).exp_()
+            grad.scatter_add_(-1, labels.unsqueeze(-1), -torch.ones_like(lse).unsqueeze(-1))
+            grad.mul_(grad_out)
+            return grad.to(logits.dtype), None
+
+    return FusedChunkCE
+
+
+def _cross_entropy_loss(chunks: int, fused: bool):
+    """An HF loss_function: eager chunked CE (torchtune CEWithChunkedOutputLoss: fp32 upcast per
+    chunk, every chunk's log-softmax saved) or, for torch.compile, a fused CE per chunk."""
+
+    def loss_function(logits, labels, vocab_size=None, num_items_in_batch=None,
+                      ignore_index: int = -100, **kwargs):
+        import torch.nn.functional as F
+
+        # next-token targets as HF shifts them; the padded last position is clamped to a valid
+        # id (memory is the same, and the fused path indexes with it)
+        labels = F.pad(labels, (0, 1), value=0)[..., 1:]
+        total = None
+        fused_ce = _fused_cross_entropy_class() if fused else None
+        for lc, yc in zip(logits.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
+            if fused_ce is not None:
+                part = fused_ce.apply(lc, yc)
+            else:
+                part = F.cross_entropy(lc.float().flatten(0, 1), yc.flatten(), reduction="sum")
+            total = part if total is None else total + part
+        return total / labels.numel()
+
+    return loss_function
+
+
+def _offload_saved_activations():
+    """torchtune-style activation offloading: saved activations leave the GPU after the forward
+    uses them and come back for their backward. Simulated by keeping only the shape: the tensor
+    is freed at pack time and re-allocated at unpack (the host-to-device copy's destination)."""
+    import torch
+
+    def pack(t):
+        if isinstance(t, torch.nn.Parameter) or t.numel() < 2**12:
+            return t  # weights and small tensors stay (torchtune skips them too)
+        return (t.shape, t.dtype, t.device)
+
+    def unpack(packed):
+        if isinstance(packed, tuple):
+            shape, dtype, device = packed
+            return torch.empty(shape, dtype=dtype, device=device)
+        return packed
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Step:
@@ -556,8 +613,11 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         if setup.task in ("lora", "qlora"):
             model = _add_lora(model, setup, dtype_frozen, dtype_store, notes)
     _materialize(model)
-    if setup.chunked_cross_entropy:
-        getattr(model, "get_base_model", lambda: model)().loss_function = _chunked_cross_entropy
+    if setup.chunked_cross_entropy or setup.compile:
+        chunks = int(_constants()["cross_entropy"]["chunks"]) if setup.chunked_cross_entropy else 1
+        getattr(model, "get_base_model", lambda: model)().loss_function = _cross_entropy_loss(
+            chunks, fused=setup.compile
+        )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     layers = _decoder_layers(model)
     _apply_ac(layers, setup.activation_checkpointing)
@@ -589,7 +649,8 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         if setup.precision == "bf16-mixed" and mesh is None
         else contextlib.nullcontext()
     )
-    return Step(model, layers, opt, params, ids, labels, amp, trainable)
+    return Step(model, layers, opt, params, ids, labels, amp, trainable,
+                offload_activations=bool(getattr(setup, "activation_offloading", False)))
 
 
 def _tracker_classes():
@@ -730,11 +791,18 @@ def estimate_precise(
         "non-tensor terms from memory_constants.yaml",
     ]
     if setup.compile:
-        assumptions.append("torch.compile is not simulated: eager memory (usually an overestimate)")
+        assumptions.append(
+            "torch.compile: only the loss is modelled as compiled (fused cross-entropy keeping "
+            "bf16 logits + fp32 log-sum-exp); the blocks run eager (overestimate of fused "
+            "intermediates)"
+        )
     if int(getattr(setup, "grad_accumulation_steps", 1) or 1) > 1:
         assumptions.append("gradient accumulation: gradients stay allocated through the forward")
     if getattr(setup, "activation_offloading", False):
-        assumptions.append("activation offloading is not simulated: activations stay on the GPU (overestimate)")
+        assumptions.append(
+            "activation offloading (torchtune-style saved-tensor hooks): saved activations leave "
+            "the GPU after use and return for backward; prefetch buffers in flight not counted"
+        )
     if setup.chunked_cross_entropy:
         assumptions.append(
             "chunked cross-entropy as torchtune's CEWithChunkedOutputLoss: bf16 logits of the whole "
