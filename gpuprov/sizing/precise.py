@@ -863,6 +863,17 @@ def estimate_precise(
     breakdown = _apply_sharding_outside_fsdp(breakdown, setup, grad_local, assumptions)
     breakdown = _apply_offload(breakdown, setup, assumptions)
     breakdown.update(_overhead_terms(setup, sum(breakdown.values()), assumptions))
+    if use_fsdp and setup.offload == "none":
+        # FSDP2 allocates the sharded gradients (reduce-scatter outputs) on its reduce-scatter
+        # stream; zero_grad frees them into that stream's cache, which the compute stream's
+        # activations cannot reuse, so the blocks stay reserved through the next forward.
+        held = max(0, grad_local - breakdown.get("gradients", 0))
+        if held:
+            breakdown["allocator_fragmentation"] = breakdown.get("allocator_fragmentation", 0) + held
+            assumptions.append(
+                f"allocator: {held / 2**30:.2f} GiB of freed sharded gradients stay cached on "
+                "FSDP's reduce-scatter stream (reserved, not reusable by activations)"
+            )
     breakdown = {k: int(v) for k, v in breakdown.items() if v}
     replicas = max(1, setup.gpus // world)
     if setup.sharding == "zero1":
