@@ -64,7 +64,8 @@ def test_syntax_check_and_templates_render_to_valid_files():
                      "nvme_raid_fs_uuid": "0f0f0f0f-1111-2222-3333-444455556666",
                      "nvme_raid_members": ["/dev/disk/by-id/nvme-A_1", "/dev/disk/by-id/nvme-A_2"],
                      "nvme_raid_boot_sources": ["/dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_*"],
-                     "nvme_raid_mount_unit": "scratch.mount", "nvme_raid_mount_options": "defaults,nofail"}
+                     "nvme_raid_mount_unit": "scratch.mount", "nvme_raid_mount_options": "defaults,nofail",
+                     "nvme_raid_mount_mode": "1777"}
         tasks = [{"name": f"Render {src}", "ansible.builtin.template": {
             "src": str(ROLE / "templates" / src), "dest": str(out / src[:-3]), "mode": "0644"}}
             for src in ("nvme-raid-rebuild.sh.j2", "nvme-raid-rebuild.service.j2", "nvme-raid.mount.j2")]
