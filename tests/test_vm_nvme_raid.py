@@ -109,10 +109,13 @@ def vm(request):
         TIMINGS["module total"] = time.monotonic() - began
         lines = [f"nvme_raid VM test timings ({note}):"] + [
             f"  {step:<34} {seconds:7.1f} s" for step, seconds in TIMINGS.items()]
-        if reporter:
-            reporter.write_line("")
-            for line in lines:
-                reporter.write_line(line)
+        (work.parent / "gpuprov-vm-timings.txt").write_text("\n".join(lines) + "\n")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if reporter and capture:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line("")
+                for line in lines:
+                    reporter.write_line(line)
         else:
             print("\n".join(lines))
 
