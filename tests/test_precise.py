@@ -228,3 +228,16 @@ def test_hsdp_shards_like_fsdp_over_its_group_and_offload_moves_states_off_gpu()
     assert hsdp.model_states_bytes == 4 * fsdp4.model_states_bytes  # 4 replicas of the shards
     off = precise.estimate_precise(arch, setup(sharding="fsdp", gpus=4, offload="optimizer"))
     assert "optimizer_states" not in off.breakdown and off.per_gpu_bytes < fsdp4.per_gpu_bytes
+
+
+def test_building_the_model_leaves_the_catalog_config_untouched():
+    """transformers rewrites rope_scaling in place; the catalog's cached copy must not change,
+    or every plan rendered after a precise run differs (bundles drift)."""
+    from gpuprov.catalog.models import get_model
+    import copy as _copy
+
+    arch = get_model("llama-3.1-8b")
+    before = _copy.deepcopy(arch.hf_config)
+    precise._build_config(arch, setup())
+    assert arch.hf_config == before
+    assert get_model("llama-3.1-8b").hf_config == before

@@ -8,6 +8,8 @@ published totals).
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +247,6 @@ def arch_from_hf_config(
         qkv_bias=model_type == "qwen2",
         mlp_bias=bool(cfg.get("mlp_bias", False)) and model_type == "llama",
         max_position_embeddings=cfg.get("max_position_embeddings"),
-        hf_config=dict(cfg),
+        hf_config=copy.deepcopy(dict(cfg)),
         source=source,
     )

@@ -331,9 +331,13 @@ def _adamw8bit_class():
 # --------------------------------------------------------------------------------------------
 
 def _build_config(arch: Any, setup: TrainSetup):
+    import copy
+
     from transformers import AutoConfig
 
-    cfg = dict(arch.hf_config)
+    # Deep copy: transformers rewrites nested dicts such as rope_scaling in place, and
+    # hf_config is the catalog's cached copy that plans and bundles are rendered from.
+    cfg = copy.deepcopy(dict(arch.hf_config))
     model_type = cfg.pop("model_type")
     for key in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
                 "auto_map", "quantization_config"):
