@@ -2,12 +2,15 @@
 
 Each subcommand lives in `gpuprov/commands/<name>.py` and is imported only when it runs, so
 `gpuprov plan` does not pay for what `gpuprov generate` imports (pipelines call it often).
-Known errors (GpuprovError) become one line on stderr and exit 2 (drift: 1), never a traceback.
+Known errors (GpuprovError) become one line on stderr and exit 2 (drift: 1), never a traceback;
+a command's ctx.exit(n) exits n; a closed stdout (`| head`) exits 141 quietly, as `cat` would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 
 import click
@@ -32,7 +35,31 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class _OutputClosed(Exception):
+    """The reader of stdout went away (`gpuprov models | head -1`): stop quietly."""
+
+
+@contextlib.contextmanager
+def _closed_output_is_quiet():
+    """Turn a broken pipe into _OutputClosed before click sees it.
+
+    click answers EPIPE with exit 1, which gpuprov uses for drift; a closed pipe is not drift.
+    """
+    try:
+        yield
+    except BrokenPipeError as exc:
+        raise _OutputClosed() from exc
+
+
 class LazyGroup(click.Group):
+    def make_context(self, *args, **kwargs) -> click.Context:
+        with _closed_output_is_quiet():  # --help and --version print while the group parses
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context):
+        with _closed_output_is_quiet():
+            return super().invoke(ctx)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
@@ -76,9 +103,31 @@ def cli() -> None:
     """
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool stopped by a closed pipe
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of buffered output cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture stdout)
+        pass
+
+
+def _exit_code(rc: object) -> int:
+    """The command's result as an exit status: ctx.exit(n) gives n; a return value that is no int, 0."""
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
-        cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints "Exception ignored"
+    except (_OutputClosed, BrokenPipeError):
+        _silence_stdout()
+        sys.exit(SIGPIPE_EXIT)
     except GpuprovError as exc:
         click.echo(f"gpuprov: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -93,5 +142,4 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("gpuprov: interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
+    sys.exit(_exit_code(rc))
