@@ -137,6 +137,29 @@ def test_env_sh_sources_the_vendor_profile_first(tmp_path):
     assert result.returncode == 0 and "is missing" in result.stderr
 
 
+def test_env_sh_exports_the_plan_env_before_the_vendor_profile_too(tmp_path):
+    """GCP a3-megagpu (TCPXO): the vendor profile reads NCCL_LIB_DIR, so it must be set before it runs."""
+    from gpuprov.catalog.fabrics import get_fabric
+
+    fabric = get_fabric("tcpxo", "gcp", "a3-megagpu-8g")
+    assert "NCCL_LIB_DIR" in fabric.nccl_env and fabric.nccl_env_profile
+    real = write(render_launch(with_fabric(sample_plan("gcp"), **dict(fabric))), tmp_path / "real")
+    subprocess.run([BASH, "-n", str(real / "env.sh")], check=True)
+    assert real.joinpath("env.sh").read_text().count(f"export NCCL_LIB_DIR={fabric.nccl_env['NCCL_LIB_DIR']}") == 1
+
+    profile = tmp_path / "nccl-env-profile.sh"  # what the TCPXO profile does with NCCL_LIB_DIR, in small
+    profile.write_text(': "${NCCL_LIB_DIR:?the profile needs NCCL_LIB_DIR}"\n'
+                       'export NCCL_TUNER_CONFIG_PATH="$NCCL_LIB_DIR/a3plus_tuner_config.textproto"\n'
+                       'export NCCL_LIB_DIR=/from/the/profile NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY=/from/the/profile\n')
+    launch = write(render_launch(with_fabric(sample_plan("gcp"), **{**dict(fabric), "nccl_env_profile": str(profile)})),
+                   tmp_path / "fake")
+    env = sourced_env(launch)
+    assert env["NCCL_TUNER_CONFIG_PATH"] == f"{fabric.nccl_env['NCCL_LIB_DIR']}/a3plus_tuner_config.textproto"
+    assert {k: env[k] for k in fabric.nccl_env} == fabric.nccl_env  # and the plan's values win afterwards
+    leftover = subprocess.run([BASH, "-c", f". {launch / 'env.sh'}; declare -F gpuprov_nccl_env"])
+    assert leftover.returncode != 0  # the helper does not stay in the user's shell
+
+
 def test_bad_env_name_is_a_clear_error():
     with pytest.raises(GpuprovError, match="not a valid environment variable"):
         render_launch(with_fabric(sample_plan(), nccl_env={"BAD-NAME": "1"}))
