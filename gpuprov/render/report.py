@@ -6,8 +6,6 @@ is built from integers, so the same plan always gives the same bytes.
 
 from __future__ import annotations
 
-from xml.sax.saxutils import escape
-
 from gpuprov.render import RenderedFiles
 
 GiB = 2**30
@@ -225,6 +223,11 @@ def render_readme(plan) -> str:
 # ---------------------------------------------------------------- topology.svg
 
 _MAX_NODES_DRAWN = 8
+
+
+def escape(text: str) -> str:
+    """XML character data: what xml.sax.saxutils.escape does, without importing urllib with it."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _text(x: int, y: int, text: str, size: int = 12, anchor: str = "start", weight: str = "normal") -> str:
