@@ -134,3 +134,29 @@ def test_precise_without_torch_says_how_to_install(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "gpuprov[precise]" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.torch
+def test_precise_prints_a_time_estimate_before_it_starts(tmp_path) -> None:
+    """Issue 9: a time estimate up front (stderr, so --json stdout stays one object), then progress."""
+    import re
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 172,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    }))
+    r = run("estimate", "--model", str(config), "--gpus", "1", "--seq-len", "64", "--precise", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["estimator"] == "precise"
+    lines = r.stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if re.search(r"expect about \d+ (s|min)", line))
+    started = next(i for i, line in enumerate(lines) if line.startswith("["))
+    assert first < started and lines[-1].startswith("[100%]"), r.stderr
+    # a bad flag stays one error line: no time estimate for a run that never starts
+    bad = run("estimate", "--model", str(config), "--gpus", "3", "--sharding", "hsdp", "--shard-group", "2",
+              "--precise")
+    assert bad.returncode == 2 and "expect about" not in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr

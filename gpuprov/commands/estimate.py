@@ -46,10 +46,32 @@ def _progress(stage: str, fraction: float) -> None:
     click.echo(f"[{fraction:4.0%}] {stage}", err=True)
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
+
+
+def _announced(progress, seconds: float):
+    """`progress`, preceded once by the up-front time estimate when the simulation starts.
+
+    Printed from the first progress report (after the input and the torch install are checked),
+    so a bad flag or a missing extra is one error line, not a time estimate followed by an error.
+    """
+    pending = [True]
+
+    def report(stage: str, fraction: float) -> None:
+        if pending:
+            pending.clear()
+            click.echo(f"precise: simulating one training step on fake tensors; expect about "
+                       f"{_duration(seconds)} (a rough guess: +-50% on a busy CPU)", err=True)
+        progress(stage, fraction)
+
+    return report
+
+
 def run_precise(arch, setup, gpu_memory_bytes):
     """Lazily import the PyTorch-backed estimator (helper G's module) with a clear install hint."""
     try:
-        from gpuprov.sizing.precise import estimate_precise
+        from gpuprov.sizing.precise import estimate_precise, estimate_seconds
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
             raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
@@ -57,7 +79,9 @@ def run_precise(arch, setup, gpu_memory_bytes):
             raise GpuprovError("--precise is not available in this build of gpuprov") from None
         raise
     try:
-        return estimate_precise(arch, setup, gpu_memory_bytes, progress=_progress)
+        # before the call: estimate_seconds counts the import of transformers while it is still to come
+        progress = _announced(_progress, estimate_seconds(arch, setup))
+        return estimate_precise(arch, setup, gpu_memory_bytes, progress=progress)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
             raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
