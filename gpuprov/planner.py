@@ -20,8 +20,10 @@ The planner prunes what cannot win, without changing the answer:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Iterable
 
 from gpuprov.errors import GpuprovError
@@ -93,6 +95,33 @@ class SearchResult:
     constrained_by_gpu: dict[str, Candidate] = field(default_factory=dict)  # fastest that fit, over limits
     searched: list[Any] = field(default_factory=list)  # the instances the space was built from
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
+
+
+@lru_cache(maxsize=1)
+def _accumulating_setup() -> type | None:
+    """The estimator's setup type that carries gradient accumulation steps, if it has one.
+
+    gpuprov.sizing.memory.ExtendedSetup extends the shared TrainSetup contract with knobs only the
+    estimator reads; `grad_accumulation_steps` (global batch / (micro-batch x seq-len x data-parallel
+    ranks)) decides whether gradients stay alive through the next forward. Looked up by field name,
+    so an estimator without it still gets a plain TrainSetup."""
+    try:
+        from gpuprov.sizing.memory import ExtendedSetup
+    except ImportError:
+        return None
+    try:
+        names = {f.name for f in dataclasses.fields(ExtendedSetup)}
+    except TypeError:  # not a dataclass
+        return None
+    return ExtendedSetup if "grad_accumulation_steps" in names else None
+
+
+def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
+    """A TrainSetup for the estimator, carrying `grad_accum` where the estimator's setup can hold it."""
+    extended = _accumulating_setup()
+    if extended is None:
+        return TrainSetup(**fields)
+    return extended(**fields, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
@@ -193,35 +222,38 @@ def search(
     mem_cache: dict[tuple, MemoryEstimate] = {}
     mem_calls = 0
 
-    def memory(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int) -> MemoryEstimate:
+    def memory(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> MemoryEstimate:
         nonlocal mem_calls
-        key = (total, gpn, sharding, sg, ac, mb)
+        key = (total, gpn, sharding, sg, ac, mb, ga)
         est = None if exhaustive else mem_cache.get(key)
         if est is None:
-            setup = TrainSetup(
+            setup = make_setup(
                 task=task, seq_len=seq, micro_batch=mb, gpus=total, gpus_per_node=gpn, sharding=sharding,
                 shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
                 precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
-                lora_rank=spec.lora_rank, lora_targets=targets,
+                lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga,
             )
             est = estimator(arch, setup)
             mem_calls += 1
             mem_cache[key] = est
-            seen.setdefault(_family(gpn, sharding, sg, ac, mb), []).append((total, est.per_gpu_bytes))
+            seen.setdefault(_family(gpn, sharding, sg, ac, mb, ga), []).append((total, est.per_gpu_bytes))
         return est
 
     # Per-GPU memory never grows when the same model state is spread over more GPUs, and replicas
     # (ddp, hsdp with a fixed shard group) do not change it at all: a fit (or, for replicas, a
-    # miss) seen at one cluster size settles others without asking the estimator again. The
+    # miss) seen at one cluster size settles others without asking the estimator again. Gradient
+    # accumulation enters as the estimator models it: whether gradients stay alive between
+    # micro-batches (steps > 1), not how many steps; the family key separates the two. The
     # brute force asks every time, and the tests and benchmark hold the two to the same answer.
     seen: dict[tuple, list[tuple[int, int]]] = {}
 
-    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int) -> tuple:
-        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb)
+    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> tuple:
+        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb, ga > 1)
 
-    def known_fit(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, usable: int) -> bool | None:
+    def known_fit(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int,
+                  usable: int) -> bool | None:
         replicas = sharding in ("ddp", "hsdp")
-        for t, b in seen.get(_family(gpn, sharding, sg, ac, mb), ()):
+        for t, b in seen.get(_family(gpn, sharding, sg, ac, mb, ga), ()):
             if b <= usable and t <= total:
                 return True
             if replicas and b > usable:
@@ -317,17 +349,17 @@ def search(
                 # bound grows as nodes fall, and time walks the node counts downwards
                 break
             for sharding, sg in _shardings(total, gpn, nodes):
-                fit_mb = 0  # largest micro-batch a cheaper AC mode already fits
+                fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
                 for ac in AC_MODES:
-                    if fit_mb == MICRO_BATCHES[-1] and not exhaustive:
-                        break  # every micro-batch fits without recompute: recompute only costs
+                    if not exhaustive and fitted and fitted.issuperset(x[0] for x in batch_shapes(total)):
+                        break  # every micro-batch fits with less recompute: more recompute only costs
                     if beaten(inst, nodes, ac):
                         break
                     fl: Flops = flops_by_ac[ac]
                     shapes = batch_shapes(total)
                     if not exhaustive:
                         # same shape with less recompute fits already: dominated
-                        shapes = [x for x in shapes if x[0] > fit_mb]
+                        shapes = [x for x in shapes if x[0] not in fitted]
 
                     def record_miss(est: MemoryEstimate) -> None:
                         nonlocal nearest
@@ -343,27 +375,35 @@ def search(
                     if exhaustive:
                         fitting_shapes = []
                         for x in shapes:
-                            est = memory(total, gpn, sharding, sg, ac, x[0])
+                            est = memory(total, gpn, sharding, sg, ac, x[0], x[1])
                             if est.per_gpu_bytes <= usable:
                                 fitting_shapes.append(x)
                             else:
                                 record_miss(est)
                     else:
                         # memory grows with the micro-batch: stop at the first that does not fit
-                        # (estimates are cached across instances, so smaller GPUs reuse them)
+                        # (estimates are cached across instances, so smaller GPUs reuse them). A
+                        # larger micro-batch can end accumulation (1 step) and free the gradients
+                        # held between micro-batches, so the scan stops per accumulating/not.
                         fitting_shapes = []
+                        stopped: set[bool] = set()
                         for x in shapes:
-                            known = known_fit(total, gpn, sharding, sg, ac, x[0], usable)
+                            accumulating = x[1] > 1
+                            if accumulating in stopped:
+                                continue
+                            known = known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable)
                             if known is False:
-                                break
+                                stopped.add(accumulating)
+                                continue
                             if known is None:
-                                est = memory(total, gpn, sharding, sg, ac, x[0])
+                                est = memory(total, gpn, sharding, sg, ac, x[0], x[1])
                                 if est.per_gpu_bytes > usable:
                                     record_miss(est)
-                                    break
+                                    stopped.add(accumulating)
+                                    continue
                             fitting_shapes.append(x)
                     for mb, ga, batch in fitting_shapes:
-                        fit_mb = max(fit_mb, mb)
+                        fitted.add(mb)
                         fitting += 1
                         steps = -(-tokens // batch)
                         shape = Shape(nodes=nodes, gpus_per_node=gpn, sharding=sharding, shard_group=sg,
@@ -515,14 +555,15 @@ def _training_defaults(arch: Any, task: str, steps: int, step_time_s: float) -> 
 
 
 def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
-    """The estimator's TrainSetup for one candidate (what `gpuprov estimate` would be asked)."""
-    return TrainSetup(
+    """The estimator's setup for one candidate (what `gpuprov estimate` would be asked)."""
+    return make_setup(
         task=spec.task, seq_len=spec.seq_len, micro_batch=c.micro_batch, gpus=c.total_gpus,
         gpus_per_node=c.instance.gpus, sharding=c.sharding,
         shard_group=c.shard_group if c.sharding == "hsdp" else None,
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
+        grad_accum=c.grad_accum,
     )
 
 

@@ -249,3 +249,74 @@ def test_planner_matches_brute_force_random_specs(model, task, tokens, seq, obje
                         max_nodes=max_nodes, deadline_hours=deadline)
     planned, brute = _both(spec, estimator=fake_estimator)
     _assert_not_worse(planned, brute, objective)
+
+
+# --------------------------------------------------------------------------- gradient accumulation
+def _accumulating_setup_or_skip():
+    memory = pytest.importorskip("gpuprov.sizing.memory")
+    import dataclasses
+
+    extended = getattr(memory, "ExtendedSetup", None)
+    if extended is None or "grad_accumulation_steps" not in {f.name for f in dataclasses.fields(extended)}:
+        pytest.skip("the estimator's setup has no grad_accumulation_steps")
+    return extended
+
+
+def test_search_passes_grad_accumulation_steps_to_the_estimator():
+    _accumulating_setup_or_skip()
+    seen = []
+
+    def spy(arch, setup, gpu_memory_bytes=None):
+        seen.append(setup)
+        return estimate_memory(arch, setup)
+
+    spec = TrainingSpec(model="llama-3.2-1b", tokens=10**9, max_nodes=2, global_batch_tokens=2**17)
+    for exhaustive in (False, True):
+        seen.clear()
+        search(spec, get_model(spec.model), estimator=spy, instances=[get_instance(n) for n in SMALL_POOL],
+               gpu_lookup=get_gpu, exhaustive=exhaustive)
+        assert seen
+        for s in seen:
+            # global batch tokens / (micro-batch x seq-len x data-parallel ranks), at least 1
+            expected = max(1, round(spec.global_batch_tokens / (s.micro_batch * s.seq_len * s.gpus)))
+            assert s.grad_accumulation_steps == expected, s
+        assert {s.grad_accumulation_steps > 1 for s in seen} == {True, False}
+
+
+def test_single_gpu_plan_counts_the_gradients_accumulation_keeps():
+    extended = _accumulating_setup_or_skip()
+    spec = TrainingSpec(model="llama-3.2-1b", tokens=10**9)
+    p = make_plan(spec)
+    c = p.cluster
+    assert c.total_gpus == 1 and c.sharding == "none" and c.grad_accum > 1
+    arch = get_model(spec.model)
+    fields = dict(task="full", seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=1, gpus_per_node=c.gpus_per_node,
+                  sharding="none", activation_checkpointing=c.activation_checkpointing, precision=c.precision,
+                  optimizer=c.optimizer, offload=c.offload)
+    accumulating = estimate_memory(arch, extended(**fields, grad_accumulation_steps=c.grad_accum))
+    one_step = estimate_memory(arch, extended(**fields, grad_accumulation_steps=1))
+    assert accumulating.per_gpu_bytes > one_step.per_gpu_bytes  # the gradients live through the forward
+    assert p.memory.per_gpu_bytes == accumulating.per_gpu_bytes
+    assert p.memory.breakdown == accumulating.breakdown
+
+
+def _accumulation_sensitive(arch, setup, gpu_memory_bytes=None) -> MemoryEstimate:
+    """Gradients held between micro-batches cost more than a doubled micro-batch: memory is not
+    monotone in the micro-batch where accumulation ends (one step)."""
+    accumulating = getattr(setup, "grad_accumulation_steps", 1) > 1
+    per = 30 * GiB // setup.gpus + setup.micro_batch * GiB + (15 * GiB if accumulating else 0)
+    return MemoryEstimate(per_gpu_bytes=per, breakdown={"all": per}, model_states_bytes=30 * GiB,
+                          trainable_params=arch.params)
+
+
+@pytest.mark.parametrize("objective", ["cost", "time", "gpus"])
+def test_planner_matches_brute_force_where_accumulation_ends(objective):
+    """micro-batch 1 accumulates 2 steps and misses; micro-batch 2 takes the batch in one step and fits."""
+    _accumulating_setup_or_skip()
+    spec = TrainingSpec(model="llama-3.2-1b", tokens=10**8, max_nodes=2, global_batch_tokens=2 * 2048,
+                        seq_len=2048, objective=objective)
+    planned, brute = _both(spec, estimator=_accumulation_sensitive, pool=["g6e.xlarge", "g6e.12xlarge"])
+    assert brute.best is not None
+    if objective == "cost":  # one L40S, micro-batch 2, no accumulation: the cheapest
+        assert (brute.best.total_gpus, brute.best.micro_batch, brute.best.grad_accum) == (1, 2, 1)
+    _assert_not_worse(planned, brute, spec.objective)
