@@ -300,3 +300,10 @@ def test_real_planner_output_renders(kw, tmp_path):
     words = dry_run(launch, GPUPROV_HEAD_ADDR="10.0.0.1").stdout.split()
     assert words[words.index("--nnodes") + 1] == str(c.nodes)
     assert words[words.index("--nproc-per-node") + 1] == str(c.gpus_per_node)
+
+
+@pytest.mark.parametrize("task", ["full", "lora", "qlora"])
+def test_train_yaml_says_where_the_qlora_base_lives(task):
+    """The trainer keeps the NF4 base whole on every GPU (FSDP2 cannot shard bitsandbytes weights)."""
+    cfg = yaml.safe_load(render_launch(sample_plan("aws", 2, "fsdp", task))["train.yaml"])
+    assert cfg["task"].get("qlora_base") == ("replicated" if task == "qlora" else None)

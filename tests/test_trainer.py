@@ -269,3 +269,32 @@ def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
     assert data.sample(3).tolist() == data.sample(0).tolist()  # next epoch
     synthetic = train.TokenWindows({"data": {"path": None, "synthetic_samples": None}}, 10, 512, 0)
     assert synthetic.batch(5, 2).shape == (2, 11) and synthetic.sample(5).tolist() == synthetic.sample(5).tolist()
+
+
+def test_adamw_is_fused_on_cuda_only(trainer_module, monkeypatch):
+    """The plan's memory estimate assumes a fused AdamW step (no state-sized foreach temporary)."""
+    train, yaml_path = trainer_module
+    seen: list[dict] = []
+
+    class Recorder:
+        def __init__(self, groups, **kw):
+            seen.append(kw)
+
+    monkeypatch.setattr(train.torch.optim, "AdamW", Recorder)
+    model = train.torch.nn.Linear(4, 4)
+    for device, offload, fused in (("cuda", "none", True), ("cpu", "none", False), ("cuda", "optimizer", False)):
+        cfg = train.load_config(str(yaml_path), [f"parallel.offload={offload}"])
+        rt = train.Runtime(0, 1, 0, train.torch.device(device), None, 0, 1, 0)  # no CUDA needed to say "cuda"
+        train.build_optimizer(model, cfg, rt)
+        assert seen[-1].get("fused", False) is fused, (device, offload, seen[-1])
+
+
+def test_qlora_base_is_replicated_as_train_yaml_says(trainer_module):
+    """FSDP2 cannot shard bitsandbytes NF4 weights: train.yaml says the base is whole on every GPU."""
+    train, yaml_path = trainer_module
+    cfg = train.load_config(str(yaml_path), [])
+    assert cfg["task"]["kind"] == "qlora" and cfg["task"]["qlora_base"] == "replicated"
+    cfg = train.load_config(str(yaml_path), ["task.qlora_base=sharded", "model.pretrained_path=/nowhere"])
+    rt = train.Runtime(0, 1, 0, train.torch.device("cuda"), None, 0, 1, 0)
+    with pytest.raises(SystemExit, match="only replicated works"):
+        train.build_model(cfg, rt)
