@@ -169,3 +169,12 @@ def make_host(inst: InstanceType, needs: HostNeeds, bom: list[str] | None = None
         checks=check_host(inst, needs),
         bill_of_materials=bom,
     )
+
+
+def hosts_left_out(plan: Any) -> list[Any]:
+    """The user's on-prem hosts (spec.hosts) the plan does not run on, in file order.
+
+    The planner puts the first `nodes` hosts in plan.hosts; the rest stay listed in plan.spec.hosts
+    and the plan's notes say why (see planner.hosts_note). A cloud plan leaves them all out."""
+    used = {h.name for h in plan.hosts or []}
+    return [h for h in plan.spec.hosts or [] if h.name not in used]

@@ -1,7 +1,7 @@
 """The planner: choose instance type, node count and parallelism for a TrainingSpec.
 
 Search space (the same for the planner and the exhaustive brute force that checks it):
-instance type x nodes (1..max_nodes) x sharding (single GPU: none; else ddp, zero2, fsdp, and
+instance type x nodes (1..max_nodes; on-prem: at most one node per host listed) x sharding (single GPU: none; else ddp, zero2, fsdp, and
 hsdp with shard group = k nodes for every k that divides the node count, k < nodes) x
 activation checkpointing (none, selective, full) x micro-batch (1, 2, 4, ... 32).
 A candidate is kept when the memory estimator's per-GPU peak fits under
@@ -16,6 +16,11 @@ The planner prunes what cannot win, without changing the answer:
 - a lower bound per instance (pure compute at the assumed utilisation, no recompute, no
   communication) skips instances that cannot beat the best found for their GPU type.
 `search(..., exhaustive=True)` turns every pruning off: the brute force.
+
+On-prem hosts (`--hosts FILE`): the objective picks the node count among 1..len(hosts) as it does
+in the cloud (cost ranks on-prem runs by GPU-hours); the plan runs on the first hosts in file order
+and never leaves a host out silently: a note names the others with the reason and what all the
+hosts would do, and `gpuprov plan`, the bundle README and the inventory list them (hosts_note).
 """
 
 from __future__ import annotations
@@ -180,8 +185,11 @@ def search(
     instances: Iterable[Any],
     gpu_lookup: Callable[[str], Any],
     exhaustive: bool = False,
+    only_nodes: int | None = None,
 ) -> SearchResult:
-    """Enumerate the space, keep what fits and meets the constraints, rank by spec.objective."""
+    """Enumerate the space, keep what fits and meets the constraints, rank by spec.objective.
+
+    `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
     task = spec.task
     targets = _lora_targets(spec) if task != "full" else LORA_TARGET_PRESETS["all-linear"]
     trainable = arch.trainable_params(task, spec.lora_rank, targets) if task != "full" else arch.params
@@ -205,8 +213,8 @@ def search(
     if spec.region and spec.cloud == "any":
         raise GpuprovError(f"--region {spec.region} names one cloud's region: give --cloud as well")
     max_nodes = spec.max_nodes
-    if spec.cloud == "onprem" and spec.hosts:
-        max_nodes = min(max_nodes, len(spec.hosts))
+    # on-prem machines are the user's hosts: no more nodes than hosts listed (also under cloud 'any')
+    onprem_max = min(max_nodes, len(spec.hosts)) if spec.hosts else max_nodes
     unpriced = sorted({i.name for i in insts if not i.onprem and i.price_per_hour_usd is None})
     excluded_unpriced: list[Any] = []
     if objective == "cost":
@@ -329,8 +337,12 @@ def search(
         return out
 
     descending = objective == "time" and not exhaustive
-    node_order = range(max_nodes, 0, -1) if descending else range(1, max_nodes + 1)
     for inst in insts:
+        top = onprem_max if inst.onprem else max_nodes
+        if only_nodes is not None:
+            node_order: Iterable[int] = [only_nodes] if 1 <= only_nodes <= top else []
+        else:
+            node_order = range(top, 0, -1) if descending else range(1, top + 1)
         gpu = gpus[inst.gpu]
         usable = int(gpu.memory_bytes * (1.0 - margin))
         util, _ = utilisation(gpu)
@@ -750,9 +762,60 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         health=_health(inst),
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=alternatives,
-        notes=_notes(spec, arch, best, mem, pool, get_gpu),
+        notes=_notes(spec, arch, best, mem, pool, get_gpu)
+        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu),) if n],
     )
     return plan
+
+
+def _gpu_hours(c: Candidate) -> float:
+    return c.time_hours * c.total_gpus
+
+
+def _describe(c: Candidate) -> str:
+    cost = "" if c.cost_usd is None else f", ${c.cost_usd:,.0f}"
+    return (f"{c.nodes} node{'s' if c.nodes > 1 else ''}: {c.time_hours:,.1f} h x {c.total_gpus} GPUs = {_gpu_hours(c):,.0f} GPU-hours{cost}, "
+            f"{c.sharding}")
+
+
+def hosts_note(spec: Any, arch: Any, best: Candidate, estimator: Estimator,
+               gpu_lookup: Callable[[str], Any]) -> str | None:
+    """Say which of the user's on-prem hosts the plan leaves out, why, and what all of them would do.
+
+    The objective decides the node count among 1..len(hosts), as it does in the cloud: under `cost`
+    on-prem runs rank by GPU-hours (the owner pays in machine time; a host left out stays free for
+    other work), under `time` by wall time, under `gpus` by GPU count. The plan uses the first hosts
+    in the order listed; the rest are named here, in `gpuprov plan`, the README and the inventory."""
+    hosts = list(spec.hosts or [])
+    if not hosts:
+        return None
+    if not best.instance.onprem:
+        return (f"The plan runs on {best.instance.cloud} ({best.instance.name}); none of the {len(hosts)} on-prem "
+                f"hosts listed is used (pass --cloud onprem to plan on them)")
+    if best.nodes >= len(hosts):
+        return None
+    used, left = hosts[: best.nodes], hosts[best.nodes:]
+    head = (f"On-prem: the plan uses {len(used)} of the {len(hosts)} hosts listed "
+            f"({', '.join(h.name for h in used)}: the first {len(used)} in file order); left out: "
+            f"{', '.join(f'{h.name} ({h.address})' for h in left)}")
+    if spec.max_nodes < len(hosts) and best.nodes == spec.max_nodes:
+        return f"{head}; --max-nodes {spec.max_nodes} caps the node count"
+    every = min(len(hosts), spec.max_nodes)
+    other = search(spec, arch, estimator=estimator, instances=[best.instance], gpu_lookup=gpu_lookup,
+                   only_nodes=every).best
+    ranked = {"cost": "GPU-hours (the owner pays in machine time)", "time": "wall time",
+              "gpus": "GPU count"}[spec.objective]
+    if other is None:
+        total = every * best.instance.gpus
+        why = (f"on {every} hosts ({total} GPUs) the global batch of {spec.global_batch_tokens:,} tokens "
+               f"cannot be formed at seq-len {spec.seq_len} (one sequence per GPU is already more)"
+               if spec.seq_len * total > spec.global_batch_tokens else
+               f"no configuration on {every} hosts fits memory and the deadline/budget")
+    else:
+        label = f"all {every} hosts" if every == len(hosts) else f"{every} hosts (--max-nodes {spec.max_nodes})"
+        why = f"ranked by {ranked}: chosen {_describe(best)}; {label}: {_describe(other)}"
+    hint = "; --objective time ranks by wall time" if spec.objective != "time" else ""
+    return f"{head}. Why: {why}{hint}; reorder the hosts file to choose which hosts run"
 
 
 def _health(inst: Any) -> Any:

@@ -102,6 +102,20 @@ def test_single_node_and_no_local_nvme():
     assert "nvme_raid_name" not in gv and gv["healthcheck_mount_point"] == "" and gv["healthcheck_gds"] is False
 
 
+def test_onprem_inventory_names_the_hosts_left_out():
+    from gpuprov.spec import HostEntry
+
+    plan = sample_plan("onprem", nodes=2)
+    listed = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{10 + i}") for i in range(4)]
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"hosts": listed})})
+    text = render_ansible(plan)["inventory.yml"]
+    inventory = yaml.safe_load(text)
+    assert list(inventory["all"]["children"]["gpu_nodes"]["hosts"]) == ["gpu0", "gpu1"]  # only the plan's nodes
+    assert "# Left out of this plan (2 of the 4 hosts listed run it" in text
+    assert "#   gpu2: 10.0.0.12\n#   gpu3: 10.0.0.13\n" in text
+    assert "Left out" not in render_ansible(sample_plan("onprem", nodes=2))["inventory.yml"]
+
+
 def test_onprem_without_hosts_is_a_clear_error():
     plan = sample_plan("onprem").model_copy(update={"hosts": None})
     with pytest.raises(GpuprovError, match="on-prem plan needs hosts"):

@@ -287,3 +287,21 @@ def test_bundle_parked_by_a_crash_mid_swap_is_recovered(tmp_path: Path) -> None:
     bundle.write_bundle(target, _files(nodes=4))
     assert (target / "terraform" / "terraform.tfstate").read_text() == "state"  # the user's state survived
     assert [p.name for p in tmp_path.iterdir()] == ["infra"]
+
+
+def test_onprem_bundle_says_which_hosts_are_left_out() -> None:
+    from gpuprov.planner import make_plan
+    from gpuprov.spec import HostEntry, TrainingSpec
+
+    hosts = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i + 1}") for i in range(4)]
+    plan = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=hosts,
+                                  gpus=["h100-80gb"]))
+    assert plan.cluster.nodes < 4
+    files = bundle.build_bundle(plan)
+    readme, inventory = files["README.md"], files["ansible/inventory.yml"]
+    left = hosts[plan.cluster.nodes:]
+    assert f"Left out ({len(left)} of the 4 hosts listed" in readme
+    assert all(f"- `{h.name}`: {h.address}" in readme for h in left)
+    assert f"uses {plan.cluster.nodes} of the 4 hosts listed" in readme  # the note, with the reason
+    assert all(f"#   {h.name}: {h.address}" in inventory for h in left)
+    assert all(f"        {h.name}:\n" not in inventory for h in left)

@@ -109,3 +109,18 @@ def test_pipeline_commands_import_only_what_they_use(tmp_path, args, absent):
     loaded = set(json.loads(r.stdout))
     for name in (*_NEVER, *absent):
         assert not {m for m in loaded if m == name or m.startswith(name + ".")}, f"{args[0]} imported {name}"
+
+
+def test_onprem_hosts_left_out_are_printed(tmp_path):
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("".join(f"- {{name: gpu{i}, address: 10.0.0.{i + 1}}}\n" for i in range(4)))
+    r = run("plan", "--model", "llama-3.1-8b", "--task", "lora", "--tokens", "1B", "--gpu", "h100-80gb",
+            "--hosts", str(hosts))
+    assert r.returncode == 0, r.stderr
+    assert "  hosts: gpu0 (10.0.0.1)\n" in r.stdout
+    assert "left out (3 of 4 hosts, see Notes): gpu1 (10.0.0.2), gpu2 (10.0.0.3), gpu3 (10.0.0.4)" in r.stdout
+    assert "uses 1 of the 4 hosts listed" in r.stdout  # the note: which, and why
+    d = json.loads(run("plan", "--model", "llama-3.1-8b", "--task", "lora", "--tokens", "1B", "--gpu", "h100-80gb",
+                       "--hosts", str(hosts), "--json").stdout)
+    assert [h["name"] for h in d["hosts"]] == ["gpu0"] and len(d["spec"]["hosts"]) == 4
+    assert any("left out: gpu1 (10.0.0.2)" in n for n in d["notes"])

@@ -320,3 +320,61 @@ def test_planner_matches_brute_force_where_accumulation_ends(objective):
     if objective == "cost":  # one L40S, micro-batch 2, no accumulation: the cheapest
         assert (brute.best.total_gpus, brute.best.micro_batch, brute.best.grad_accum) == (1, 2, 1)
     _assert_not_worse(planned, brute, spec.objective)
+
+
+# --------------------------------------------------------------------------- on-prem hosts
+def _hosts(n):
+    from gpuprov.spec import HostEntry
+
+    return [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i + 1}") for i in range(n)]
+
+
+def test_onprem_hosts_left_out_are_named_with_the_reason():
+    from gpuprov.host import hosts_left_out
+
+    hosts = _hosts(4)
+    p = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=hosts,
+                               gpus=["h100-80gb"]))
+    assert p.cluster.nodes < 4  # by GPU-hours one node wins; the other hosts are left out, not lost
+    assert [h.name for h in p.hosts] == [h.name for h in hosts[: p.cluster.nodes]]
+    assert p.spec.hosts == hosts
+    left = hosts_left_out(p)
+    assert [h.name for h in left] == [h.name for h in hosts[p.cluster.nodes:]]
+    note = next(n for n in p.notes if "left out" in n)
+    assert f"uses {p.cluster.nodes} of the 4 hosts" in note
+    assert all(f"{h.name} ({h.address})" in note for h in left)
+    assert "GPU-hours" in note and "all 4 hosts: 4 nodes" in note and "--objective time" in note
+
+
+def test_onprem_time_objective_uses_every_host_it_can():
+    from gpuprov.host import hosts_left_out
+
+    hosts = _hosts(4)
+    p = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=hosts,
+                               gpus=["h100-80gb"], objective="time"))
+    assert p.cluster.nodes == 4 and p.hosts == hosts and hosts_left_out(p) == []
+    assert not any("left out" in n for n in p.notes)
+
+
+def test_onprem_max_nodes_below_the_host_count_says_so():
+    p = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=_hosts(4),
+                               gpus=["h100-80gb"], objective="time", max_nodes=2))
+    assert p.cluster.nodes == 2
+    assert any("left out: gpu2 (10.0.0.3), gpu3 (10.0.0.4)" in n and "--max-nodes 2" in n for n in p.notes)
+
+
+def test_onprem_node_count_never_exceeds_the_hosts_listed_under_cloud_any():
+    hosts = _hosts(2)
+    spec = TrainingSpec(model="70b", tokens=10**10, cloud="any", hosts=hosts, objective="time", max_nodes=8)
+    pool = [get_instance("hgx-h100-8"), get_instance("p5.48xlarge")]
+    for exhaustive in (False, True):
+        r = search(spec, get_model(spec.model), estimator=estimate_memory, instances=pool, gpu_lookup=get_gpu,
+                   exhaustive=exhaustive)
+        onprem = [c for c in r.best_by_gpu.values() if c.instance.onprem] + \
+            ([r.best] if r.best and r.best.instance.onprem else [])
+        assert all(c.nodes <= 2 for c in onprem)
+    p = make_plan(spec, instances=pool)
+    if p.instance.cloud == "onprem":
+        assert p.cluster.nodes <= 2 and len(p.hosts) == p.cluster.nodes
+    else:
+        assert p.hosts is None and any("none of the 2 on-prem hosts" in n for n in p.notes)

@@ -32,6 +32,21 @@ def _hours(h: float | None) -> str:
     return f"{h:,.1f} h" + (f" ({h / 24:,.1f} days)" if h >= 48 else "")
 
 
+def _host_lines(plan) -> list[str]:
+    """Which of the user's on-prem hosts run the plan and which are left out (the Notes say why)."""
+    from gpuprov.host import hosts_left_out
+
+    left = hosts_left_out(plan)
+    if not plan.hosts and not left:
+        return []
+    used = ", ".join(f"{h.name} ({h.address})" for h in plan.hosts or []) or "none"
+    lines = [f"  hosts: {used}"]
+    if left:
+        lines.append(f"  left out ({len(left)} of {len(plan.spec.hosts)} hosts, see Notes): "
+                     + ", ".join(f"{h.name} ({h.address})" for h in left))
+    return lines
+
+
 def render_plan(plan) -> str:
     s, c, m, t, i = plan.spec, plan.cluster, plan.memory, plan.throughput, plan.instance
     out: list[str] = []
@@ -48,6 +63,7 @@ def render_plan(plan) -> str:
                f"{c.global_batch_tokens:,} tokens")
     out.append(f"  fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU; software: driver "
                f"{plan.software.driver_branch}, CUDA {plan.software.cuda_version}, NCCL {plan.software.nccl_version}")
+    out.extend(_host_lines(plan))
     out.append("")
     out.append("Memory per GPU (GiB = 2**30 bytes):")
     width = max(len(k) for k in m.breakdown) if m.breakdown else 10

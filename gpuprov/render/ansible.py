@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
+from gpuprov.host import hosts_left_out
 from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.resources import ansible_dir, templates_dir
@@ -84,6 +85,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         # cuFile needs a local filesystem to serve: GDS only where the plan has the RAID
         "gds": bool(plan.software.gds and storage),
         "forks": max(10, min(100, plan.cluster.nodes)),
+        "hosts_left_out": hosts_left_out(plan),
     }
     env = _environment()
     files: RenderedFiles = {name: env.get_template(f"{name}.j2").render(context) for name in GLUE}

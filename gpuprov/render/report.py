@@ -6,6 +6,7 @@ is built from integers, so the same plan always gives the same bytes.
 
 from __future__ import annotations
 
+from gpuprov.host import hosts_left_out
 from gpuprov.render import RenderedFiles
 
 GiB = 2**30
@@ -145,6 +146,10 @@ def _hosts(plan) -> list[str]:
     if plan.hosts:
         out += ["Hosts:", ""] + [f"- `{e.name}`: {e.address}" + (f" (user {e.user})" if e.user else "")
                                  for e in plan.hosts] + [""]
+    left = hosts_left_out(plan)
+    if left:
+        out += [f"Left out ({len(left)} of the {len(plan.spec.hosts)} hosts listed; not in the Ansible inventory, "
+                "the Notes say why):", ""] + [f"- `{e.name}`: {e.address}" for e in left] + [""]
     return out
 
 
