@@ -50,6 +50,21 @@ def test_extra_knobs() -> None:
     assert run(*base, "--grad-accumulation", "0").returncode == 2
 
 
+def test_loss_stack_and_lora_dropout_knobs() -> None:
+    base = ["estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--task", "lora", "--seq-len", "2048",
+            "--activation-checkpointing", "none", "--json"]
+    plain = json.loads(run(*base).stdout)
+    legacy = json.loads(run(*base, "--loss-impl", "hf-legacy").stdout)
+    native = json.loads(run(*base, "--loss-impl", "native").stdout)
+    dropout = json.loads(run(*base, "--lora-dropout", "0.1").stdout)
+    assert plain["setup"]["loss_impl"] == "hf" and legacy["setup"]["loss_impl"] == "hf-legacy"
+    assert native["per_gpu_bytes"] <= plain["per_gpu_bytes"] < legacy["per_gpu_bytes"]
+    assert dropout["setup"]["lora_dropout"] == 0.1 and dropout["per_gpu_bytes"] > plain["per_gpu_bytes"]
+    assert plain["allocator"]["reserved"] <= plain["gpu_memory_bytes"]
+    assert run(*base, "--lora-dropout", "1.5").returncode == 2
+    assert run(*base, "--loss-impl", "megatron").returncode == 2
+
+
 def test_human_table_shows_gib_and_fit() -> None:
     r = run("estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--gpu", "rtx-4090-24gb", "--seq-len", "1024")
     assert r.returncode == 0, r.stderr

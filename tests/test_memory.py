@@ -182,3 +182,62 @@ def test_bad_setups_raise_one_line(kw, message) -> None:
     with pytest.raises(GpuprovError, match=message) as info:
         est(**kw)
     assert "\n" not in str(info.value)
+
+
+def xest(arch=L7B, **kw):
+    return estimate_memory(arch, ExtendedSetup(**kw))
+
+
+QLORA_2X = dict(task="qlora", lora_rank=64, seq_len=2048, micro_batch=4, gpus=2, sharding="fsdp",
+                activation_checkpointing="full", precision="bf16", optimizer_impl="foreach")
+
+
+def test_legacy_hf_loss_holds_fp32_logits() -> None:
+    tokens, V = 2048 * 4, L7B.vocab_size
+    hf, legacy, native = (xest(**QLORA_2X, loss_impl=k) for k in ("hf", "hf-legacy", "native"))
+    # transformers < 4.45: fp32 logits (4 B) instead of bf16 (2 B) at the loss peak
+    assert legacy.per_gpu_bytes - hf.per_gpu_bytes >= 2 * tokens * V
+    assert legacy.breakdown["logits"] == 4 * tokens * V and hf.breakdown["logits"] == 2 * tokens * V
+    assert any("hf-legacy" in a for a in legacy.assumptions)
+    # kept through backward by the loop: the backward-of-the-top-block phase carries them as well
+    phase_b = dict(QLORA_2X, micro_batch=1, seq_len=512)
+    kept = xest(**phase_b, loss_impl="hf", lora_dropout=0.0)
+    freed = xest(**phase_b, loss_impl="native", lora_dropout=0.0)
+    assert kept.per_gpu_bytes >= freed.per_gpu_bytes
+    assert native.per_gpu_bytes <= hf.per_gpu_bytes
+    with pytest.raises(GpuprovError, match="loss implementation"):
+        xest(**QLORA_2X, loss_impl="megatron")
+
+
+def test_lora_dropout_keeps_input_copies_and_masks() -> None:
+    # no AC: every layer's dropped-out inputs stay saved; (bf16 copy + bool mask) x in_features per target
+    kw = dict(task="lora", lora_rank=16, seq_len=1024, gpus=1, sharding="none", activation_checkpointing="none",
+              precision="bf16", lora_targets=("q_proj", "v_proj"))
+    off, on = xest(**kw), xest(**kw, lora_dropout=0.1)
+    expected = 1024 * L7B.num_layers * (2 + 1) * 2 * L7B.hidden_size
+    assert on.breakdown["activations"] - off.breakdown["activations"] == expected
+    assert any("dropout" in a for a in on.assumptions)
+
+
+def test_bnb_quant_state_is_neither_sharded_nor_offloaded() -> None:
+    two, four = xest(**QLORA_2X), xest(**{**QLORA_2X, "gpus": 4})
+    quantized = L7B.num_layers * L7B.layer_linear_params()
+    packed = quantized // 2  # 4-bit codes: the part FSDP shards
+    absmax = (nf4_bytes_per_param() - 0.5) * quantized
+    assert two.breakdown["parameters"] - four.breakdown["parameters"] == pytest.approx(
+        (packed + 2 * (L7B.params - quantized)) / 4 + 2 * two.trainable_params / 4, rel=1e-3)
+    off = xest(**{**QLORA_2X, "offload": "full"})
+    assert off.breakdown["parameters"] == pytest.approx(absmax, rel=1e-6)
+    assert off.breakdown["gradients"] == 0 and off.breakdown["optimizer_states"] == 0
+
+
+def test_reserved_reading_cannot_exceed_the_gpu() -> None:
+    e = xest(**{**QLORA_2X, "micro_batch": 16})
+    outside = sum(e.breakdown[t] for t in NON_ALLOCATOR_TERMS)
+    uncapped = allocator_bytes(e)
+    small = uncapped["reserved"] + outside - uncapped["reserved"] // 20  # less than the demand
+    capped = allocator_bytes(e, small)
+    assert capped["active"] == uncapped["active"]
+    assert capped["reserved"] == max(uncapped["active"], small - outside) < uncapped["reserved"]
+    # a big GPU changes nothing; per_gpu_bytes (the planning figure) never depends on it
+    assert allocator_bytes(e, 10 * e.per_gpu_bytes) == uncapped

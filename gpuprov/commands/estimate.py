@@ -15,7 +15,7 @@ GIB = 2**30
 def build_setup(
     *, task, seq_len, micro_batch, gpus, gpus_per_node, sharding, shard_group, activation_checkpointing,
     precision, optimizer, offload, lora_rank, lora_targets, compile, chunked_cross_entropy,
-    grad_accumulation=1, activation_offloading=False, optimizer_impl="fused",
+    grad_accumulation=1, activation_offloading=False, optimizer_impl="fused", loss_impl="hf", lora_dropout=0.0,
 ) -> TrainSetup:
     from gpuprov.sizing.arch import resolve_lora_targets
     from gpuprov.sizing.memory import ExtendedSetup
@@ -32,13 +32,16 @@ def build_setup(
         sharding = "none" if gpus == 1 else "fsdp"
     if shard_group is not None and sharding != "hsdp":
         raise GpuprovError("--shard-group applies to --sharding hsdp only")
+    if not 0.0 <= lora_dropout < 1.0:
+        raise GpuprovError(f"--lora-dropout must be in [0, 1), got {lora_dropout}")
     targets = resolve_lora_targets(lora_targets)
     return ExtendedSetup(
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
         sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=targets,
         compile=compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation_steps=grad_accumulation,
-        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl,
+        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
+        lora_dropout=lora_dropout,
     )
 
 
@@ -97,7 +100,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
         "fits": est.per_gpu_bytes <= gpu.memory_bytes,
         "gpu_memory_bytes": gpu.memory_bytes,
         "headroom_bytes": gpu.memory_bytes - est.per_gpu_bytes,
-        "allocator": allocator_bytes(est),
+        "allocator": allocator_bytes(est, gpu.memory_bytes),
         "model_states_bytes": est.model_states_bytes,
         "model": {
             "name": arch.name,
@@ -118,6 +121,8 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "grad_accumulation": getattr(setup, "grad_accumulation_steps", 1),
             "activation_offloading": getattr(setup, "activation_offloading", False),
             "optimizer_impl": getattr(setup, "optimizer_impl", "fused"),
+            "loss_impl": getattr(setup, "loss_impl", "hf"),
+            "lora_dropout": getattr(setup, "lora_dropout", 0.0),
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions),
@@ -172,12 +177,17 @@ def render_table(d: dict) -> str:
 @click.option("--activation-offloading", is_flag=True, help="Saved activations streamed to host memory.")
 @click.option("--optimizer-impl", type=click.Choice(("fused", "foreach")), default="fused", show_default=True,
               help="AdamW kernel: foreach adds one state-sized temporary at the step.")
+@click.option("--loss-impl", type=click.Choice(("hf", "hf-legacy", "native")), default="hf", show_default=True,
+              help="Loss stack: hf (transformers >= 4.45, logits kept by the loop), hf-legacy (< 4.45, fp32 logits kept),"
+                   " native (logits freed before backward, e.g. torchtitan/torchtune).")
+@click.option("--lora-dropout", type=float, default=0.0, show_default=True,
+              help="LoRA dropout probability (> 0 keeps a dropped-out input copy + mask per adapted module).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
-             chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, precise,
-             as_json) -> None:
+             chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
+             lora_dropout, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits."""
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
@@ -190,7 +200,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=lora_targets,
         compile=use_compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation=grad_accumulation,
-        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl,
+        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
+        lora_dropout=lora_dropout,
     )
     if precise:
         est = run_precise(arch, setup, gpu.memory_bytes)

@@ -12,7 +12,12 @@ What is modelled is what PyTorch actually holds, not a bytes-per-parameter rule:
 * ZeRO-1/2 (DeepSpeed bf16): bf16 params and grads, fp32 master + states partitioned.
 * Pure bf16: params, grads and AdamW states all bf16 (8 B/param).
 * LoRA / QLoRA: the frozen base has no gradients or optimizer state (bf16, or NF4 with double
-  quantization for QLoRA's decoder linears); adapters train in the run's precision.
+  quantization for QLoRA's decoder linears); adapters train in the run's precision. bitsandbytes keeps
+  the NF4 absmax/scales outside the parameters, so FSDP neither shards nor offloads them. LoRA dropout
+  (PEFT/torchtune, p > 0) keeps a dropped-out copy of each adapted module's input plus a bool mask.
+* The loss stack is a stated assumption (`loss_impl`): modern HF (compute-dtype logits kept by the loop
+  through backward), legacy HF < 4.45 (fp32 logits + shifted copy, kept through backward and the
+  step), or native loops that free the logits before backward (torchtitan, torchtune).
 
 Activations are counted per token per layer from the tensors autograd saves in a Llama-style
 block (RMSNorm, RoPE, SDPA/FlashAttention, GQA, SwiGLU), the approach of Korthikanti et al. 2022
@@ -87,6 +92,26 @@ class ExtendedSetup(TrainSetup):
     grad_accumulation_steps: int = 1  # >1 keeps gradients alive through every forward
     optimizer_impl: str = "fused"  # "fused" (no step temporaries) or "foreach" (PyTorch's default)
     qlora_base_replicated: bool = False  # NF4 base kept whole on every GPU (left out of FSDP)
+    # How the loss is computed and how long the logits live (see LOSS_IMPLS).
+    loss_impl: str = "hf"
+    lora_dropout: float = 0.0  # PEFT/torchtune LoRA dropout on the adapters' input (> 0 saves output + mask)
+
+
+# The software stack around the loss, a stated assumption (the estimate cannot see the user's code):
+LOSS_IMPLS: dict[str, str] = {
+    "hf": (
+        "HF transformers >= 4.45 loss: compute-dtype logits in the model output, kept by the training loop"
+        " through backward and the optimizer step; fp32 upcast + log-softmax inside the loss"
+    ),
+    "hf-legacy": (
+        "HF transformers < 4.45 loss: LlamaForCausalLM returns logits.float() (fp32) and copies the shifted"
+        " logits for the loss; the training loop keeps the fp32 logits through backward and the optimizer step"
+    ),
+    "native": (
+        "logits freed by the training loop before backward (torchtitan `del pred`, torchtune `del logits`);"
+        " fp32 upcast + log-softmax inside the loss"
+    ),
+}
 
 
 # ---------------------------------------------------------------------------- validation
@@ -200,10 +225,15 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
         targets = resolve_lora_targets(s.lora_targets)
         trainable = arch.lora_params(s.lora_rank, targets)
         base_elem = 4 if s.precision == "fp32" else 2
+        quant_state = 0.0
         if s.task == "qlora":
             quantized = L * arch.layer_linear_params()
-            base = nf4_bytes_per_param() * quantized + base_elem * (P - quantized)
-            layer_compute = int(nf4_bytes_per_param() * arch.layer_linear_params()) + base_elem * (
+            packed = _c()["nf4"]["weight_bits"] / 8  # the 4-bit codes: the (bf16-storage) parameter FSDP shards
+            # bitsandbytes keeps absmax + double-quant scales in Params4bit.quant_state, a Python attribute,
+            # not a parameter: FSDP neither shards nor offloads it, so every GPU holds all of it.
+            quant_state = (nf4_bytes_per_param() - packed) * quantized
+            base = packed * quantized + base_elem * (P - quantized)
+            layer_compute = int(packed * arch.layer_linear_params()) + base_elem * (
                 layer_params - arch.layer_linear_params()
             )
         else:
@@ -213,7 +243,7 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
         layer_trainable = trainable // L
         layer_compute += act * layer_trainable
         d_base = 1 if (s.task == "qlora" and getattr(s, "qlora_base_replicated", False)) else d_param
-        params = int(base) // d_base + ad_elem * trainable // d_param
+        params = int(base) // d_base + int(quant_state) + ad_elem * trainable // d_param
         grads = ad_elem * trainable // d_grad
         master = 0
         opt = _optimizer_bytes_per_param(s.optimizer, ad_elem) * trainable / d_opt
@@ -223,6 +253,8 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
         opt, master = 0, 0
     if s.offload == "full":
         params, grads = 0, 0
+        if s.task == "qlora":
+            params = int(quant_state)  # not a parameter, so not offloaded either
     return _Weights(
         params=int(params),
         grads=int(grads),
@@ -267,6 +299,15 @@ def layer_activation_bytes_per_token(arch: ModelArch, a: int, compiled: bool, lo
     return _norms_per_layer(arch) * norm + attn + mlp + lora
 
 
+def lora_dropout_bytes_per_token(arch: ModelArch, a: int, targets: tuple[str, ...]) -> int:
+    """PEFT/torchtune LoRA with dropout > 0: every adapted module drops out its own copy of its input
+    (nn.Dropout per module) and autograd keeps that copy (input of lora_A) and the bool mask."""
+    shapes = arch.linear_shapes()
+    k = arch.experts_per_token if arch.is_moe else 1
+    width = sum(shapes[t][0] * (k if shapes[t][2] > 1 else 1) for t in targets)
+    return (a + _c()["lora_dropout"]["mask_bytes"]) * width
+
+
 def selective_layer_bytes_per_token(arch: ModelArch, a: int) -> int:
     """torchtitan op-level SAC: keeps the block input, every other matmul output and SDPA out."""
     h, q, f, kv = arch.hidden_size, arch.q_dim, arch.intermediate_size, arch.kv_dim
@@ -303,6 +344,9 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
 
     # -- activations saved across the whole forward --------------------------------------
     full_layer = layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
+    lora_dropout = float(getattr(s, "lora_dropout", 0.0) or 0.0)
+    if s.task != "full" and lora_dropout > 0:
+        full_layer += lora_dropout_bytes_per_token(arch, a, resolve_lora_targets(s.lora_targets))
     if s.activation_checkpointing == "none":
         saved_layer = full_layer
         recompute = 0
@@ -326,7 +370,12 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # -- logits and loss -------------------------------------------------------------------
     ce = c["cross_entropy"]
     V = arch.vocab_size
-    logits = tokens * a * V  # the model output in compute dtype, held by the caller until backward
+    loss_impl = getattr(s, "loss_impl", "hf")
+    if loss_impl not in LOSS_IMPLS:
+        raise GpuprovError(f"loss implementation {loss_impl!r} is not one of {', '.join(LOSS_IMPLS)}")
+    legacy = loss_impl == "hf-legacy" and not s.chunked_cross_entropy
+    logits_elem = c["loss_impl"]["legacy_logits_bytes"] if legacy else a
+    logits = tokens * logits_elem * V  # the model output, held by the caller at least until backward starts
     if arch.model_type == "gemma2":
         logits += tokens * a * V  # final logit soft-capping saves the tanh output too
     chunks = ce["chunks"]
@@ -336,6 +385,9 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         ce_bytes = tokens * 4 * V + tokens * 4 * V * 2 // chunks
     else:
         ce_bytes = tokens * 4 * V * ce["fp32_buffers_eager"]
+    # Logits the training loop still references after the loss (HF loops keep `outputs` until after
+    # the optimizer step); torchtitan/torchtune free them, and chunked losses never keep a full copy.
+    held_logits = 0 if (loss_impl == "native" or s.chunked_cross_entropy) else logits
 
     # -- FSDP gathered blocks and reduce-scatter staging ------------------------------------
     gathered = 0
@@ -343,6 +395,10 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     if fsdp or s.offload == "full":
         units = 1 + c["fsdp"]["prefetch_units"]
         gathered = units * w.layer_compute_bytes + w.root_compute_bytes
+        if s.offload == "full" and fsdp:
+            # FSDP1 CPUOffload: each unit's CPU shard is first copied to the GPU (a new tensor, freed at
+            # reshard), then all-gathered (torch.distributed.fsdp._flat_param.pre_unshard)
+            gathered += units * w.layer_compute_bytes // shard
         reduce_elem = 4 if s.precision in ("bf16-mixed", "fp32") else 2
         rs_buffers = w.layer_trainable * (a + reduce_elem) + w.layer_trainable * reduce_elem // shard
     autocast_cache = 0
@@ -389,6 +445,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         "reduce_scatter_buffers": rs_buffers,
         "activations": saved_all - tokens * final_norm,
         "activation_transient": layer_transient,
+        "logits": held_logits,
     })
     step_transient = 0  # fused AdamW: no per-step temporaries
     impl = getattr(s, "optimizer_impl", "fused")
@@ -402,6 +459,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         "gradients": w.grads,
         "gathered_params": gathered if fsdp else 0,
         "optimizer_step_transient": step_transient,
+        "logits": held_logits,
     })
     peak = max((phase_a, phase_b, phase_c), key=_Phase.total)
 
@@ -434,10 +492,19 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     )
 
 
-def allocator_bytes(estimate: MemoryEstimate) -> dict[str, int]:
-    """What PyTorch's own counters would read: `reserved` and `active` (live tensors)."""
-    reserved = estimate.per_gpu_bytes - sum(estimate.breakdown.get(t, 0) for t in NON_ALLOCATOR_TERMS)
+def allocator_bytes(estimate: MemoryEstimate, gpu_memory_bytes: int | None = None) -> dict[str, int]:
+    """What PyTorch's own counters would read: `reserved` and `active` (live tensors).
+
+    Given the GPU's memory, `reserved` cannot exceed what is left beside the CUDA context and NCCL:
+    when cudaMalloc fails the caching allocator releases its unused cached blocks and retries
+    (CUDACachingAllocator malloc -> release_cached_blocks), so near a full GPU the fragmentation
+    is given back rather than read as reserved. `per_gpu_bytes` keeps the full fragmentation term
+    as the planning margin."""
+    outside = sum(estimate.breakdown.get(t, 0) for t in NON_ALLOCATOR_TERMS)
+    reserved = estimate.per_gpu_bytes - outside
     active = reserved - estimate.breakdown.get("allocator_fragmentation", 0)
+    if gpu_memory_bytes is not None:
+        reserved = max(active, min(reserved, gpu_memory_bytes - outside))
     return {"reserved": reserved, "active": active}
 
 
@@ -477,6 +544,8 @@ def _assumptions(
             out.append("fused AdamW (torch.optim.AdamW(fused=True)); foreach AdamW would add one state-sized temporary at the step")
     if s.offload != "none":
         out.append(f"CPU offload of {'optimizer states' if s.offload == 'optimizer' else 'params, grads and optimizer states'}")
+    if s.offload == "full" and fsdp:
+        out.append("FSDP CPU offload: each unit's shard is copied to the GPU, then all-gathered (current + prefetched unit, plus the root kept from forward to backward)")
     attn = "SDPA/FlashAttention (no s^2 scores stored), GQA K/V repeated to the query heads"
     if arch.model_type == "gemma2":
         attn += "; gemma2 attention soft-capping needs flash-attn >= 2.6 for this (eager attention would store s^2 scores)"
@@ -491,7 +560,16 @@ def _assumptions(
     if s.chunked_cross_entropy:
         out.append("chunked cross-entropy (8 chunks, fp32 upcast per chunk)" + (", loss compiled" if s.compile else ""))
     else:
-        out.append(f"cross-entropy on fp32-upcast logits ({arch.vocab_size} vocab): bf16 logits + 3 fp32 logit-sized buffers at the start of backward")
+        impl = getattr(s, "loss_impl", "hf")
+        held = "fp32" if impl == "hf-legacy" else "compute-dtype"
+        out.append(
+            f"loss stack {impl!r}: {LOSS_IMPLS[impl]} ({arch.vocab_size} vocab: {held} logits + 3 fp32 logit-sized"
+            " buffers at the start of backward); other choices: " + ", ".join(k for k in LOSS_IMPLS if k != impl)
+        )
+    if s.task != "full" and float(getattr(s, "lora_dropout", 0.0) or 0.0) > 0:
+        out.append("LoRA dropout > 0: each adapted module keeps its dropped-out input copy and a bool mask for backward")
+    if s.task == "qlora":
+        out.append("bitsandbytes NF4: absmax/double-quant scales (quant_state) are not parameters, so every GPU keeps them whole (not sharded, not offloaded)")
     if act_offload:
         out.append("activations offloaded to CPU (about two blocks resident)")
     if grad_accum > 1 or s.sharding != "none":
@@ -501,7 +579,8 @@ def _assumptions(
     frag = _c()["allocator"]["fragmentation_compiled" if s.compile else "fragmentation_eager"]
     out.append(
         f"PyTorch caching allocator: +{frag:.0%} over live tensors for fragmentation (reserved vs allocated);"
-        " CUDA context and NCCL buffers outside it"
+        " CUDA context and NCCL buffers outside it; near a full GPU the allocator frees its cache and retries,"
+        " so torch.cuda.max_memory_reserved() reads at most the GPU's memory less context and NCCL"
     )
     out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
     out.append("no tensor/pipeline/context parallelism: each GPU processes micro-batch x seq-len tokens")
