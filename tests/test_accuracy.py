@@ -29,10 +29,36 @@ def test_mape_and_worst_underestimate_within_target() -> None:
     assert len(results) == len(rows) >= 10
     assert s["mape_pct"] <= acc.TARGET_MAPE, table
     assert s["worst_underestimate_pct"] >= acc.TARGET_WORST_UNDER, table
-    # flagged rows stay few, stay documented, and may not drift far either
-    assert len(s["flagged"]) <= 2
+    # at most one flagged row, documented, and it may not drift far either
+    assert len(acc.KNOWN_DIFFERENCES) <= 1 and len(s["flagged"]) <= 1
     assert all(acc.KNOWN_DIFFERENCES[r] for r in s["flagged"])
-    assert s["worst_underestimate_all_rows_pct"] >= -30.0, table
+    assert s["worst_underestimate_all_rows_pct"] >= -25.0, table
+
+
+def test_hold_out_rows_stay_close() -> None:
+    """benchmarks/more-measured-peaks.yaml: published points nothing in the model was set from."""
+    acc = _accuracy()
+    rows = acc.load_rows(REPO / "benchmarks" / "more-measured-peaks.yaml")
+    results = acc.evaluate(rows)
+    s = acc.summary(results)
+    table = acc.render(results, precise=False)
+    assert len(results) >= 14 and not s["flagged"]
+    assert s["mape_pct"] <= 10.0, table
+    assert s["worst_underestimate_pct"] >= -20.0, table
+    # allocated (live tensors) is what the model predicts best: no allocator history in it
+    allocated = [r for r in results if r["metric"] == "active" and r["id"].startswith("fsdp-qlora")]
+    assert allocated and all(abs(r["error_pct"]) <= 8.0 for r in allocated), table
+
+
+def test_source_stacks_select_the_loss_implementation() -> None:
+    acc = _accuracy()
+    assert acc.setup_for({"id": "x", "seq_len": 8, "source": "AnswerDotAI/fsdp_qlora b.md"}).loss_impl == "hf-legacy"
+    assert acc.setup_for({"id": "x", "seq_len": 8, "source": "pytorch/torchtitan b.md"}).loss_impl == "native"
+    assert acc.setup_for({"id": "x", "seq_len": 8, "source": "elsewhere"}).loss_impl == "hf"
+    row = {"id": "x", "seq_len": 8, "source": "AnswerDotAI/fsdp_qlora", "loss_impl": "hf", "lora_dropout": 0}
+    assert acc.setup_for(row).loss_impl == "hf" and acc.setup_for(row).lora_dropout == 0.0
+    assert acc.gpu_memory_for({"gpu": "H100 96GB HBM2e"}, 80 * 2**30) == 96 * 2**30
+    assert acc.gpu_memory_for({"gpu": "RTX 4090 24GB"}, 24564 * 2**20) == 24564 * 2**20
 
 
 def test_gpu_names_map_to_catalog() -> None:
