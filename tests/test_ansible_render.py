@@ -116,6 +116,22 @@ def test_onprem_inventory_names_the_hosts_left_out():
     assert "Left out" not in render_ansible(sample_plan("onprem", nodes=2))["inventory.yml"]
 
 
+@pytest.mark.parametrize("gpu,gds", [("rtx-4090-24gb", False), ("h100-80gb", True)])
+def test_onprem_gds_follows_the_gpu_product(gpu, gds):
+    """GDS supports data center and professional GPUs only: gdscheck fails on a GeForce card."""
+    from gpuprov.planner import make_plan
+    from gpuprov.spec import HostEntry, TrainingSpec
+
+    plan = make_plan(TrainingSpec(model="llama-3.2-1b", task="lora", tokens=10**8, cloud="onprem", gpus=[gpu],
+                                  hosts=[HostEntry(name="gpu0", address="10.0.0.1")]))
+    assert plan.gpu.slug == gpu and plan.storage.devices > 0 and plan.software.gds is gds
+    files = render_ansible(plan)
+    gv = yaml.safe_load(files["group_vars/all.yml"])
+    assert gv["healthcheck_gds"] is gds
+    assert ("gds_cuda_version" in gv) is gds and ("gds_mount_point" in gv) is gds
+    assert ("gds" in _roles_in(yaml.safe_load(files["site.yml"]))) is gds
+
+
 def test_onprem_without_hosts_is_a_clear_error():
     plan = sample_plan("onprem").model_copy(update={"hosts": None})
     with pytest.raises(GpuprovError, match="on-prem plan needs hosts"):

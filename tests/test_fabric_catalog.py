@@ -162,3 +162,49 @@ def test_fast_loader_refuses_duplicate_keys_like_ruamel():
     for fast in (True, False):
         with pytest.raises(Exception, match="duplicate key"):
             parse_yaml("gpus:\n  h100: 1\n  h100: 2\n", fast=fast)
+
+
+# --------------------------------------------------------------------------- per-product features
+def test_every_gpu_is_classified_for_gds_and_fabric_manager():
+    from gpuprov.catalog.gpus import list_gpus
+
+    data = load_data("software.yaml")
+    supported, unsupported = set(data["gds"]["supported"]), set(data["gds"]["unsupported"])
+    slugs = {g.slug for g in list_gpus()}
+    assert supported | unsupported == slugs and not supported & unsupported
+    assert "support-matrix" in data["gds"]["source"]
+    for g in list_gpus():
+        if "GeForce" in g.name:
+            assert g.slug in unsupported, g.slug  # GDS: data center and professional GPUs only
+    fm = set(data["fabric_manager"]["gpus"])
+    assert fm <= slugs
+    for slug in fm:  # NVSwitch boards carry SXM GPUs with all-to-all NVLink
+        assert next(g for g in list_gpus() if g.slug == slug).nvlink_gbytes_per_s, slug
+
+
+def test_every_nvswitch_machine_has_a_fabric_manager_gpu():
+    from gpuprov.catalog.instances import list_instances
+
+    fm = set(load_data("software.yaml")["fabric_manager"]["gpus"])
+    for inst in list_instances():
+        if inst.nvswitch:
+            assert inst.gpu in fm, inst.name
+
+
+@pytest.mark.parametrize("gpu,arch,gds", [
+    ("rtx-4090-24gb", "ada", False), ("rtx-3090-24gb", "ampere", False), ("l40s-48gb", "ada", True),
+    ("rtx-6000-ada-48gb", "ada", True), ("h100-80gb", "hopper", True), ("a10g-24gb", "ampere", True),
+])
+def test_gds_follows_the_product_not_the_architecture(gpu, arch, gds):
+    sw = get_software(arch, "ethernet", nvswitch=False, gpu=gpu)
+    assert sw.gds is gds and sw.fabric_manager is False
+    assert f"GDS {'supported' if gds else 'not supported'} on {gpu}" in sw.source
+
+
+def test_fabric_manager_only_for_nvswitch_boards_of_sxm_gpus():
+    assert get_software("hopper", "infiniband", nvswitch=True, gpu="h100-80gb").fabric_manager is True
+    assert get_software("hopper", "infiniband", nvswitch=False, gpu="h100-80gb").fabric_manager is False
+    # a PCIe card never needs it, whatever the machine entry says
+    assert get_software("hopper", "infiniband", nvswitch=True, gpu="h100-pcie-80gb").fabric_manager is False
+    with pytest.raises(GpuprovError, match="not classified for GPUDirect Storage"):
+        get_software("hopper", "infiniband", nvswitch=True, gpu="h999-1gb")

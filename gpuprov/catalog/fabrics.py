@@ -2,7 +2,8 @@
 
 `get_fabric` returns the node-to-node fabric and the one NCCL environment for it (the Ansible
 nccl role and launch/env.sh both render plan.fabric); `get_software` returns the driver/CUDA/NCCL
-stack for a GPU architecture. Unknown names raise GpuprovError with the known ones listed.
+stack for a GPU architecture, with GDS and fabric manager decided per GPU product. Unknown names
+raise GpuprovError with the known ones listed.
 """
 
 from __future__ import annotations
@@ -75,8 +76,24 @@ def get_fabric(name: str, cloud: str, instance_type: str) -> FabricInfo:
     return _to_fabric_info(entry)
 
 
-def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool) -> Software:
-    """Driver branch, CUDA, NCCL, EFA installer, GDS and fabric manager for this node type."""
+def _product_features(data: dict[str, Any], gpu: str) -> tuple[bool, bool]:
+    """(GDS supported, fabric-manager GPU) for one catalog GPU slug, from software.yaml."""
+    gds = data["gds"]
+    supported, unsupported = set(gds["supported"]), set(gds["unsupported"])
+    if gpu not in supported | unsupported:
+        raise GpuprovError(
+            f"GPU {gpu!r} is not classified for GPUDirect Storage in software.yaml (gds.supported / "
+            "gds.unsupported); add it there with the support matrix as source"
+        )
+    return gpu in supported, gpu in set(data["fabric_manager"]["gpus"])
+
+
+def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: str | None = None) -> Software:
+    """Driver branch, CUDA, NCCL, EFA installer, GDS and fabric manager for this node type.
+
+    The stack (driver, CUDA, NCCL) follows the GPU architecture; GDS and fabric manager follow the
+    product `gpu` (a catalog slug): GDS only on data center/professional GPUs, fabric manager only
+    for NVSwitch boards (`nvswitch`) of SXM GPUs. Without `gpu` the architecture's defaults apply."""
     data = load_data("software.yaml")
     stacks = data["stacks"]
     if gpu_architecture not in stacks:
@@ -85,10 +102,16 @@ def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool) -> Sof
         )
     stack = stacks[gpu_architecture]
     fabric_sw = (data.get("fabrics") or {}).get(fabric_name) or {}
+    gds, fabric_manager = bool(stack["gds"]), bool(nvswitch)
     sources = [stack["source"], data["os"]["source"]]
+    if gpu is not None:
+        gds_product, fm_gpu = _product_features(data, gpu)
+        gds = gds and gds_product
+        fabric_manager = fabric_manager and fm_gpu
+        sources.append(f"GDS {'supported' if gds_product else 'not supported'} on {gpu}: {data['gds']['source']}")
     if fabric_sw:
         sources.append(fabric_sw["source"])
-    if nvswitch:
+    if fabric_manager:
         sources.append(data["fabric_manager"]["source"])
     return Software(
         os=list(data["os"]["supported"]),
@@ -96,8 +119,8 @@ def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool) -> Sof
         open_kernel_modules=bool(stack["open_kernel_modules"]),
         cuda_version=str(stack["cuda_version"]),
         nccl_version=str(stack["nccl_version"]),
-        fabric_manager=bool(nvswitch),
+        fabric_manager=fabric_manager,
         efa_installer_version=str(fabric_sw["efa_installer_version"]) if "efa_installer_version" in fabric_sw else None,
-        gds=bool(stack["gds"]),
+        gds=gds,
         source="; ".join(" ".join(str(s).split()) for s in sources),
     )
