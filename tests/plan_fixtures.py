@@ -1,7 +1,9 @@
 """Hand-built sample Plans, one per cloud, for renderer tests that must not depend on the planner.
 
-The numbers are plausible but this is test data, not a source of truth: the catalogs are. Tests
-that check real output use `gpuprov.planner` plans as well.
+The numbers are plausible but this is test data, not a source of truth: the catalogs are. Each
+plan's fabric (name, NCCL environment, HCAs, subnet manager, MTU) is the fabric catalog's entry for
+its instance, so the fixtures cannot drift from the catalog there. Tests that check real output
+use `gpuprov.planner` plans as well.
 """
 
 from __future__ import annotations
@@ -23,23 +25,36 @@ TINY_LLAMA_CONFIG = {
 }
 
 _SHAPES = {
-    # cloud: (instance, gpu slug, region, nvme count, nvme bytes, cards, efa, fabric, gbps, price)
-    "aws": ("p5.48xlarge", "h100-80gb", "us-east-1", 8, 3_840_000_000_000, 32, 32, "efa", 400.0, 98.32),
-    "gcp": ("a3-megagpu-8g", "h100-80gb", "us-central1", 16, 375_000_000_000, 8, 0, "tcpxo", 200.0, 88.25),
-    "azure": ("Standard_ND96isr_H100_v5", "h100-80gb", "eastus", 8, 3_500_000_000_000, 8, 0, "infiniband", 400.0, 98.32),
-    "oci": ("BM.GPU.H100.8", "h100-80gb", "us-ashburn-1", 16, 3_840_000_000_000, 16, 0, "infiniband", 400.0, 80.0),
-    "onprem": ("hgx-h100-8", "h100-80gb", None, 8, 3_840_000_000_000, 8, 0, "infiniband", 400.0, None),
+    # cloud: (instance, gpu slug, region, nvme count, nvme bytes, cards, efa, price). The fabric is not
+    # listed: it comes from the fabric catalog for the instance (OCI cluster networks are roce, not
+    # infiniband), see _fabric.
+    "aws": ("p5.48xlarge", "h100-80gb", "us-east-1", 8, 3_840_000_000_000, 32, 32, 98.32),
+    "gcp": ("a3-megagpu-8g", "h100-80gb", "us-central1", 16, 375_000_000_000, 8, 0, 88.25),
+    "azure": ("Standard_ND96isr_H100_v5", "h100-80gb", "eastus", 8, 3_500_000_000_000, 8, 0, 98.32),
+    "oci": ("BM.GPU.H100.8", "h100-80gb", "us-ashburn-1", 16, 3_840_000_000_000, 16, 0, 80.0),
+    "onprem": ("hgx-h100-8", "h100-80gb", None, 8, 3_840_000_000_000, 8, 0, None),
 }
 
-_NCCL_ENV = {
-    "efa": {"FI_EFA_USE_HUGE_PAGE": "0"},
-    "tcpxo": {"NCCL_FASTRAK_USE_SNAP": "1"},
-    "infiniband": {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_IB_GID_INDEX": "3"},
-}
+# Variables added on top of the catalog's NCCL environment, for renderer tests that check a plan
+# value wins over a vendor profile (the profile sets it to 0 in test_launch_render).
+_EXTRA_NCCL_ENV = {"gcp": {"NCCL_FASTRAK_USE_SNAP": "1"}}
+
+
+def _fabric(cloud: str, instance: str) -> FabricInfo:
+    """The catalog's fabric for this instance (on-prem: the server template's), whatever the node count."""
+    from gpuprov.catalog.fabrics import get_fabric
+    from gpuprov.catalog.instances import get_instance
+
+    inst = get_instance(instance)
+    assert inst.cloud == cloud, (cloud, instance)
+    fabric = get_fabric(inst.fabric, cloud, instance)
+    return fabric.model_copy(update={"gbps_per_gpu": inst.fabric_gbps_per_gpu,
+                                     "nccl_env": {**fabric.nccl_env, **_EXTRA_NCCL_ENV.get(cloud, {})}})
 
 
 def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task: str = "full") -> Plan:
-    instance, gpu_slug, region, nvme_n, nvme_b, cards, efa, fabric, gbps, price = _SHAPES[cloud]
+    instance, gpu_slug, region, nvme_n, nvme_b, cards, efa, price = _SHAPES[cloud]
+    fabric = _fabric(cloud, instance)
     gpus_per_node = 8
     total = nodes * gpus_per_node
     shard_group = gpus_per_node if sharding == "hsdp" else (1 if sharding in ("ddp", "none") else total)
@@ -61,11 +76,7 @@ def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task
                               network_cards=cards, efa_interfaces=efa, nvswitch=True, pcie_gen=5,
                               price_per_hour_usd=price, price_date="2026-11-01" if price else None,
                               source="test fixture"),
-        fabric=FabricInfo(name=fabric, gbps_per_gpu=gbps, nccl_env=_NCCL_ENV[fabric],
-                          nccl_env_profile="/var/lib/tcpxo/lib64/nccl-env-profile.sh" if fabric == "tcpxo" else None,
-                          hcas=["mlx5_0", "mlx5_1"] if fabric == "infiniband" else [],
-                          subnet_manager="opensm" if cloud == "onprem" else ("managed" if fabric == "infiniband" else "none"),
-                          mtu=8896 if cloud == "gcp" else None, source="test fixture"),
+        fabric=fabric,
         cluster=Cluster(cloud=cloud, region=region, instance_type=instance, gpu=gpu_slug,
                         gpus_per_node=gpus_per_node, nodes=nodes, total_gpus=total, sharding=sharding,
                         shard_group=shard_group, replicate=total // shard_group,
@@ -93,7 +104,7 @@ def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task
                   bill_of_materials=["2x CPU"] if cloud == "onprem" else None),
         software=Software(os=["ubuntu-22.04", "ubuntu-24.04"], driver_branch="570", open_kernel_modules=True,
                           cuda_version="12.8", nccl_version="2.26.2-1+cuda12.8", fabric_manager=True,
-                          efa_installer_version="1.41.0" if fabric == "efa" else None, gds=True,
+                          efa_installer_version="1.43.2" if fabric.name == "efa" else None, gds=True,
                           source="test fixture"),
         storage=Storage(mount_point="/scratch", raid_name="scratch",
                         device_glob={"aws": "/dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_*",

@@ -132,6 +132,27 @@ def test_onprem_gds_follows_the_gpu_product(gpu, gds):
     assert ("gds" in _roles_in(yaml.safe_load(files["site.yml"]))) is gds
 
 
+def test_ansible_cfg_gathers_facts_once_per_run_without_a_cache():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read_string(render_ansible(sample_plan("aws"))["ansible.cfg"])
+    assert cfg["defaults"]["gathering"] == "smart"
+    assert cfg["defaults"].get("fact_caching", "memory") == "memory"  # nothing persists between runs
+
+
+def test_sample_plans_carry_the_catalog_fabric():
+    """The fixtures' fabric is the catalog's (OCI cluster networks are RoCE, not InfiniBand)."""
+    from gpuprov.catalog.fabrics import fabric_name_for
+
+    for cloud in CLOUDS:
+        plan = sample_plan(cloud)
+        assert plan.fabric.name == fabric_name_for(cloud, plan.instance.name), cloud
+    oci = sample_plan("oci")
+    assert oci.fabric.name == "roce" and oci.fabric.nccl_env["NCCL_IB_TC"] == "41" and len(oci.fabric.hcas) == 16
+    assert fabric_role(oci) == "infiniband"  # the RDMA role serves RoCE HCAs too
+
+
 def test_onprem_without_hosts_is_a_clear_error():
     plan = sample_plan("onprem").model_copy(update={"hosts": None})
     with pytest.raises(GpuprovError, match="on-prem plan needs hosts"):
