@@ -175,3 +175,13 @@ def test_precise_prints_a_time_estimate_before_it_starts(tmp_path) -> None:
     bad = run("estimate", "--model", str(config), "--gpus", "3", "--sharding", "hsdp", "--shard-group", "2",
               "--precise")
     assert bad.returncode == 2 and "expect about" not in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_qlora_base_replicated_costs_the_unsharded_nf4_base() -> None:
+    base = ["--model", "llama-2-7b", "--task", "qlora", "--gpu", "rtx-3090-24gb", "--gpus", "8", "--json"]
+    sharded = json.loads(run("estimate", *base).stdout)
+    replicated = json.loads(run("estimate", *base, "--qlora-base", "replicated").stdout)
+    grown = replicated["breakdown"]["parameters"] - sharded["breakdown"]["parameters"]
+    # 7B of decoder linears in NF4 is ~3.4 GiB; replicating adds 7/8 of it on each GPU.
+    assert 2.5 * 2**30 < grown < 3.5 * 2**30
+    assert any("replicated" in a for a in replicated["assumptions"])

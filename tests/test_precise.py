@@ -241,3 +241,18 @@ def test_building_the_model_leaves_the_catalog_config_untouched():
     precise._build_config(arch, setup())
     assert arch.hf_config == before
     assert get_model("llama-3.1-8b").hf_config == before
+
+
+def test_replicated_qlora_base_is_left_out_of_fsdp_and_matches_the_analytic_flag():
+    """gpuprov's trainer keeps the NF4 base whole on every GPU; precise mode simulates the same."""
+    from gpuprov.sizing.memory import ExtendedSetup, estimate_memory
+
+    arch = tiny(layers=4, hidden=512, vocab=256)
+    common = dict(seq_len=512, micro_batch=1, gpus=4, sharding="fsdp", activation_checkpointing="none", task="qlora")
+    sharded = precise.estimate_precise(arch, ExtendedSetup(**common))
+    replicated = precise.estimate_precise(arch, ExtendedSetup(**common, qlora_base_replicated=True))
+    nf4_total = 4 * sum(precise.nf4_bytes(n) for n in (512 * 512, 512 * 256, 512 * 256, 512 * 512,
+                                                      3 * 512 * 688))
+    grown = replicated.breakdown["parameters"] - sharded.breakdown["parameters"]
+    # Replicating adds three quarters of the NF4 base on each of 4 GPUs (within packing slack).
+    assert grown == pytest.approx(0.75 * nf4_total, rel=0.05)

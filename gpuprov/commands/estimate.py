@@ -16,6 +16,7 @@ def build_setup(
     *, task, seq_len, micro_batch, gpus, gpus_per_node, sharding, shard_group, activation_checkpointing,
     precision, optimizer, offload, lora_rank, lora_targets, compile, chunked_cross_entropy,
     grad_accumulation=1, activation_offloading=False, optimizer_impl="fused", loss_impl="hf", lora_dropout=0.0,
+    qlora_base="sharded",
 ) -> TrainSetup:
     from gpuprov.sizing.arch import resolve_lora_targets
     from gpuprov.sizing.memory import ExtendedSetup
@@ -41,7 +42,7 @@ def build_setup(
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=targets,
         compile=compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation_steps=grad_accumulation,
         activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
-        lora_dropout=lora_dropout,
+        lora_dropout=lora_dropout, qlora_base_replicated=(qlora_base == "replicated"),
     )
 
 
@@ -182,12 +183,15 @@ def render_table(d: dict) -> str:
                    " native (logits freed before backward, e.g. torchtitan/torchtune).")
 @click.option("--lora-dropout", type=float, default=0.0, show_default=True,
               help="LoRA dropout probability (> 0 keeps a dropped-out input copy + mask per adapted module).")
+@click.option("--qlora-base", type=click.Choice(("sharded", "replicated")), default="sharded", show_default=True,
+              help="QLoRA NF4 base under FSDP: sharded (fsdp_qlora, accelerate with bnb_4bit_quant_storage) or "
+                   "replicated on every GPU (gpuprov's trainer: FSDP2 cannot shard bitsandbytes weights).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
-             lora_dropout, precise, as_json) -> None:
+             lora_dropout, qlora_base, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits."""
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
@@ -201,7 +205,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=lora_targets,
         compile=use_compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation=grad_accumulation,
         activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
-        lora_dropout=lora_dropout,
+        lora_dropout=lora_dropout, qlora_base=qlora_base,
     )
     if precise:
         est = run_precise(arch, setup, gpu.memory_bytes)

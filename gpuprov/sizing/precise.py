@@ -631,6 +631,10 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         kwargs: dict[str, Any] = {"mesh": mesh}
         if setup.precision == "bf16-mixed":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=lowp, reduce_dtype=torch.float32)
+        if setup.task == "qlora" and getattr(setup, "qlora_base_replicated", False):
+            # gpuprov's trainer leaves the NF4 base out of FSDP (it cannot shard bitsandbytes
+            # weights): every GPU holds all of it, so simulate the same.
+            kwargs["ignored_params"] = {m.weight for m in model.modules() if type(m).__name__ == "NF4Linear"}
         for layer in layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
@@ -858,12 +862,21 @@ def estimate_precise(
             grad_global = sum(_global_bytes(p) for p in step.params)  # grads take the param dtype
             grad_local = sum(_local_bytes(p) for p in step.params)
             trainable = step.trainable
+            # Parameters left out of FSDP (a replicated NF4 base) are not FSDP state, so the
+            # FSDP tracker does not see them; they are live the whole step, so add them whole.
+            untracked = sum(
+                _local_bytes(m.weight) for m in step.model.modules()
+                if use_fsdp and type(m).__name__ == "NF4Linear" and getattr(setup, "qlora_base_replicated", False)
+            )
         elapsed = time.monotonic() - t_start
     finally:
         if created_pg:
             dist.destroy_process_group()
 
     breakdown = _breakdown_from_peak(peak, state_local)
+    if untracked:
+        breakdown["parameters"] = breakdown.get("parameters", 0) + untracked
+        assumptions.append(f"qlora: NF4 base replicated on every GPU (left out of FSDP), {untracked / 2**30:.2f} GiB")
     breakdown = _apply_sharding_outside_fsdp(breakdown, setup, grad_local, assumptions)
     breakdown = _apply_offload(breakdown, setup, assumptions)
     breakdown.update(_overhead_terms(setup, sum(breakdown.values()), assumptions))
