@@ -25,10 +25,8 @@ hosts would do, and `gpuprov plan`, the bundle README and the inventory list the
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable, Iterable
 
 from gpuprov.errors import GpuprovError
@@ -102,31 +100,20 @@ class SearchResult:
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
 
 
-@lru_cache(maxsize=1)
-def _accumulating_setup() -> type | None:
-    """The estimator's setup type that carries gradient accumulation steps, if it has one.
-
-    gpuprov.sizing.memory.ExtendedSetup extends the shared TrainSetup contract with knobs only the
-    estimator reads; `grad_accumulation_steps` (global batch / (micro-batch x seq-len x data-parallel
-    ranks)) decides whether gradients stay alive through the next forward. Looked up by field name,
-    so an estimator without it still gets a plain TrainSetup."""
-    try:
-        from gpuprov.sizing.memory import ExtendedSetup
-    except ImportError:
-        return None
-    try:
-        names = {f.name for f in dataclasses.fields(ExtendedSetup)}
-    except TypeError:  # not a dataclass
-        return None
-    return ExtendedSetup if "grad_accumulation_steps" in names else None
-
-
 def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
-    """A TrainSetup for the estimator, carrying `grad_accum` where the estimator's setup can hold it."""
-    extended = _accumulating_setup()
-    if extended is None:
-        return TrainSetup(**fields)
-    return extended(**fields, grad_accumulation_steps=max(1, int(grad_accum)))
+    """The estimator's setup for one candidate, as the bundle's trainer will run it.
+
+    `grad_accum` (global batch / (micro-batch x seq-len x data-parallel ranks)) decides whether
+    gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
+    FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it.
+    """
+    from gpuprov.sizing.memory import ExtendedSetup
+
+    return ExtendedSetup(
+        **fields,
+        grad_accumulation_steps=max(1, int(grad_accum)),
+        qlora_base_replicated=fields.get("task") == "qlora",
+    )
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
