@@ -73,3 +73,15 @@ def test_topology_shapes_stay_inside_the_canvas(cloud: str, nodes: int) -> None:
         assert all(0 <= int(line.get(k)) <= height for k in ("y1", "y2"))
     for text in root.iter(f"{SVG}text"):
         assert 0 <= int(text.get("x")) <= width and 0 < int(text.get("y")) <= height
+
+
+def test_readme_nccl_snippet_exports_before_and_after_the_vendor_profile() -> None:
+    plan = sample_plan("gcp", nodes=2)
+    fabric = plan.fabric.model_copy(update={"nccl_env_profile": "/var/lib/tcpxo/lib64/nccl-env-profile.sh",
+                                             "nccl_env": {"NCCL_LIB_DIR": "/var/lib/tcpxo/lib64"}})
+    readme = render_report(plan.model_copy(update={"fabric": fabric}))["README.md"]
+    snippet = readme.split("NCCL environment", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    lines = [line for line in snippet.splitlines() if line]
+    source = lines.index("source /var/lib/tcpxo/lib64/nccl-env-profile.sh")
+    assert "export NCCL_LIB_DIR=/var/lib/tcpxo/lib64" in lines[:source]
+    assert lines[-1] == "export NCCL_LIB_DIR=/var/lib/tcpxo/lib64"

@@ -172,9 +172,12 @@ def _stack(plan) -> list[str]:
     ]
     if f.nccl_env or f.nccl_env_profile:
         out += ["", "NCCL environment (the Ansible nccl role and launch/env.sh both come from this):", "", "```sh"]
+        exports = [f"export {k}={v}" for k, v in sorted(f.nccl_env.items())]
         if f.nccl_env_profile:
-            out.append(f"source {f.nccl_env_profile}")
-        out += [f"export {k}={v}" for k, v in sorted(f.nccl_env.items())] + ["```"]
+            # Exported before the vendor profile (it may read them, e.g. NCCL_LIB_DIR) and again
+            # after it, so the plan's values win: the order launch/env.sh uses.
+            out += exports + [f"source {f.nccl_env_profile}"]
+        out += exports + ["```"]
     if plan.health.nccl_allreduce_busbw_gbytes_per_s:
         out += ["", f"Health check: NCCL all-reduce bus bandwidth on one node must reach "
                     f"{plan.health.nccl_allreduce_busbw_gbytes_per_s:g} GB/s ({plan.health.source})."]
