@@ -96,8 +96,10 @@ KNOWN_DIFFERENCES: dict[str, str] = {
 
 def reference_file() -> Path:
     folder = os.environ.get("GPUPROV_REFERENCE_DIR")
-    base = Path(folder) if folder else REPO.parent / "shared" / "reference"
-    return base / "measured-peaks.yaml"
+    if folder:
+        return Path(folder) / "measured-peaks.yaml"
+    shared = REPO.parent / "shared" / "reference" / "measured-peaks.yaml"
+    return shared if shared.is_file() else REPO / "benchmarks" / "measured-peaks.yaml"
 
 
 def map_gpu(name: str) -> str:
