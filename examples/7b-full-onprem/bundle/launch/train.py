@@ -12,7 +12,7 @@ What it does, in order (the layout follows torchtitan's train.py):
   2. model from the plan's config on the meta device (or a local pretrained path), LoRA adapters
   3. activation checkpointing per block, then fully_shard per block and at the root
   4. materialise the shards on the device and initialise (or broadcast pretrained weights from rank 0)
-  5. AdamW, linear warmup + cosine decay, gradient clipping, micro-batches x gradient accumulation
+  5. AdamW (fused on CUDA), linear warmup + cosine decay, gradient clipping, micro-batches x gradient accumulation
   6. data: memory-mapped pre-tokenized shards (raw uint16/uint32 tokens) or a synthetic stream
   7. torch.distributed.checkpoint save every N steps and resume (model, optimizer, step, data position)
   8. a log line every N steps: loss, tokens/s, MFU (the planner's formula), peak GPU memory
@@ -183,6 +183,11 @@ def build_qlora_model(cfg: dict, rt: Runtime) -> torch.nn.Module:
     if not rt.is_cuda:
         raise ConfigError("task qlora needs CUDA: bitsandbytes 4-bit kernels do not run on CPU "
                           "(use task.kind lora to test the adapter path on CPU)")
+    base = cfg["task"].get("qlora_base", "replicated")
+    if base != "replicated":
+        raise ConfigError(f"task.qlora_base {base!r}: only replicated works (FSDP2 cannot shard bitsandbytes "
+                          "NF4 weights, their quant_state is lost); the plan's memory estimate must count the "
+                          "whole NF4 base on every GPU")
     path = cfg["model"].get("pretrained_path")
     if not path:
         raise ConfigError("task qlora quantises pretrained weights: set model.pretrained_path to a local directory")
@@ -278,7 +283,9 @@ def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, cfg: dict, 
     # fsdp/hsdp free the gathered weights after forward (ZeRO-3); zero1/zero2 keep them until
     # backward (FSDP2 has no optimizer-only sharding: zero1 runs as zero2).
     reshard = par["sharding"] in ("fsdp", "hsdp")
-    ignored = {p for p in model.parameters() if type(p).__name__ == "Params4bit"} or None  # QLoRA base
+    # QLoRA: the NF4 base stays whole on every GPU (task.qlora_base: replicated); FSDP2 would turn
+    # bitsandbytes' Params4bit into plain DTensors and lose their quant_state. Adapters are sharded.
+    ignored = {p for p in model.parameters() if type(p).__name__ == "Params4bit"} or None
     kw = dict(mesh=rt.mesh, mp_policy=mp, offload_policy=offload, ignored_params=ignored)
     for i, block in enumerate(blocks):
         # The last block's weights are needed again at once by backward: keep them gathered.
@@ -443,7 +450,11 @@ def build_optimizer(model: torch.nn.Module, cfg: dict, rt: Runtime) -> torch.opt
               {"params": no_decay, "weight_decay": 0.0}]
     kw = dict(lr=float(opt["lr"]), betas=tuple(opt["betas"]), eps=float(opt["eps"]))
     if opt["name"] == "adamw":
-        return torch.optim.AdamW(groups, **kw)  # foreach on CUDA by default; works on DTensor shards
+        # Fused on CUDA: one kernel updates in place, where PyTorch's foreach default holds a
+        # state-sized temporary at the step (the plan's memory estimate assumes fused). Works on
+        # DTensor shards. With CPU offload the step runs on host tensors: PyTorch's default there.
+        fused = rt.is_cuda and cfg["parallel"]["offload"] == "none"
+        return torch.optim.AdamW(groups, **kw, **({"fused": True} if fused else {}))
     if opt["name"] == "adamw-8bit":
         if not rt.is_cuda:
             raise ConfigError("optimizer adamw-8bit needs CUDA (torchao's 8-bit AdamW)")
