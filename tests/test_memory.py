@@ -241,3 +241,25 @@ def test_reserved_reading_cannot_exceed_the_gpu() -> None:
     assert capped["reserved"] == max(uncapped["active"], small - outside) < uncapped["reserved"]
     # a big GPU changes nothing; per_gpu_bytes (the planning figure) never depends on it
     assert allocator_bytes(e, 10 * e.per_gpu_bytes) == uncapped
+
+
+def test_selective_ac_follows_the_matmul_parity_of_the_block():
+    """torchtitan's SAC saves odd-numbered aten.mm outputs per block: LoRA's extra matmuls shift
+    the parity (more is saved), biased projections run as addmm (neither counted nor saved)."""
+    from gpuprov.sizing.memory import selective_layer_bytes_per_token
+
+    arch = get_model("llama-2-7b")
+    h, f, a, heads, r = 4096, 11008, 2, 32, 16
+    extra = 4 * heads  # fp32 logsumexp per head
+    # full: q, v, gate, down outputs (mm 1, 3, 5, 7) + block input + SDPA output
+    assert selective_layer_bytes_per_token(arch, a) == a * (h + h + h + h + f + h) + extra
+    # all-linear LoRA: 21 matmuls; saved q, q.B, k.A, v, v.B, o.A, gate, gate.B, up.A, down, down.B
+    all_linear = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora = selective_layer_bytes_per_token(arch, a, all_linear, r)
+    assert lora == a * (h + h + (h + h + r + h + h + r + f + f + r + h + h)) + extra
+    # qwen2: q/k/v carry biases (addmm): the counted matmuls are o, gate, up, down -> o and up saved
+    qwen = get_model("qwen2.5-7b")
+    assert selective_layer_bytes_per_token(qwen, a) == (
+        a * (qwen.hidden_size + qwen.q_dim + qwen.hidden_size + qwen.intermediate_size)
+        + 4 * qwen.num_attention_heads
+    )

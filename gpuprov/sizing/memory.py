@@ -308,11 +308,37 @@ def lora_dropout_bytes_per_token(arch: ModelArch, a: int, targets: tuple[str, ..
     return (a + _c()["lora_dropout"]["mask_bytes"]) * width
 
 
-def selective_layer_bytes_per_token(arch: ModelArch, a: int) -> int:
-    """torchtitan op-level SAC: keeps the block input, every other matmul output and SDPA out."""
-    h, q, f, kv = arch.hidden_size, arch.q_dim, arch.intermediate_size, arch.kv_dim
-    mlp = a * f * (arch.experts_per_token if arch.is_moe else 1)
-    return a * (h + q + kv + q + h) + mlp + 4 * arch.num_attention_heads
+def _biased(arch: ModelArch, name: str) -> bool:
+    if name in ("q_proj", "k_proj", "v_proj"):
+        return arch.attention_bias or arch.qkv_bias
+    if name == "o_proj":
+        return arch.attention_bias
+    return arch.mlp_bias
+
+
+def selective_layer_bytes_per_token(
+    arch: ModelArch, a: int, lora_targets: tuple[str, ...] = (), lora_rank: int = 0
+) -> int:
+    """torchtitan op-level SAC: keeps the block input, every other matmul output and SDPA out.
+
+    The policy counts `aten.mm` calls inside each block and saves the odd-numbered ones, so what
+    is kept depends on the op sequence: a LoRA-adapted linear issues three (base, lora_A, lora_B),
+    which shifts the parity and keeps about twice the matmul outputs of full training; a linear
+    with a bias runs as `addmm`, which the policy neither counts nor saves.
+    """
+    h, q = arch.hidden_size, arch.q_dim
+    if arch.is_moe:
+        mlp = a * arch.intermediate_size * arch.experts_per_token
+        return a * (h + q + arch.kv_dim + q + h) + mlp + 4 * arch.num_attention_heads
+    count = saved = 0
+    for name, (_, out_features, _) in arch.linear_shapes().items():  # forward order
+        outputs = [] if _biased(arch, name) else [out_features]
+        if name in lora_targets:
+            outputs += [lora_rank, out_features]  # lora_A, lora_B (no bias)
+        for width in outputs:
+            count += 1
+            saved += width if count % 2 == 1 else 0
+    return a * (h + q + saved) + 4 * arch.num_attention_heads  # block input, SDPA out (+ lse)
 
 
 def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
@@ -351,7 +377,8 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         saved_layer = full_layer
         recompute = 0
     elif s.activation_checkpointing == "selective":
-        saved_layer = selective_layer_bytes_per_token(arch, a)
+        lora_targets = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
+        saved_layer = selective_layer_bytes_per_token(arch, a, lora_targets, s.lora_rank)
         recompute = max(full_layer - saved_layer, 0)
     else:
         saved_layer = a * arch.hidden_size
