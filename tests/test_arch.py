@@ -141,3 +141,9 @@ def test_lora_count_matches_peft() -> None:
         lora = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=targets))
     trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     assert trainable == arch.trainable_params("lora", 8, tuple(targets))
+
+
+def test_a_caller_mutating_hf_config_does_not_change_the_next_lookup():
+    arch = get_model("llama-3.1-8b")
+    arch.hf_config["rope_scaling"]["rope_theta"] = 1.0  # what transformers 5 does to rope_scaling
+    assert "rope_theta" not in get_model("llama-3.1-8b").hf_config["rope_scaling"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from functools import lru_cache
 from pathlib import Path
 
 from gpuprov.catalog import load_data
@@ -20,8 +19,9 @@ def _aliases() -> dict[str, str]:
     return {str(k): v["model"] for k, v in (_catalog().get("aliases") or {}).items()}
 
 
-@lru_cache(maxsize=None)
 def _preset(slug: str) -> ModelArch:
+    # Built fresh on every call (cheap): callers hand hf_config to transformers, which rewrites
+    # nested dicts such as rope_scaling in place; a cached ModelArch would carry that into plans.
     entry = _catalog()["models"][slug]
     return arch_from_hf_config(
         dict(entry["config"]), name=slug, display_name=entry["display_name"], source=entry["source"]
