@@ -37,9 +37,20 @@ def fabric_role(plan: Plan) -> str | None:
     return None
 
 
+_FLOW_WIDTH = 100  # longer collections go block style: yamllint (ansible-lint) allows 160 a line
+
+
 def _yaml(value: object) -> str:
-    """A value as a YAML flow scalar/collection (JSON is YAML; strings stay quoted and escaped)."""
-    return json.dumps(value, ensure_ascii=False)
+    """A value for `key: {{ value | yaml }}`: JSON flow style (JSON is YAML; strings stay quoted
+    and escaped), or an indented block under the key when the flow form would be too long."""
+    flow = json.dumps(value, ensure_ascii=False)
+    if len(flow) <= _FLOW_WIDTH or not value or not isinstance(value, (dict, list, tuple)):
+        return flow
+    if isinstance(value, dict):
+        items = [f"{json.dumps(str(k), ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}" for k, v in value.items()]
+    else:
+        items = [f"- {json.dumps(v, ensure_ascii=False)}" for v in value]
+    return "".join(f"\n  {item}" for item in items)
 
 
 def _environment():
@@ -88,10 +99,16 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         "hosts_left_out": hosts_left_out(plan),
     }
     env = _environment()
-    files: RenderedFiles = {name: env.get_template(f"{name}.j2").render(context) for name in GLUE}
+
+    def render(name: str) -> str:
+        # no trailing spaces (yamllint), e.g. after `key:` when `| yaml` wrote a block
+        text = env.get_template(f"{name}.j2").render(context)
+        return "\n".join(line.rstrip() for line in text.split("\n"))
+
+    files: RenderedFiles = {name: render(name) for name in GLUE}
     if plan.instance.cloud == "onprem":
         if not plan.hosts:
             raise GpuprovError("an on-prem plan needs hosts (--hosts FILE) for the Ansible inventory")
-        files["inventory.yml"] = env.get_template("inventory.yml.j2").render(context)
+        files["inventory.yml"] = render("inventory.yml")
     files.update(copy_roles())
     return files
