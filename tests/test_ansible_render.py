@@ -232,6 +232,15 @@ def test_rendered_bundles_pass_ansible_lint_production(workdir):
         if cloud == "onprem":
             targets.append(f"{cloud}/inventory.yml")
         assert bundle.is_dir()
+    # ... and the committed examples' glue (real catalog values: OCI's 16 HCAs, long sources)
+    examples = REPO / "examples"
+    for example in sorted(examples.glob("*/bundle/ansible")):
+        name = example.parent.parent.name
+        for rel in ("group_vars/all.yml", "inventory.yml"):
+            if (example / rel).is_file():
+                write_files(workdir / "examples" / name, {rel: (example / rel).read_text()})
+                targets.append(f"examples/{name}/{rel}")
+    assert any(t.startswith("examples/") for t in targets)
     proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--offline", "--nocolor", *targets], cwd=workdir,
                           capture_output=True, text=True, timeout=900, env=ansible_env(workdir / ".scratch"))
     out = proc.stdout + proc.stderr
