@@ -47,24 +47,8 @@ RENDERERS: tuple[tuple[str, str, str], ...] = (
 Renderer = Callable[[Any], dict]
 
 
-def load_renderer(module: str, attr: str) -> Renderer | None:
-    """The renderer function, or None when its module is not part of this build."""
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-
-
 def default_renderers() -> list[tuple[str, Renderer]]:
-    found = []
-    for folder, module, attr in RENDERERS:
-        function = load_renderer(module, attr)
-        if function is None:
-            raise GpuprovError(f"renderer {module}.{attr} is not available in this build of gpuprov")
-        found.append((folder, function))
-    return found
+    return [(folder, getattr(importlib.import_module(module), attr)) for folder, module, attr in RENDERERS]
 
 
 def sha256_text(text: str) -> str:

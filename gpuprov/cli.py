@@ -67,26 +67,12 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module_name, attr, _ = COMMANDS[cmd_name]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                return _not_yet(cmd_name)
-            raise
-        return getattr(module, attr)
+        return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-def _not_yet(name: str) -> click.Command:
-    @click.command(name=name, help=COMMANDS[name][2])
-    def missing() -> None:
-        raise GpuprovError(f"'{name}' is not available in this build of gpuprov")
-
-    return missing
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

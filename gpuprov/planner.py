@@ -528,12 +528,8 @@ def loss_reason(alt: Candidate, best: Candidate, objective: str) -> str:
 
 # --------------------------------------------------------------------------- the Plan
 def _default_estimator() -> Estimator:
-    try:
-        from gpuprov.sizing.memory import estimate_memory
-    except ModuleNotFoundError as exc:
-        if exc.name != "gpuprov.sizing.memory":
-            raise
-        raise GpuprovError("the memory estimator (gpuprov.sizing.memory) is not available in this build") from None
+    from gpuprov.sizing.memory import estimate_memory
+
     return estimate_memory
 
 
@@ -636,7 +632,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     from gpuprov.catalog.models import get_model
     from gpuprov.host import host_needs, make_host, size_onprem
     from gpuprov.plan import (
-        Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput,
+        Alternative, Cluster, GpuInfo, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput,
         Training,
     )
     from gpuprov.sizing.throughput import utilisation as util_of

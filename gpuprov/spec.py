@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from gpuprov.sizing.types import ActivationCheckpointing, Offload, Optimizer, Precision, Task
+from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
 
 Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
 Objective = Literal["cost", "time", "gpus"]

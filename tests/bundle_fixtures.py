@@ -1,35 +1,11 @@
-"""Helpers for the bundle/generate/check/up tests: renderer sets that do not wait on other helpers.
+"""Helpers for the bundle/generate/check/up tests.
 
-`available_renderers()` is the real renderers that exist in this build (skipping only the ones
-truly absent); `standin_renderers()` adds minimal, valid Terraform/Ansible/launch files for tests
-about the bundle machinery itself (writing, swapping, bring-up order), not about renderer content.
+`standin_renderers()` gives minimal, valid Terraform/Ansible/launch files for tests about the
+bundle machinery itself (writing, swapping, bring-up order), not about renderer content; the
+real renderers are tested in their own modules and end to end in test_generate_cli/test_examples.
 """
 
 from __future__ import annotations
-
-import importlib.util
-
-from gpuprov.bundle import RENDERERS, load_renderer
-
-
-def module_present(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def available_renderers() -> list:
-    found = []
-    for folder, module, attr in RENDERERS:
-        function = load_renderer(module, attr)
-        if function is not None:
-            found.append((folder, function))
-    return found
-
-
-def all_pieces_present() -> bool:
-    return module_present("gpuprov.planner") and all(module_present(m) for _, m, _ in RENDERERS)
 
 
 def _terraform(plan) -> dict:

@@ -15,13 +15,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bundle_fixtures import all_pieces_present
 from gpuprov import bundle
 from gpuprov.commands.spec_options import spec_options
 from gpuprov.errors import GpuprovError
 from gpuprov.specfile import load_hosts, parse_count, parse_hours
 
-needs_everything = pytest.mark.skipif(not all_pieces_present(), reason="planner or a renderer has not landed yet")
 
 
 def run(*args: str, cwd: Path | None = None, stdin=None) -> subprocess.CompletedProcess:
@@ -220,7 +218,6 @@ def test_tty_without_output_asks_where(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- end to end (planner + renderers)
 
 
-@needs_everything
 def test_generate_directory_tar_and_redirect_agree(tmp_path: Path) -> None:
     args = ["generate", "--model", "llama-3.1-8b", "--task", "lora", "--cloud", "aws", "--tokens", "1B"]
     started = time.perf_counter()
@@ -250,7 +247,6 @@ def test_generate_directory_tar_and_redirect_agree(tmp_path: Path) -> None:
     assert again.stdout == streamed.stdout
 
 
-@needs_everything
 def test_generate_refuses_foreign_dir_and_hand_edits(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "x.txt").write_text("keep")

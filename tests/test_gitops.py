@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bundle_fixtures import all_pieces_present, module_present, standin_renderers
+from bundle_fixtures import standin_renderers
 from gpuprov import bundle
 from gpuprov.commands import gitops
 from plan_fixtures import sample_plan
 
-needs_everything = pytest.mark.skipif(not all_pieces_present(), reason="planner or a renderer has not landed yet")
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -33,8 +32,6 @@ def _standin_bundle(tmp_path: Path, plan=None) -> Path:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> Path:
-    if not all_pieces_present():
-        pytest.skip("planner or a renderer has not landed yet")
     root = tmp_path_factory.mktemp("check") / "infra"
     result = run("generate", "--model", "llama-3.1-8b", "--task", "lora", "--cloud", "gcp", "--tokens", "2B",
                  "-o", str(root))
@@ -140,8 +137,6 @@ def test_validate_onprem_has_no_terraform(tmp_path: Path) -> None:
     assert run("validate", str(root), "--strict").returncode == 1  # a skipped check counts under --strict
 
 
-@pytest.mark.skipif(not (module_present("gpuprov.sizing.memory") and module_present("gpuprov.catalog.gpus")),
-                    reason="sizing has not landed yet")
 def test_plan_sanity_detects_a_plan_that_no_longer_fits(tmp_path: Path) -> None:
     plan = sample_plan("aws")
     root = _standin_bundle(tmp_path, plan)
@@ -161,7 +156,6 @@ def test_validate_not_a_bundle(tmp_path: Path) -> None:
     assert result.returncode == 2 and "not a gpuprov bundle" in result.stderr
 
 
-@needs_everything
 def test_validate_real_bundle(generated: Path) -> None:
     result = run("validate", str(generated))
     assert result.returncode == 0, result.stdout + result.stderr

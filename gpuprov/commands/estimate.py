@@ -73,14 +73,12 @@ def _announced(progress, seconds: float):
 
 
 def run_precise(arch, setup, gpu_memory_bytes):
-    """Lazily import the PyTorch-backed estimator (helper G's module) with a clear install hint."""
+    """Lazily import the PyTorch-backed estimator with a clear install hint."""
     try:
         from gpuprov.sizing.precise import estimate_precise, estimate_seconds
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
             raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
-        if exc.name == "gpuprov.sizing.precise":
-            raise GpuprovError("--precise is not available in this build of gpuprov") from None
         raise
     try:
         # before the call: estimate_seconds counts the import of transformers while it is still to come

@@ -13,13 +13,8 @@ from gpuprov.errors import GpuprovError
 
 
 def make_plan(spec):
-    """The planner, imported when a command needs it (helper B's gpuprov.planner)."""
-    try:
-        from gpuprov.planner import make_plan as planner
-    except ImportError as exc:
-        if exc.name == "gpuprov.planner" or not isinstance(exc, ModuleNotFoundError):
-            raise GpuprovError("the planner is not available in this build of gpuprov") from None
-        raise
+    from gpuprov.planner import make_plan as planner  # lazy: the search is only needed here
+
     return planner(spec)
 
 

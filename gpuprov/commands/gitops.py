@@ -182,12 +182,9 @@ def check_plan(root: Path) -> Result:
         return "fail", "plan.json is missing"
     except ValueError as exc:
         return "fail", f"plan.json does not load: {str(exc).splitlines()[0]}"
-    try:
-        from gpuprov.catalog.gpus import get_gpu
-        from gpuprov.catalog.models import get_model
-        from gpuprov.sizing.memory import estimate_memory
-    except ModuleNotFoundError as exc:
-        return "skip", f"sizing is not available in this build ({exc.name})"
+    from gpuprov.catalog.gpus import get_gpu
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing.memory import estimate_memory
     from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
 
     c = plan.cluster
