@@ -196,7 +196,7 @@ def test_syntax_check_sample_plans(workdir, cloud):
 
 @pytest.fixture(scope="module")
 def planner_plans():
-    planner = pytest.importorskip("gpuprov.planner")
+    from gpuprov import planner
     from gpuprov.spec import TrainingSpec
 
     plans = {}

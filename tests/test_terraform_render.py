@@ -225,7 +225,7 @@ PLANNER_SPECS = {
 def test_planner_plans_render_valid_terraform(name, tmp_path):
     """What `gpuprov generate` would write: formatted, loadable, schema-clean, and the plan's
     defaults pass every variable validation when Terraform evaluates them."""
-    planner = pytest.importorskip("gpuprov.planner")
+    from gpuprov import planner
     from gpuprov.spec import TrainingSpec
     from terraform_support import load_schema, schema_problems
 
