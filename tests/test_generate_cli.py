@@ -288,3 +288,12 @@ def test_output_is_the_current_directory(tmp_path: Path, monkeypatch) -> None:
         bundle.write_bundle("..", files)
     assert bundle.compare_bundle(tmp_path / "infra", files) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["infra"]
+
+
+def test_summary_names_the_hosts_the_plan_leaves_out(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("".join(f"- {{name: n{i}, address: 10.0.0.{i}}}\n" for i in range(1, 4)))
+    result = run("generate", "--model", "7b", "--task", "lora", "--gpu", "h100-80gb", "--tokens", "1B",
+                 "--hosts", str(hosts), "-o", str(tmp_path / "infra"))
+    assert result.returncode == 0, result.stderr
+    assert "1 x hgx-h100-8" in result.stderr and "hosts left out: n2, n3" in result.stderr

@@ -21,8 +21,12 @@ def make_plan(spec):
 def _summary(plan, where: str, files: int) -> str:
     c = plan.cluster
     cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
+    from gpuprov.host import hosts_left_out
+
+    unused = hosts_left_out(plan) if c.cloud == "onprem" else []
+    left_out = f"; hosts left out: {', '.join(h.name for h in unused)} (see README.md)" if unused else ""
     return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
-            f"{c.sharding}, ~{plan.time_hours:,.1f} h{cost}")
+            f"{c.sharding}, ~{plan.time_hours:,.1f} h{cost}{left_out}")
 
 
 @click.command()
