@@ -296,4 +296,4 @@ def test_summary_names_the_hosts_the_plan_leaves_out(tmp_path: Path) -> None:
     result = run("generate", "--model", "7b", "--task", "lora", "--gpu", "h100-80gb", "--tokens", "1B",
                  "--hosts", str(hosts), "-o", str(tmp_path / "infra"))
     assert result.returncode == 0, result.stderr
-    assert "1 x hgx-h100-8" in result.stderr and "hosts left out: n2, n3" in result.stderr
+    assert b"1 x hgx-h100-8" in result.stderr and b"hosts left out: n2, n3" in result.stderr
