@@ -305,5 +305,5 @@ def test_real_planner_output_renders(kw, tmp_path):
 @pytest.mark.parametrize("task", ["full", "lora", "qlora"])
 def test_train_yaml_says_where_the_qlora_base_lives(task):
     """The trainer keeps the NF4 base whole on every GPU (FSDP2 cannot shard bitsandbytes weights)."""
-    cfg = yaml.safe_load(render_launch(sample_plan("aws", 2, "fsdp", task))["train.yaml"])
-    assert cfg["task"].get("qlora_base") == ("replicated" if task == "qlora" else None)
+    text = render_launch(sample_plan("aws", 2, "fsdp", task))["train.yaml"]
+    assert ("NF4 base weights stay whole on every GPU" in text) == (task == "qlora")

@@ -288,13 +288,3 @@ def test_adamw_is_fused_on_cuda_only(trainer_module, monkeypatch):
         train.build_optimizer(model, cfg, rt)
         assert seen[-1].get("fused", False) is fused, (device, offload, seen[-1])
 
-
-def test_qlora_base_is_replicated_as_train_yaml_says(trainer_module):
-    """FSDP2 cannot shard bitsandbytes NF4 weights: train.yaml says the base is whole on every GPU."""
-    train, yaml_path = trainer_module
-    cfg = train.load_config(str(yaml_path), [])
-    assert cfg["task"]["kind"] == "qlora" and cfg["task"]["qlora_base"] == "replicated"
-    cfg = train.load_config(str(yaml_path), ["task.qlora_base=sharded", "model.pretrained_path=/nowhere"])
-    rt = train.Runtime(0, 1, 0, train.torch.device("cuda"), None, 0, 1, 0)
-    with pytest.raises(SystemExit, match="only replicated works"):
-        train.build_model(cfg, rt)

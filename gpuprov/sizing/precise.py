@@ -335,8 +335,8 @@ def _build_config(arch: Any, setup: TrainSetup):
 
     from transformers import AutoConfig
 
-    # Deep copy: transformers rewrites nested dicts such as rope_scaling in place, and
-    # hf_config is the catalog's cached copy that plans and bundles are rendered from.
+    # Deep copy: transformers rewrites nested dicts such as rope_scaling in place, and the
+    # caller's arch (a preset or a config.json) goes on to be rendered into plans and bundles.
     cfg = copy.deepcopy(dict(arch.hf_config))
     model_type = cfg.pop("model_type")
     for key in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",

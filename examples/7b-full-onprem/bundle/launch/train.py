@@ -183,11 +183,6 @@ def build_qlora_model(cfg: dict, rt: Runtime) -> torch.nn.Module:
     if not rt.is_cuda:
         raise ConfigError("task qlora needs CUDA: bitsandbytes 4-bit kernels do not run on CPU "
                           "(use task.kind lora to test the adapter path on CPU)")
-    base = cfg["task"].get("qlora_base", "replicated")
-    if base != "replicated":
-        raise ConfigError(f"task.qlora_base {base!r}: only replicated works (FSDP2 cannot shard bitsandbytes "
-                          "NF4 weights, their quant_state is lost); the plan's memory estimate must count the "
-                          "whole NF4 base on every GPU")
     path = cfg["model"].get("pretrained_path")
     if not path:
         raise ConfigError("task qlora quantises pretrained weights: set model.pretrained_path to a local directory")
@@ -283,7 +278,7 @@ def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, cfg: dict, 
     # fsdp/hsdp free the gathered weights after forward (ZeRO-3); zero1/zero2 keep them until
     # backward (FSDP2 has no optimizer-only sharding: zero1 runs as zero2).
     reshard = par["sharding"] in ("fsdp", "hsdp")
-    # QLoRA: the NF4 base stays whole on every GPU (task.qlora_base: replicated); FSDP2 would turn
+    # QLoRA: the NF4 base stays whole on every GPU (the plan sizes it so); FSDP2 would turn
     # bitsandbytes' Params4bit into plain DTensors and lose their quant_state. Adapters are sharded.
     ignored = {p for p in model.parameters() if type(p).__name__ == "Params4bit"} or None
     kw = dict(mesh=rt.mesh, mp_policy=mp, offload_policy=offload, ignored_params=ignored)
