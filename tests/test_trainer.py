@@ -7,12 +7,15 @@ scripts are exactly what a cluster gets. Kept to six short torchrun launches in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,12 +60,25 @@ def start(launch: Path, *args: str, port: int, **env: str) -> subprocess.Popen:
     full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                     GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"), **env)
     full_env.pop("TORCHRUN", None)
+    # own session: a run that hangs is killed with its torchrun workers (see finish)
     return subprocess.Popen(["bash", str(launch / "train.sh"), *args], env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def finish(*procs: subprocess.Popen) -> str:
-    outs = [p.communicate(timeout=240)[0] for p in procs]
+def finish(*procs: subprocess.Popen, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            # Kill every launch with its workers (nothing left holding ports for later tests) and
+            # fail with what each printed, so a hang says where it stopped.
+            for q in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(q.pid, signal.SIGKILL)
+            tails = "\n---\n".join((q.communicate()[0] or "")[-3000:] for q in procs)
+            pytest.fail(f"training did not finish within {timeout:.0f} s; output:\n{tails}")
     text = "\n".join(outs)
     assert all(p.returncode == 0 for p in procs), text[-4000:]
     return text
