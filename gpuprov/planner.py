@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.throughput import Flops, Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
+from gpuprov.sizing.throughput import Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
     intra_node_gbytes, step_estimate, utilisation
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
@@ -98,6 +98,7 @@ class SearchResult:
     constrained_by_gpu: dict[str, Candidate] = field(default_factory=dict)  # fastest that fit, over limits
     searched: list[Any] = field(default_factory=list)  # the instances the space was built from
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
+    best_by_group: dict[tuple[str, str], Candidate] = field(default_factory=dict)  # (cloud, GPU) -> best
 
 
 def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
@@ -164,6 +165,332 @@ def _dominated(instances: list[Any]) -> set[str]:
     return out
 
 
+def _group(inst: Any) -> tuple[str, str]:
+    """The candidates table's row key: the best per GPU type on each cloud (bounds prune per group)."""
+    return (inst.cloud, inst.gpu)
+
+
+def _pool(spec: Any, instances: Iterable[Any], exhaustive: bool) -> tuple[list[Any], list[Any], list[str], list[Any]]:
+    """The instances the spec allows: (to walk, searched, unpriced names, excluded for no price)."""
+    insts = list(instances)
+    if spec.gpus:
+        wanted = {g.lower() for g in spec.gpus}
+        insts = [i for i in insts if i.gpu.lower() in wanted]
+    if spec.cloud != "any":
+        insts = [i for i in insts if i.cloud == spec.cloud]
+    else:
+        # 'any' compares clouds; on-prem needs the user's hosts, so it joins only when asked
+        insts = [i for i in insts if i.cloud != "onprem" or spec.hosts]
+    if spec.region and spec.cloud == "any":
+        raise GpuprovError(f"--region {spec.region} names one cloud's region: give --cloud as well")
+    unpriced = sorted({i.name for i in insts if not i.onprem and i.price_per_hour_usd is None})
+    excluded: list[Any] = []
+    if spec.objective == "cost":
+        # a machine without a public price cannot be ranked by cost
+        excluded = [i for i in insts if not i.onprem and i.price_per_hour_usd is None]
+        insts = [i for i in insts if i.onprem or i.price_per_hour_usd is not None]
+    searched = list(insts)
+    if not exhaustive:
+        dom = _dominated(insts)
+        insts = [i for i in insts if i.name not in dom]
+    return insts, searched, unpriced, excluded
+
+
+@dataclass
+class _Slot:
+    """One instance type at one node count: the figures every layout on it shares."""
+
+    inst: Any
+    gpu: Any
+    nodes: int
+    usable: int
+    util: float
+    intra: float
+    inter: float
+
+    @property
+    def gpn(self) -> int:
+        return self.inst.gpus
+
+    @property
+    def total(self) -> int:
+        return self.nodes * self.inst.gpus
+
+
+class _Search:
+    """One walk of the space for one spec. Methods are the steps; the fields are what they share."""
+
+    def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
+        from gpuprov.sizing.throughput import assumptions
+
+        self.spec, self.arch, self.estimator, self.gpus, self.exhaustive = spec, arch, estimator, gpus, exhaustive
+        self.task = spec.task
+        self.targets = _lora_targets(spec) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
+        self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
+            if self.task != "full" else arch.params
+        self.seq, self.gbt, self.tokens = spec.seq_len, spec.global_batch_tokens, spec.tokens
+        if self.seq > self.gbt:
+            raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt} tokens")
+        self.objective = spec.objective
+        self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
+        a = assumptions()
+        self.overhead_h = float(a.raw["run"]["overhead_hours"])
+        self.tol = float(a.raw["run"]["batch_tolerance"])
+        self.qfac = a.qlora_factor if self.task == "qlora" else 1.0
+        self.mem_cache: dict[tuple, MemoryEstimate] = {}
+        self.mem_calls = 0
+        # Per-GPU memory never grows when the same model state is spread over more GPUs, and
+        # replicas (ddp, hsdp with a fixed shard group) do not change it at all: a fit (or, for
+        # replicas, a miss) seen at one cluster size settles others without asking the estimator
+        # again. Gradient accumulation enters as the estimator models it: whether gradients stay
+        # alive between micro-batches (steps > 1), not how many; the family key separates the two.
+        # The brute force asks every time; tests and benchmark hold the two to the same answer.
+        self.seen: dict[tuple, list[tuple[int, int]]] = {}
+        self.shape_cache: dict[int, list[tuple[int, int, int]]] = {}
+        self.best: Candidate | None = None
+        self.best_by_gpu: dict[str, Candidate] = {}
+        self.best_by_group: dict[tuple[str, str], Candidate] = {}
+        self.fastest: Candidate | None = None
+        self.cheapest: Candidate | None = None
+        self.nearest: Miss | None = None
+        self.unfit: dict[str, Miss] = {}
+        self.constrained: dict[str, Candidate] = {}
+        self.evaluated = self.fitting = self.constrained_out = 0
+
+    # ---------------------------------------------------------------- memory
+    @staticmethod
+    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> tuple:
+        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb, ga > 1)
+
+    def memory(self, total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> MemoryEstimate:
+        key = (total, gpn, sharding, sg, ac, mb, ga)
+        est = None if self.exhaustive else self.mem_cache.get(key)
+        if est is None:
+            spec = self.spec
+            setup = make_setup(
+                task=self.task, seq_len=self.seq, micro_batch=mb, gpus=total, gpus_per_node=gpn,
+                sharding=sharding, shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
+                precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
+                lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
+            )
+            est = self.estimator(self.arch, setup)
+            self.mem_calls += 1
+            self.mem_cache[key] = est
+            self.seen.setdefault(self._family(gpn, sharding, sg, ac, mb, ga), []).append(
+                (total, est.per_gpu_bytes))
+        return est
+
+    def known_fit(self, total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int,
+                  usable: int) -> bool | None:
+        replicas = sharding in ("ddp", "hsdp")
+        for t, b in self.seen.get(self._family(gpn, sharding, sg, ac, mb, ga), ()):
+            if b <= usable and t <= total:
+                return True
+            if replicas and b > usable:
+                return False
+        return None
+
+    # ---------------------------------------------------------------- bounds
+    def _compute_seconds(self, inst: Any, ac: str) -> float:
+        """GPU-seconds of pure compute at the assumed utilisation (no recompute, no communication)."""
+        gpu = self.gpus[inst.gpu]
+        util, _ = utilisation(gpu)
+        return self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac)
+
+    def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none") -> float:
+        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only)."""
+        price = inst.price_per_hour_usd
+        if price is None:
+            return 0.0
+        return (self._compute_seconds(inst, ac) / 3600.0 / inst.gpus + self.overhead_h * nodes) * price
+
+    def lower_bound_hours(self, inst: Any, nodes: int, ac: str = "none") -> float:
+        return self._compute_seconds(inst, ac) / (nodes * inst.gpus) / 3600.0 + self.overhead_h
+
+    def beaten(self, inst: Any, nodes: int, ac: str) -> bool:
+        """True when no candidate from here on can beat the best of this instance's table row."""
+        if self.exhaustive:
+            return False
+        inc = self.best_by_group.get(_group(inst))
+        if inc is None:
+            return False
+        if self.objective == "cost":
+            return inc.cost_usd is not None and inst.price_per_hour_usd is not None and \
+                self.lower_bound_cost(inst, nodes, ac) > inc.cost_usd
+        if self.objective == "time":
+            return self.lower_bound_hours(inst, nodes, ac) > inc.time_hours
+        return nodes * inst.gpus > inc.total_gpus
+
+    # ---------------------------------------------------------------- shapes
+    def batch_shapes(self, total: int) -> list[tuple[int, int, int]]:
+        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance."""
+        out = self.shape_cache.get(total)
+        if out is None:
+            out = []
+            for mb in MICRO_BATCHES:
+                per_step_tokens = mb * self.seq * total
+                ga = max(1, round(self.gbt / per_step_tokens))
+                batch = ga * per_step_tokens
+                if abs(batch - self.gbt) <= self.tol * self.gbt:
+                    out.append((mb, ga, batch))
+                elif per_step_tokens > self.gbt:
+                    break
+            self.shape_cache[total] = out
+        return out
+
+    def record_miss(self, slot: _Slot, sharding: str, est: MemoryEstimate) -> None:
+        ratio = est.per_gpu_bytes / slot.usable
+        slug = slot.inst.gpu
+        miss = Miss(ratio, slot.inst, slot.gpu, slot.nodes, sharding, est.per_gpu_bytes, slot.usable,
+                    est.model_states_bytes)
+        if self.nearest is None or ratio < self.nearest.ratio:
+            self.nearest = miss
+        if slug not in self.best_by_gpu and slug not in self.constrained and (
+                slug not in self.unfit or ratio < self.unfit[slug].ratio):
+            self.unfit[slug] = miss
+
+    def fitting_shapes(self, slot: _Slot, sharding: str, sg: int, ac: str,
+                       shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """The shapes whose memory fits the slot's GPUs."""
+        total, gpn, usable = slot.total, slot.gpn, slot.usable
+        out = []
+        if self.exhaustive:
+            for x in shapes:
+                est = self.memory(total, gpn, sharding, sg, ac, x[0], x[1])
+                if est.per_gpu_bytes <= usable:
+                    out.append(x)
+                else:
+                    self.record_miss(slot, sharding, est)
+            return out
+        # memory grows with the micro-batch: stop at the first that does not fit (estimates are
+        # cached across instances, so smaller GPUs reuse them). A larger micro-batch can end
+        # accumulation (1 step) and free the gradients held between micro-batches, so the scan
+        # stops per accumulating/not.
+        stopped: set[bool] = set()
+        for x in shapes:
+            accumulating = x[1] > 1
+            if accumulating in stopped:
+                continue
+            known = self.known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable)
+            if known is False:
+                stopped.add(accumulating)
+                continue
+            if known is None:
+                est = self.memory(total, gpn, sharding, sg, ac, x[0], x[1])
+                if est.per_gpu_bytes > usable:
+                    self.record_miss(slot, sharding, est)
+                    stopped.add(accumulating)
+                    continue
+            out.append(x)
+        return out
+
+    # ---------------------------------------------------------------- timing and ranking
+    def timed(self, slot: _Slot, sharding: str, sg: int, ac: str, mb: int, ga: int, batch: int) -> Candidate:
+        spec, arch, gpu = self.spec, self.arch, slot.gpu
+        steps = -(-self.tokens // batch)
+        shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=sharding, shard_group=sg,
+                      micro_batch=mb, grad_accum=ga, seq_len=self.seq)
+        step = step_estimate(
+            shape=shape, flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
+            hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
+            params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
+            optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
+        )
+        self.evaluated += 1
+        hours = steps * step.step_time_s / 3600.0 + self.overhead_h
+        price = slot.inst.price_per_hour_usd
+        cost = None if price is None else hours * slot.nodes * price
+        return Candidate(slot.inst, gpu, slot.nodes, sharding, sg, ac, mb, ga, batch, steps, None, step,
+                         hours, cost)
+
+    def over_limits(self, cand: Candidate) -> bool:
+        deadline, budget = self.spec.deadline_hours, self.spec.budget_usd
+        return (deadline is not None and cand.time_hours > deadline) or (
+            budget is not None and cand.cost_usd is not None and cand.cost_usd > budget)
+
+    def consider(self, cand: Candidate) -> None:
+        """Rank one timed candidate against the best so far (overall, per GPU, per table row)."""
+        slug = cand.instance.gpu
+        if self.fastest is None or cand.time_hours < self.fastest.time_hours:
+            self.fastest = cand
+        if cand.cost_usd is not None and (self.cheapest is None or cand.cost_usd < (self.cheapest.cost_usd or math.inf)):
+            self.cheapest = cand
+        self.unfit.pop(slug, None)
+        if self.over_limits(cand):
+            self.constrained_out += 1
+            prev = self.constrained.get(slug)
+            if prev is None or cand.time_hours < prev.time_hours:
+                self.constrained[slug] = cand
+            return
+        k = _objective_key(self.objective, cand)
+        group = _group(cand.instance)
+        row = self.best_by_group.get(group)
+        if row is None or k < _objective_key(self.objective, row):
+            self.best_by_group[group] = cand
+        cur = self.best_by_gpu.get(slug)
+        if cur is None or k < _objective_key(self.objective, cur):
+            self.best_by_gpu[slug] = cand
+            if self.best is None or k < _objective_key(self.objective, self.best):
+                self.best = cand
+
+    # ---------------------------------------------------------------- the walk
+    def node_order(self, inst: Any, top: int, only_nodes: int | None) -> Iterable[int]:
+        if only_nodes is not None:
+            return [only_nodes] if 1 <= only_nodes <= top else []
+        if self.objective == "time" and not self.exhaustive:
+            return range(top, 0, -1)
+        return range(1, top + 1)
+
+    def slot(self, inst: Any, nodes: int) -> _Slot:
+        gpu = self.gpus[inst.gpu]
+        return _Slot(inst=inst, gpu=gpu, nodes=nodes, usable=int(gpu.memory_bytes * (1.0 - self.spec.safety_margin)),
+                     util=utilisation(gpu)[0], intra=intra_node_gbytes(gpu)[0],
+                     inter=inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu))
+
+    def walk_instance(self, inst: Any, top: int, only_nodes: int | None) -> None:
+        descending = self.objective == "time" and not self.exhaustive
+        for nodes in self.node_order(inst, top, only_nodes):
+            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol):
+                if descending:
+                    continue
+                break  # even micro-batch 1 overshoots the global batch; more nodes only worse
+            if self.beaten(inst, nodes, "none"):
+                # cost and GPU-count bounds grow with nodes (per-node overhead; GPU count); the time
+                # bound grows as nodes fall, and time walks the node counts downwards
+                break
+            slot = self.slot(inst, nodes)
+            for sharding, sg in _shardings(slot.total, slot.gpn, nodes):
+                self.walk_layout(slot, sharding, sg)
+
+    def walk_layout(self, slot: _Slot, sharding: str, sg: int) -> None:
+        """Every AC mode and micro-batch of one sharding layout on one slot."""
+        fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
+        for ac in AC_MODES:
+            shapes = self.batch_shapes(slot.total)
+            if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in shapes):
+                break  # every micro-batch fits with less recompute: more recompute only costs
+            if self.beaten(slot.inst, slot.nodes, ac):
+                break
+            if not self.exhaustive:
+                # same shape with less recompute fits already: dominated
+                shapes = [x for x in shapes if x[0] not in fitted]
+            for mb, ga, batch in self.fitting_shapes(slot, sharding, sg, ac, shapes):
+                fitted.add(mb)
+                self.fitting += 1
+                self.consider(self.timed(slot, sharding, sg, ac, mb, ga, batch))
+
+    def result(self, searched: list[Any], unpriced: list[str], excluded: list[Any]) -> SearchResult:
+        return SearchResult(
+            best=self.best, best_by_gpu=self.best_by_gpu, fastest_unconstrained=self.fastest,
+            cheapest_unconstrained=self.cheapest, nearest_miss=self.nearest,
+            unfit_gpus={k: v for k, v in self.unfit.items() if k not in self.best_by_gpu},
+            evaluated=self.evaluated, memory_calls=self.mem_calls, fitting=self.fitting,
+            constrained_out=self.constrained_out, unpriced=unpriced,
+            constrained_by_gpu={k: v for k, v in self.constrained.items() if k not in self.best_by_gpu},
+            searched=searched, excluded_unpriced=excluded, best_by_group=dict(self.best_by_group),
+        )
+
+
 def search(
     spec: Any,
     arch: Any,
@@ -177,274 +504,15 @@ def search(
     """Enumerate the space, keep what fits and meets the constraints, rank by spec.objective.
 
     `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
-    task = spec.task
-    targets = _lora_targets(spec) if task != "full" else LORA_TARGET_PRESETS["all-linear"]
-    trainable = arch.trainable_params(task, spec.lora_rank, targets) if task != "full" else arch.params
-    seq = spec.seq_len
-    gbt = spec.global_batch_tokens
-    tokens = spec.tokens
-    if seq > gbt:
-        raise GpuprovError(f"--seq-len {seq} is longer than the global batch of {gbt} tokens")
-    margin = spec.safety_margin
-    objective = spec.objective
-    flops_by_ac = {ac: flops_per_token(arch, seq, task, trainable, ac) for ac in AC_MODES}
-    insts = list(instances)
-    if spec.gpus:
-        wanted = {g.lower() for g in spec.gpus}
-        insts = [i for i in insts if i.gpu.lower() in wanted]
-    if spec.cloud != "any":
-        insts = [i for i in insts if i.cloud == spec.cloud]
-    else:
-        # 'any' compares clouds; on-prem needs the user's hosts, so it joins only when asked
-        insts = [i for i in insts if i.cloud != "onprem" or spec.hosts]
-    if spec.region and spec.cloud == "any":
-        raise GpuprovError(f"--region {spec.region} names one cloud's region: give --cloud as well")
-    max_nodes = spec.max_nodes
+    insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
+    s = _Search(spec, arch, estimator, {i.gpu: gpu_lookup(i.gpu) for i in insts}, exhaustive)
     # on-prem machines are the user's hosts: no more nodes than hosts listed (also under cloud 'any')
-    onprem_max = min(max_nodes, len(spec.hosts)) if spec.hosts else max_nodes
-    unpriced = sorted({i.name for i in insts if not i.onprem and i.price_per_hour_usd is None})
-    excluded_unpriced: list[Any] = []
-    if objective == "cost":
-        # a machine without a public price cannot be ranked by cost
-        excluded_unpriced = [i for i in insts if not i.onprem and i.price_per_hour_usd is None]
-        insts = [i for i in insts if i.onprem or i.price_per_hour_usd is not None]
-    searched = list(insts)
-    if not exhaustive:
-        dom = _dominated(insts)
-        insts = [i for i in insts if i.name not in dom]
-
-    gpus = {i.gpu: gpu_lookup(i.gpu) for i in insts}
-    mem_cache: dict[tuple, MemoryEstimate] = {}
-    mem_calls = 0
-
-    def memory(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> MemoryEstimate:
-        nonlocal mem_calls
-        key = (total, gpn, sharding, sg, ac, mb, ga)
-        est = None if exhaustive else mem_cache.get(key)
-        if est is None:
-            setup = make_setup(
-                task=task, seq_len=seq, micro_batch=mb, gpus=total, gpus_per_node=gpn, sharding=sharding,
-                shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
-                precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
-                lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga,
-            )
-            est = estimator(arch, setup)
-            mem_calls += 1
-            mem_cache[key] = est
-            seen.setdefault(_family(gpn, sharding, sg, ac, mb, ga), []).append((total, est.per_gpu_bytes))
-        return est
-
-    # Per-GPU memory never grows when the same model state is spread over more GPUs, and replicas
-    # (ddp, hsdp with a fixed shard group) do not change it at all: a fit (or, for replicas, a
-    # miss) seen at one cluster size settles others without asking the estimator again. Gradient
-    # accumulation enters as the estimator models it: whether gradients stay alive between
-    # micro-batches (steps > 1), not how many steps; the family key separates the two. The
-    # brute force asks every time, and the tests and benchmark hold the two to the same answer.
-    seen: dict[tuple, list[tuple[int, int]]] = {}
-
-    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> tuple:
-        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb, ga > 1)
-
-    def known_fit(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int,
-                  usable: int) -> bool | None:
-        replicas = sharding in ("ddp", "hsdp")
-        for t, b in seen.get(_family(gpn, sharding, sg, ac, mb, ga), ()):
-            if b <= usable and t <= total:
-                return True
-            if replicas and b > usable:
-                return False
-        return None
-
-    from gpuprov.sizing.throughput import assumptions
-
-    a = assumptions()
-    overhead_h = float(a.raw["run"]["overhead_hours"])
-    tol = float(a.raw["run"]["batch_tolerance"])
-    qfac = a.qlora_factor if task == "qlora" else 1.0
-
-    def lower_bound_cost(inst: Any, nodes: int = 1, ac: str = "none") -> float:
-        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only)."""
-        gpu = gpus[inst.gpu]
-        util, _ = utilisation(gpu)
-        gpu_seconds = tokens * flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * qfac)
-        price = inst.price_per_hour_usd
-        if price is None:
-            return 0.0
-        return (gpu_seconds / 3600.0 / inst.gpus + overhead_h * nodes) * price
-
-    def lower_bound_hours(inst: Any, nodes: int, ac: str = "none") -> float:
-        gpu = gpus[inst.gpu]
-        util, _ = utilisation(gpu)
-        return tokens * flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * qfac) / (
-            nodes * inst.gpus) / 3600.0 + overhead_h
-
-    def beaten(inst: Any, nodes: int, ac: str) -> bool:
-        """True when no candidate from here on can beat the best for this GPU type."""
-        if exhaustive:
-            return False
-        inc = best_by_gpu.get(inst.gpu)
-        if inc is None:
-            return False
-        if objective == "cost":
-            return inc.cost_usd is not None and inst.price_per_hour_usd is not None and \
-                lower_bound_cost(inst, nodes, ac) > inc.cost_usd
-        if objective == "time":
-            return lower_bound_hours(inst, nodes, ac) > inc.time_hours
-        return nodes * inst.gpus > inc.total_gpus
-
-    if not exhaustive and objective == "cost":
-        insts.sort(key=lower_bound_cost)
-
-    best: Candidate | None = None
-    best_by_gpu: dict[str, Candidate] = {}
-    fastest: Candidate | None = None
-    cheapest: Candidate | None = None
-    nearest: Miss | None = None
-    unfit: dict[str, Miss] = {}
-    evaluated = fitting = constrained_out = 0
-    constrained: dict[str, Candidate] = {}
-    deadline, budget = spec.deadline_hours, spec.budget_usd
-
-    shape_cache: dict[int, list[tuple[int, int, int]]] = {}
-
-    def batch_shapes(total: int) -> list[tuple[int, int, int]]:
-        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance."""
-        out = shape_cache.get(total)
-        if out is None:
-            out = []
-            for mb in MICRO_BATCHES:
-                per_step_tokens = mb * seq * total
-                ga = max(1, round(gbt / per_step_tokens))
-                batch = ga * per_step_tokens
-                if abs(batch - gbt) <= tol * gbt:
-                    out.append((mb, ga, batch))
-                elif per_step_tokens > gbt:
-                    break
-            shape_cache[total] = out
-        return out
-
-    descending = objective == "time" and not exhaustive
+    onprem_max = min(spec.max_nodes, len(spec.hosts)) if spec.hosts else spec.max_nodes
+    if not exhaustive and spec.objective == "cost":
+        insts.sort(key=s.lower_bound_cost)
     for inst in insts:
-        top = onprem_max if inst.onprem else max_nodes
-        if only_nodes is not None:
-            node_order: Iterable[int] = [only_nodes] if 1 <= only_nodes <= top else []
-        else:
-            node_order = range(top, 0, -1) if descending else range(1, top + 1)
-        gpu = gpus[inst.gpu]
-        usable = int(gpu.memory_bytes * (1.0 - margin))
-        util, _ = utilisation(gpu)
-        intra, _ = intra_node_gbytes(gpu)
-        inter = inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu)
-        gpn = inst.gpus
-        price = inst.price_per_hour_usd
-        for nodes in node_order:
-            total = nodes * gpn
-            if seq * total > gbt * (1 + tol):
-                if descending:
-                    continue
-                break  # even micro-batch 1 overshoots the global batch; more nodes only worse
-            if beaten(inst, nodes, "none"):
-                # cost and GPU-count bounds grow with nodes (per-node overhead; GPU count); the time
-                # bound grows as nodes fall, and time walks the node counts downwards
-                break
-            for sharding, sg in _shardings(total, gpn, nodes):
-                fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
-                for ac in AC_MODES:
-                    if not exhaustive and fitted and fitted.issuperset(x[0] for x in batch_shapes(total)):
-                        break  # every micro-batch fits with less recompute: more recompute only costs
-                    if beaten(inst, nodes, ac):
-                        break
-                    fl: Flops = flops_by_ac[ac]
-                    shapes = batch_shapes(total)
-                    if not exhaustive:
-                        # same shape with less recompute fits already: dominated
-                        shapes = [x for x in shapes if x[0] not in fitted]
-
-                    def record_miss(est: MemoryEstimate) -> None:
-                        nonlocal nearest
-                        ratio = est.per_gpu_bytes / usable
-                        miss = Miss(ratio, inst, gpu, nodes, sharding, est.per_gpu_bytes, usable,
-                                    est.model_states_bytes)
-                        if nearest is None or ratio < nearest.ratio:
-                            nearest = miss
-                        if inst.gpu not in best_by_gpu and inst.gpu not in constrained and (
-                                inst.gpu not in unfit or ratio < unfit[inst.gpu].ratio):
-                            unfit[inst.gpu] = miss
-
-                    if exhaustive:
-                        fitting_shapes = []
-                        for x in shapes:
-                            est = memory(total, gpn, sharding, sg, ac, x[0], x[1])
-                            if est.per_gpu_bytes <= usable:
-                                fitting_shapes.append(x)
-                            else:
-                                record_miss(est)
-                    else:
-                        # memory grows with the micro-batch: stop at the first that does not fit
-                        # (estimates are cached across instances, so smaller GPUs reuse them). A
-                        # larger micro-batch can end accumulation (1 step) and free the gradients
-                        # held between micro-batches, so the scan stops per accumulating/not.
-                        fitting_shapes = []
-                        stopped: set[bool] = set()
-                        for x in shapes:
-                            accumulating = x[1] > 1
-                            if accumulating in stopped:
-                                continue
-                            known = known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable)
-                            if known is False:
-                                stopped.add(accumulating)
-                                continue
-                            if known is None:
-                                est = memory(total, gpn, sharding, sg, ac, x[0], x[1])
-                                if est.per_gpu_bytes > usable:
-                                    record_miss(est)
-                                    stopped.add(accumulating)
-                                    continue
-                            fitting_shapes.append(x)
-                    for mb, ga, batch in fitting_shapes:
-                        fitted.add(mb)
-                        fitting += 1
-                        steps = -(-tokens // batch)
-                        shape = Shape(nodes=nodes, gpus_per_node=gpn, sharding=sharding, shard_group=sg,
-                                      micro_batch=mb, grad_accum=ga, seq_len=seq)
-                        step = step_estimate(
-                            shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=util,
-                            hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter,
-                            params=arch.params, trainable=trainable, num_layers=arch.num_layers, task=task,
-                            optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload,
-                            pcie_gen=gpu.pcie_gen,
-                        )
-                        evaluated += 1
-                        hours = steps * step.step_time_s / 3600.0 + overhead_h
-                        cost = None if price is None else hours * nodes * price
-                        cand = Candidate(inst, gpu, nodes, sharding, sg, ac, mb, ga, batch, steps, None, step,
-                                         hours, cost)
-                        if fastest is None or hours < fastest.time_hours:
-                            fastest = cand
-                        if cost is not None and (cheapest is None or cost < (cheapest.cost_usd or math.inf)):
-                            cheapest = cand
-                        if (deadline is not None and hours > deadline) or (
-                                budget is not None and cost is not None and cost > budget):
-                            constrained_out += 1
-                            prev = constrained.get(inst.gpu)
-                            if prev is None or hours < prev.time_hours:
-                                constrained[inst.gpu] = cand
-                            unfit.pop(inst.gpu, None)
-                            continue
-                        k = _objective_key(objective, cand)
-                        cur = best_by_gpu.get(inst.gpu)
-                        if cur is None or k < _objective_key(objective, cur):
-                            best_by_gpu[inst.gpu] = cand
-                            if best is None or k < _objective_key(objective, best):
-                                best = cand
-                        unfit.pop(inst.gpu, None)
-    return SearchResult(
-        best=best, best_by_gpu=best_by_gpu, fastest_unconstrained=fastest, cheapest_unconstrained=cheapest,
-        nearest_miss=nearest, unfit_gpus={k: v for k, v in unfit.items() if k not in best_by_gpu},
-        evaluated=evaluated, memory_calls=mem_calls, fitting=fitting, constrained_out=constrained_out,
-        unpriced=unpriced, constrained_by_gpu={k: v for k, v in constrained.items() if k not in best_by_gpu},
-        searched=searched, excluded_unpriced=excluded_unpriced,
-    )
+        s.walk_instance(inst, onprem_max if inst.onprem else spec.max_nodes, only_nodes)
+    return s.result(searched, unpriced, excluded)
 
 
 # --------------------------------------------------------------------------- explanations
