@@ -1,4 +1,4 @@
-"""Host sizing: the seed's rules (host_rules.yaml) applied to one node of a plan.
+"""Host sizing: the common rules of thumb (host_rules.yaml, each sourced) applied to one node of a plan.
 
 Cloud instances are checked (where does this machine fall short of a rule); on-prem templates
 are sized from the same rules and come back with a bill of materials.

@@ -38,7 +38,6 @@ GiB = 2**30
 TB = 10**12
 MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 AC_MODES: tuple[str, ...] = ("none", "selective", "full")
-RULE_OF_THUMB_BYTES_PER_PARAM = 18  # the seed's table: 18 bytes/param for full fine-tuning
 Estimator = Callable[..., MemoryEstimate]
 
 
@@ -115,6 +114,13 @@ def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
         grad_accumulation_steps=max(1, int(grad_accum)),
         qlora_base_replicated=fields.get("task") == "qlora",
     )
+
+
+def rule_of_thumb_bytes_per_param() -> int:
+    """The widely quoted 18 B/param of mixed-precision Adam (host_rules.yaml names the papers)."""
+    from gpuprov.host import rules
+
+    return int(rules()["memory"]["rule_of_thumb_bytes_per_param"])
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
@@ -632,9 +638,9 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
 
 def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances: list[Any],
            gpu_lookup: Callable) -> list[str]:
-    """Where the seed's 18 bytes/param rule of thumb and its table are wrong for this spec."""
+    """Where the widely quoted 18 bytes/param rule of thumb (mixed-precision Adam) is wrong for this spec."""
     notes: list[str] = []
-    rot = RULE_OF_THUMB_BYTES_PER_PARAM * arch.params
+    rot = rule_of_thumb_bytes_per_param() * arch.params
     states = mem.model_states_bytes
     if spec.task == "full":
         per_param = states / arch.params
@@ -648,8 +654,8 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         notes.append(f"Rule of thumb 18 B/param ({_tbs(rot)}) is for full training; {spec.task} trains "
                      f"{mem.trainable_params:,} adapter parameters and keeps the base frozen: model states "
                      f"{_tbs(states)}")
-    # the seed's table: '70B ~1.26 TB, 8x141GB H200 or multi-node' -- check each 8-GPU node type
-    # against its own rule: does 18 B/param fit in the node's GPU memory?
+    # sizing tables built on the rule put a 70B (~1.26 TB) on one 8 x 141 GB node: check each
+    # 8-GPU node type against the rule itself -- do 18 B/param fit in the node's GPU memory?
     seen: set[str] = set()
     for inst in instances:
         if inst.gpus != 8 or inst.gpu in seen or spec.task != "full":
@@ -659,7 +665,7 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         node_gb = 8 * _nominal_gb(gpu)
         if rot > node_gb * 1e9 and rot < node_gb * 1e9 * 1.25:
             notes.append(
-                f"The seed's table suggests one 8 x {_nominal_gb(gpu):.0f} GB {gpu.name.split(' ')[1]} node for "
+                f"One 8 x {_nominal_gb(gpu):.0f} GB {gpu.name.split(' ')[1]} node looks enough for "
                 f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb / 1000:.2f} TB < "
                 f"{_tbs(rot)} by its own 18 B/param rule: the model states cannot fit one node "
                 f"(and activations need room on top); plan multi-node sharding or LoRA")
@@ -684,7 +690,7 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
 
 
 def _nominal_gb(gpu: Any) -> float:
-    """The marketing size (141 GB, 80 GB) the seed's table speaks in, from the slug."""
+    """The marketing size (141 GB, 80 GB) sizing tables speak in, from the slug."""
     import re
 
     m = re.search(r"(\d+)gb", gpu.slug)
@@ -767,7 +773,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
             reason=f"too small: needs {miss.per_gpu_bytes / GiB:,.1f} GiB per GPU, {miss.usable_bytes / GiB:,.1f} GiB "
                    f"usable at best (x{miss.nodes} nodes, {miss.sharding})"))
 
-    rot = RULE_OF_THUMB_BYTES_PER_PARAM * arch.params
+    rot = rule_of_thumb_bytes_per_param() * arch.params
     plan = Plan(
         gpuprov_version=__version__,
         spec=spec,

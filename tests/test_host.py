@@ -1,4 +1,4 @@
-"""Host sizing: the seed's rules against cloud instances, and on-prem bills of materials."""
+"""Host sizing: the sourced rules of thumb against cloud instances, and on-prem bills of materials."""
 
 from __future__ import annotations
 

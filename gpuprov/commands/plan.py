@@ -73,7 +73,7 @@ def render_plan(plan) -> str:
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     out.append(f"  {'total':<{width}}  {m.per_gpu_bytes / GiB:10,.2f}  of {m.gpu_memory_bytes / GiB:,.1f} GiB "
                f"({usable / GiB:,.1f} usable at {m.safety_margin:.0%} margin; headroom {m.headroom_bytes / GiB:,.1f})")
-    out.append(f"  model states, all GPUs: {_gib(m.model_states_bytes)}; the seed's 18 B/param rule: "
+    out.append(f"  model states, all GPUs: {_gib(m.model_states_bytes)}; the 18 B/param rule of thumb (mixed-precision Adam): "
                f"{_gib(m.rule_of_thumb_bytes)}")
     out.append("")
     out.append("Time and cost:")
@@ -134,12 +134,12 @@ def plan(spec, as_json: bool) -> None:
 @click.command()
 @spec_options
 def explain(spec) -> None:
-    """Show the arithmetic behind a plan, term by term, with the seed's rule of thumb beside it."""
+    """Show the arithmetic behind a plan, term by term, beside the 18 B/param rule of thumb."""
     click.echo(render_explain(spec, _plan(spec)))
 
 
 def render_explain(spec, plan) -> str:
-    """The plan's arithmetic, term by term; the seed's rule of thumb beside each modelled figure."""
+    """The plan's arithmetic, term by term; the 18 B/param rule of thumb beside the model states."""
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
     from gpuprov.sizing.throughput import (

@@ -86,7 +86,7 @@ def _memory(plan) -> list[str]:
         "",
         *([f"Zero in this configuration: {', '.join(zero)}.", ""] if zero else []),
         f"Model states (weights, gradients, optimizer) over all GPUs: {_gib(mem.model_states_bytes)}. "
-        f"The 18 bytes/parameter rule of thumb says {_gib(mem.rule_of_thumb_bytes)}"
+        f"The widely quoted 18 bytes/parameter rule of thumb for mixed-precision Adam says {_gib(mem.rule_of_thumb_bytes)}"
         + (" (it ignores activations, buffers and fragmentation, and overstates LoRA)."
            if plan.task != "full" else " (it ignores activations, buffers and fragmentation)."),
     ]
