@@ -192,6 +192,27 @@ class Alternative(_Strict):
     reason: str  # why it lost: too small, slower, dearer, over deadline
 
 
+class CandidateRow(_Strict):
+    """One row of `gpuprov plan`'s candidates table: the best layout per GPU type on one cloud."""
+
+    cloud: str
+    region: str | None
+    instance_type: str
+    gpu: str
+    gpus_per_node: int
+    nodes: int
+    purchase: str  # purchase option of the offer (on-demand unless the candidate says otherwise)
+    price_per_hour_usd: float | None  # the whole cluster
+    time_hours: float
+    cost_usd: float | None
+    mfu: float
+    per_gpu_bytes: int
+    gpu_memory_bytes: int
+    sharding: str
+    bound: str
+    chosen: bool
+
+
 class Plan(_Strict):
     schema_version: int = PLAN_SCHEMA_VERSION
     gpuprov_version: str
@@ -214,3 +235,5 @@ class Plan(_Strict):
     hosts: list[HostEntry] | None = None  # on-prem inventory
     alternatives: list[Alternative] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # e.g. where the rule of thumb is wrong
+    candidates: list[CandidateRow] = Field(default_factory=list)  # best per (cloud, GPU type), ranked
+    warnings: list[str] = Field(default_factory=list)  # the chosen run looks pathological, and why

@@ -134,7 +134,8 @@ def _objective_key(objective: str, c: Candidate) -> tuple:
     if objective == "time":
         return (c.time_hours, cost, c.total_gpus)
     if objective == "gpus":
-        return (c.total_gpus, cost, c.time_hours)
+        # equal GPU counts: the faster run first (its GPUs are held for less time), then the cheaper
+        return (c.total_gpus, c.time_hours, cost)
     # cost: on-prem has no price; GPU-hours order it (the owner pays in machine time)
     return (cost, c.time_hours * c.total_gpus, c.time_hours)
 
@@ -822,7 +823,17 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         notes=_notes(spec, arch, best, mem, pool, get_gpu)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu),) if n],
     )
-    return plan
+    return _with_table(plan, spec, arch, result, best, est_fn)
+
+
+def _with_table(plan: Any, spec: Any, arch: Any, result: SearchResult, best: Candidate, est_fn: Estimator) -> Any:
+    """The plan with its candidates table and the warnings on a pathological pick."""
+    from gpuprov.candidates import candidate_rows, pick_warnings
+    from gpuprov.host import rules
+
+    rows = candidate_rows(spec, arch, result, best, est_fn)
+    min_gbps = float(rules()["network"]["min_gbps_per_gpu_multinode"])
+    return plan.model_copy(update={"candidates": rows, "warnings": pick_warnings(spec, best, rows, min_gbps)})
 
 
 def _gpu_hours(c: Candidate) -> float:

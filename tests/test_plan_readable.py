@@ -59,3 +59,60 @@ def test_catalog_sources_and_bundle_readme_say_no_seed(tmp_path):
     readme = (tmp_path / "b" / "README.md").read_text()
     assert not SEED.search(readme)
     assert "18 bytes/parameter rule of thumb for mixed-precision Adam" in readme
+
+
+# --------------------------------------------------------------------------- 2. the candidates table
+def _table(out: str) -> list[str]:
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Candidates ("))
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    return lines[start + 1:end]
+
+
+def test_plan_prints_a_candidates_table_with_the_same_gpu_on_other_clouds():
+    out = ok("plan", "--model", "70b", "--tokens", "20B")
+    head, *rows = _table(out)
+    for col in ("cloud", "region", "instance", "GPUs x nodes", "purchase", "$/h", "hours", "total $", "MFU",
+                "mem margin"):
+        assert col in head
+    chosen = [r for r in rows if r.lstrip().startswith("*")]
+    assert len(chosen) == 1 and "p5e.48xlarge" in chosen[0] and "on-demand" in chosen[0]
+    h200 = [r for r in rows if "h200-141gb" in r]
+    assert {r.split()[1 if r.lstrip().startswith("*") else 0] for r in h200} >= {"aws", "gcp", "azure", "oci"}
+    # ranked by the objective: total $ never falls down the table
+    totals = [float(r.split()[-3].replace(",", "")) for r in rows if not r.strip().startswith("...")]
+    assert totals == sorted(totals)
+
+
+def test_table_rows_are_in_json_and_agree_with_the_chosen_cluster():
+    d = json.loads(ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--json"))
+    chosen = [r for r in d["candidates"] if r["chosen"]]
+    assert len(chosen) == 1
+    c = chosen[0]
+    assert (c["instance_type"], c["nodes"], c["cost_usd"]) == (
+        d["cluster"]["instance_type"], d["cluster"]["nodes"], round(d["cost_usd"], 2))
+    assert c["per_gpu_bytes"] == d["memory"]["per_gpu_bytes"] and c["purchase"] == "on-demand"
+    assert len({(r["cloud"], r["gpu"]) for r in d["candidates"]}) == len(d["candidates"])
+
+
+def test_a_pathological_pick_is_warned_about():
+    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--objective", "gpus")
+    warnings = [ln for ln in out.splitlines() if "WARNING:" in ln]
+    assert any("the GPUs mostly wait" in w and "MFU" in w for w in warnings), out[:2000]
+    assert any("--objective gpus minimises the GPU count" in w for w in warnings)
+    assert "WARNING" not in ok("plan", "--model", "70b", "--tokens", "20B")
+
+
+def test_objective_gpus_breaks_ties_on_time():
+    from gpuprov.planner import search
+    from gpuprov.catalog.gpus import get_gpu
+    from gpuprov.catalog.instances import list_instances
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing.memory import estimate_memory
+    from gpuprov.spec import TrainingSpec
+
+    spec = TrainingSpec(model="llama-3.1-8b", tokens=10**9, objective="gpus", max_nodes=4)
+    r = search(spec, get_model(spec.model), estimator=estimate_memory, instances=list_instances(),
+               gpu_lookup=get_gpu)
+    same = [c for c in r.best_by_group.values() if c.total_gpus == r.best.total_gpus]
+    assert r.best.time_hours == min(c.time_hours for c in same)

@@ -47,6 +47,63 @@ def _host_lines(plan) -> list[str]:
     return lines
 
 
+def _fabric_text(plan) -> str:
+    if plan.cluster.nodes == 1:
+        return "one node: no inter-node fabric (GPUs talk over " + \
+            ("NVLink/NVSwitch)" if plan.instance.nvswitch else "the node's own links)")
+    return f"fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU"
+
+
+def _mfu_text(plan) -> str:
+    """MFU and where it comes from: the class's assumed utilisation, less recompute and exposed communication."""
+    from gpuprov.sizing.throughput import flops_per_token
+    from gpuprov.catalog.models import get_model
+
+    t, c = plan.throughput, plan.cluster
+    fl = flops_per_token(get_model(plan.spec.model), c.seq_len, plan.task, plan.model.trainable_params,
+                         c.activation_checkpointing)
+    recompute = 1 - fl.model / fl.executed if fl.executed else 0.0
+    exposed = t.comm_time_s / t.step_time_s if t.step_time_s else 0.0
+    return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
+            f"reach {t.mfu_assumed:.0%} of peak on the work it executes; re-running the forward for activation "
+            f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
+            f"exposed communication is {exposed:.0%} of the step")
+
+
+def _gpus_x_nodes(r) -> str:
+    return f"{r.gpus_per_node} x {r.nodes}"
+
+
+def candidates_table(plan) -> list[str]:
+    """The compact table: the best layout per GPU type on each cloud, ranked by the objective."""
+    from gpuprov.candidates import TABLE_ROWS
+
+    rows = plan.candidates
+    if not rows:
+        return []
+    head = ("", "cloud", "region", "instance", "GPU", "GPUs x nodes", "purchase", "$/h", "hours", "total $",
+            "MFU", "mem margin")
+    body = []
+    for r in rows[:TABLE_ROWS]:
+        margin = 1 - r.per_gpu_bytes / r.gpu_memory_bytes
+        body.append(("*" if r.chosen else "", r.cloud, r.region or "-", r.instance_type, r.gpu, _gpus_x_nodes(r),
+                     r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
+                     f"{r.time_hours:,.1f}", "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
+                     f"{r.mfu:.1%}", f"{margin:.0%}"))
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    right = {7, 8, 9, 10, 11}
+
+    def line(cells) -> str:
+        return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    more = len(rows) - TABLE_ROWS
+    title = (f"Candidates (best per GPU type on each cloud, ranked by {plan.spec.objective}; * chosen; "
+             f"mem margin: GPU memory free at the peak):")
+    return [title, line(head), *map(line, body)] + (
+        [f"  ... {more} more in --json"] if more > 0 else []) + [""]
+
+
 def render_plan(plan) -> str:
     s, c, m, t, i = plan.spec, plan.cluster, plan.memory, plan.throughput, plan.instance
     out: list[str] = []
@@ -61,10 +118,12 @@ def render_plan(plan) -> str:
     out.append(f"  sharding {c.sharding} ({sg}), activation checkpointing {c.activation_checkpointing}, "
                f"micro-batch {c.micro_batch}, grad accumulation {c.grad_accum}, global batch "
                f"{c.global_batch_tokens:,} tokens")
-    out.append(f"  fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU; software: driver "
+    out.append(f"  {_fabric_text(plan)}; software: driver "
                f"{plan.software.driver_branch}, CUDA {plan.software.cuda_version}, NCCL {plan.software.nccl_version}")
     out.extend(_host_lines(plan))
+    out.extend(f"  WARNING: {w}" for w in plan.warnings)
     out.append("")
+    out.extend(candidates_table(plan))
     out.append("Memory per GPU (GiB = 2**30 bytes):")
     width = max(len(k) for k in m.breakdown) if m.breakdown else 10
     for term, b in m.breakdown.items():
@@ -77,9 +136,9 @@ def render_plan(plan) -> str:
                f"{_gib(m.rule_of_thumb_bytes)}")
     out.append("")
     out.append("Time and cost:")
-    out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster, MFU {t.mfu:.1%} (assumed utilisation "
-               f"{t.mfu_assumed:.0%} for this GPU class); step {t.step_time_s:,.2f} s = compute "
-               f"{t.compute_time_s:,.2f} s + exposed communication {t.comm_time_s:,.2f} s ({t.bound}-bound)")
+    out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster; step {t.step_time_s:,.2f} s = compute "
+               f"{t.compute_time_s:,.2f} s + communication compute cannot hide {t.comm_time_s:,.2f} s ({t.bound}-bound)")
+    out.append(f"  {_mfu_text(plan)}")
     price = "" if i.price_per_hour_usd is None else f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date})"
     out.append(f"  {plan.training.steps:,} steps, {_hours(plan.time_hours)}, {_money(plan.cost_usd)}{price}")
     deadline = f"deadline {s.deadline_hours:g} h" if s.deadline_hours else ""
@@ -227,8 +286,9 @@ def render_explain(spec, plan) -> str:
         w(f"   once per step all-reduce of {a.grad_reduce_bytes:g} B/param grads = {st.terms['sync_per_step_s']:,.3f} s")
     else:
         w("   single GPU: none")
-    w(f"   hidden under compute: {a.overlap:.0%} of it -> exposed per micro-batch "
-      f"{st.terms['exposed_per_micro_batch_s']:,.3f} s, per step sync {st.terms['exposed_sync_s']:,.3f} s")
+    w(f"   compute hides {a.overlap:.0%} of the per-micro-batch communication (it runs while the GPUs compute); "
+      f"what is left waits: {st.terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch, "
+      f"{st.terms['exposed_sync_s']:,.3f} s for the per-step sync")
     w(f"   total per GPU per step: {st.comm_bytes_per_gpu / 1e9:,.2f} GB")
     w("")
     w("6. Step, time and cost")
