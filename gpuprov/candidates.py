@@ -16,6 +16,8 @@ TABLE_ROWS = 12  # the terminal table stops here; --json carries every row
 
 def purchase_of(cand: Any) -> str:
     """The purchase option of a candidate's offer (spot, reserved, ...); on-demand when unsaid."""
+    if cand.instance.onprem:
+        return "owned"
     for obj in (cand, cand.instance):
         value = getattr(obj, "purchase", None)
         if value:

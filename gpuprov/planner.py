@@ -98,6 +98,7 @@ class SearchResult:
     searched: list[Any] = field(default_factory=list)  # the instances the space was built from
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
     best_by_group: dict[tuple[str, str], Candidate] = field(default_factory=dict)  # (cloud, GPU) -> best
+    every_host_note: str | None = None  # on-prem: why the plan uses every host though fewer ranked first
 
 
 def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
@@ -442,6 +443,9 @@ class _Search:
 
     # ---------------------------------------------------------------- the walk
     def node_order(self, inst: Any, top: int, only_nodes: int | None) -> Iterable[int]:
+        if self.spec.gpu_count is not None:  # exactly N GPUs: the one node count that makes N, if any
+            n, rest = divmod(self.spec.gpu_count, inst.gpus)
+            only_nodes = n if not rest and only_nodes in (None, n) else 0
         if only_nodes is not None:
             return [only_nodes] if 1 <= only_nodes <= top else []
         if self.objective == "time" and not self.exhaustive:
@@ -536,8 +540,20 @@ def largest_node_bytes(instances: Iterable[Any], gpu_lookup: Callable[[str], Any
     return best, which
 
 
+def _floor_with_many_gpus(spec: Any, arch: Any, miss: Miss, estimator: Estimator | None) -> int | None:
+    """Per-GPU peak of the miss's GPU with 64 of them (FSDP, full recompute, micro-batch 1)."""
+    if estimator is None:
+        return None
+    setup = make_setup(task=spec.task, seq_len=spec.seq_len, micro_batch=1, gpus=64, gpus_per_node=8,
+                       sharding="fsdp", shard_group=None, activation_checkpointing="full",
+                       precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
+                       lora_rank=spec.lora_rank, lora_targets=_lora_targets(spec) if spec.task != "full"
+                       else LORA_TARGET_PRESETS["all-linear"], grad_accum=2)
+    return estimator(arch, setup).per_gpu_bytes
+
+
 def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: list[Any],
-                         gpu_lookup: Callable[[str], Any]) -> str:
+                         gpu_lookup: Callable[[str], Any], estimator: Estimator | None = None) -> str:
     """One line: what the spec needs, the nearest miss, and what to relax."""
     if result.fitting and result.constrained_out:
         parts = []
@@ -553,12 +569,27 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
     miss = result.nearest_miss
     if miss is None:
         scope = f"cloud {spec.cloud}" + (f", GPUs {','.join(spec.gpus)}" if spec.gpus else "")
+        if spec.gpu_count:
+            sizes = sorted({i.gpus for i in result.searched})
+            return (f"no instance type of {scope} makes exactly {spec.gpu_count} GPUs within --max-nodes "
+                    f"{spec.max_nodes} (GPUs per node on offer: {', '.join(map(str, sizes)) or 'none'}; "
+                    f"see `gpuprov instances`)")
         return f"no instance in the catalog matches {scope} (see `gpuprov instances`)"
     node_bytes, node = largest_node_bytes(result.searched or instances, gpu_lookup)
     # model states of one replica: the nearest miss's total over its shard group(s)
     states = miss.model_states_bytes
     hint = []
-    if node_bytes and states > node_bytes * (1 - spec.safety_margin):
+    bigger_gpus = _gpus_that_fit(miss, spec.safety_margin)
+    if bigger_gpus:
+        hint.append(f"GPUs that hold {miss.per_gpu_bytes / GiB:,.1f} GiB in this layout ({miss.nodes * miss.instance.gpus} "
+                    f"GPUs, {miss.sharding}): {', '.join(bigger_gpus)}")
+    floor = _floor_with_many_gpus(spec, arch, miss, estimator)
+    if floor is not None and floor > miss.usable_bytes:
+        hint.append(f"more {miss.instance.gpu} GPUs do not help: even 64 of them need {floor / GiB:,.1f} GiB each "
+                    f"(what every GPU keeps whole{', the NF4 base included' if spec.task == 'qlora' else ''})")
+    elif spec.hosts and miss.instance.onprem:
+        hint.append(f"add hosts to the hosts file (it lists {len(spec.hosts)})")
+    elif node_bytes and states > node_bytes * (1 - spec.safety_margin):
         hint.append("allow 2+ nodes" if spec.max_nodes == 1 else "allow more nodes (--max-nodes)")
     elif spec.max_nodes < 32:
         hint.append("allow more nodes (--max-nodes)")
@@ -584,6 +615,14 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
             f"single node holds {node_txt}; nearest miss {miss.instance.name} x{miss.nodes} {miss.sharding}: "
             f"{miss.per_gpu_bytes / GiB:,.1f} GiB per GPU vs {miss.usable_bytes / GiB:,.1f} GiB usable; "
             + "; ".join(hint))
+
+
+def _gpus_that_fit(miss: Miss, margin: float) -> list[str]:
+    """GPU slugs of the catalog whose usable memory holds the nearest miss's per-GPU peak."""
+    from gpuprov.catalog.gpus import list_gpus
+
+    fit = [g for g in list_gpus() if g.memory_bytes * (1 - margin) >= miss.per_gpu_bytes]
+    return [g.slug for g in sorted(fit, key=lambda g: g.memory_bytes)][:4]
 
 
 def loss_reason(alt: Candidate, best: Candidate, objective: str) -> str:
@@ -675,16 +714,18 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                      f"{best.total_gpus} GPUs x {best.grad_accum} accumulation), "
                      f"{(best.batch_tokens - spec.global_batch_tokens) / spec.global_batch_tokens:+.1%} from the "
                      f"requested {spec.global_batch_tokens:,}")
-    if best.instance.onprem and not spec.gpus:
-        notes.append("On-prem: this server template was chosen among all templates by GPU-hours; pass --gpu "
-                     "with your hosts' GPU type so the plan matches the machines you have")
+    if best.instance.onprem and not spec.gpus and not any(h.gpu for h in spec.hosts or []):
+        notes.append("On-prem: this server template was chosen among all templates by GPU-hours; give each host "
+                     "gpu: and gpus: in the hosts file (`gpuprov hosts probe` fills them) or pass --gpu, so the "
+                     "plan matches the machines you have")
     if spec.region and best.instance.region and spec.region != best.instance.region:
         notes.append(f"Price is the {best.instance.region} list price ({best.instance.price_date}); "
                      f"{spec.region} may differ and the instance type may not be offered there")
     if best.instance.name.startswith("p5e."):
         notes.append("p5e.48xlarge is sold through EC2 Capacity Blocks only (its price here is the block rate): "
                      "reserve a block and pass --capacity-reservation-id")
-    for name in sorted({i.name for i in instances if not i.onprem and i.price_per_hour_usd is None}):
+    for name in sorted({i.name for i in instances if not i.onprem and i.price_per_hour_usd is None
+                        and spec.cloud in ("any", i.cloud)}):
         if spec.objective == "cost":
             notes.append(f"{name} has no public on-demand price (quote only); not ranked by cost")
     return notes
@@ -706,6 +747,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     from gpuprov.catalog.instances import list_instances, nvme_device_glob
     from gpuprov.catalog.models import get_model
     from gpuprov.host import host_needs, make_host, size_onprem
+    from gpuprov.onprem import with_declared_hosts
     from gpuprov.plan import (
         Alternative, Cluster, GpuInfo, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput,
         Training,
@@ -715,13 +757,14 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     arch = get_model(spec.model)
     est_fn = estimator or _default_estimator()
     pool = list(instances) if instances is not None else list(list_instances())
+    pool = with_declared_hosts(spec, pool, get_gpu)
     if spec.gpus:
         for g in spec.gpus:
             get_gpu(g)  # unknown slug -> GpuprovError with suggestions
     result = search(spec, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)
-    best = result.best
-    if best is None:
-        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu))
+    if result.best is None:
+        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn))
+    best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
 
     inst, gpu = best.instance, best.gpu
     mem = est_fn(arch, setup_for(spec, arch, best))
@@ -730,7 +773,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
                        params=arch.params, trainable=trainable, tokens=spec.tokens, task=spec.task,
                        offload=spec.offload)
     bom = None
-    if inst.onprem:
+    if inst.onprem and inst.ram_bytes is None:  # a template, or hosts that declare only their GPUs
         inst, bom = size_onprem(inst, needs)
     host = make_host(inst, needs, bom)
 
@@ -821,7 +864,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=alternatives,
         notes=_notes(spec, arch, best, mem, pool, get_gpu)
-        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu),) if n],
+        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n],
     )
     return _with_table(plan, spec, arch, result, best, est_fn)
 
@@ -834,6 +877,41 @@ def _with_table(plan: Any, spec: Any, arch: Any, result: SearchResult, best: Can
     rows = candidate_rows(spec, arch, result, best, est_fn)
     min_gbps = float(rules()["network"]["min_gbps_per_gpu_multinode"])
     return plan.model_copy(update={"candidates": rows, "warnings": pick_warnings(spec, best, rows, min_gbps)})
+
+
+# Leaving an on-prem host idle must save at least this share of the objective's measure (GPU-hours
+# under cost, wall time under time): the owner's machines are there to be used, and a plan that
+# leaves one out for a sliver of GPU-hours runs longer for nothing.
+ONPREM_LEAVE_OUT_SAVING = 0.10
+
+
+def _onprem_measure(objective: str, c: Candidate) -> float:
+    return c.time_hours if objective == "time" else _gpu_hours(c)
+
+
+def _prefer_every_host(spec: Any, arch: Any, result: SearchResult, estimator: Estimator,
+                       gpu_lookup: Callable[[str], Any]) -> Candidate:
+    """On-prem: the run on every host unless leaving hosts out saves ONPREM_LEAVE_OUT_SAVING."""
+    best = result.best
+    every = min(len(spec.hosts or []), spec.max_nodes)
+    if not best.instance.onprem or best.nodes >= every or spec.objective == "gpus" or spec.gpu_count:
+        return best
+    other = search(spec, arch, estimator=estimator, instances=[best.instance], gpu_lookup=gpu_lookup,
+                   only_nodes=every).best
+    if other is None:
+        return best
+    saving = 1 - _onprem_measure(spec.objective, best) / _onprem_measure(spec.objective, other)
+    if saving >= ONPREM_LEAVE_OUT_SAVING:
+        return best
+    measure = "wall time" if spec.objective == "time" else "GPU-hours"
+    result.every_host_note = (
+        f"On-prem: the plan uses all {every} hosts. Leaving {every - best.nodes} out would save only {saving:.1%} "
+        f"of {measure} ({_describe(best)}; all {every}: {_describe(other)}), under the "
+        f"{ONPREM_LEAVE_OUT_SAVING:.0%} that justifies idle machines; every host also finishes sooner")
+    result.best_by_group[_group(other.instance)] = other
+    result.best_by_gpu[other.instance.gpu] = other
+    result.best = other
+    return other
 
 
 def _gpu_hours(c: Candidate) -> float:
@@ -881,7 +959,11 @@ def hosts_note(spec: Any, arch: Any, best: Candidate, estimator: Estimator,
                f"no configuration on {every} hosts fits memory and the deadline/budget")
     else:
         label = f"all {every} hosts" if every == len(hosts) else f"{every} hosts (--max-nodes {spec.max_nodes})"
-        why = f"ranked by {ranked}: chosen {_describe(best)}; {label}: {_describe(other)}"
+        measure = _onprem_measure(spec.objective, best) / _onprem_measure(spec.objective, other)
+        saved = (f"; leaving hosts out saves {1 - measure:.0%} of {'wall time' if spec.objective == 'time' else 'GPU-hours'}"
+                 f" (hosts are left out only when that saves {ONPREM_LEAVE_OUT_SAVING:.0%} or more)"
+                 if spec.objective != "gpus" else "")
+        why = f"ranked by {ranked}: chosen {_describe(best)}; {label}: {_describe(other)}{saved}"
     hint = "; --objective time ranks by wall time" if spec.objective != "time" else ""
     return f"{head}. Why: {why}{hint}; reorder the hosts file to choose which hosts run"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
 
@@ -24,6 +24,21 @@ class HostEntry(BaseModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     address: str = Field(min_length=1)
     user: str | None = None
+    # what the host holds (written by hand or by `gpuprov hosts probe`); gpu and gpus go together
+    gpu: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$", description="GPU slug, e.g. a100-80gb")
+    gpus: PositiveInt | None = Field(None, description="GPUs in this host")
+    ram_gib: PositiveInt | None = None
+    cores: PositiveInt | None = Field(None, description="physical CPU cores")
+    nvme_count: int | None = Field(None, ge=0)
+    nvme_gb_each: int | None = Field(None, ge=0)
+    fabric: Literal["infiniband", "roce", "ethernet"] | None = None
+    nic_gbps: PositiveInt | None = Field(None, description="fastest inter-node link of the host, Gb/s in total")
+
+    @model_validator(mode="after")
+    def _gpu_and_count(self) -> "HostEntry":
+        if (self.gpu is None) != (self.gpus is None):
+            raise ValueError("give gpu and gpus together (e.g. gpu: a100-80gb, gpus: 8)")
+        return self
 
 
 class TrainingSpec(BaseModel):
@@ -53,3 +68,4 @@ class TrainingSpec(BaseModel):
     ssh_cidr: str | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
     capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
     reservation: str | None = Field(None, description="GCP reservation name")
+    gpu_count: PositiveInt | None = Field(None, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")

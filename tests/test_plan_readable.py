@@ -116,3 +116,69 @@ def test_objective_gpus_breaks_ties_on_time():
                gpu_lookup=get_gpu)
     same = [c for c in r.best_by_group.values() if c.total_gpus == r.best.total_gpus]
     assert r.best.time_hours == min(c.time_hours for c in same)
+
+
+# --------------------------------------------------------------------------- 3. exact GPU count, every host
+def _hosts_file(tmp_path, rows) -> str:
+    path = tmp_path / "hosts.yaml"
+    path.write_text("".join(f"- {{{r}}}\n" for r in rows))
+    return str(path)
+
+
+def test_gpus_n_plans_exactly_n_gpus():
+    d = json.loads(ok("plan", "--model", "llama-3.1-8b", "--task", "lora", "--tokens", "100M", "--gpus", "2", "--json"))
+    assert d["cluster"]["total_gpus"] == 2
+    assert {r["gpus_per_node"] * r["nodes"] for r in d["candidates"]} == {2}
+
+
+def test_gpus_n_that_no_instance_makes_says_so():
+    r = run("plan", "--model", "llama-3.1-8b", "--task", "lora", "--tokens", "100M", "--gpus", "3", "--cloud", "gcp",
+            "--gpu", "h100-80gb")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "exactly 3 GPUs" in r.stderr and "GPUs per node on offer: 8" in r.stderr
+
+
+def test_onprem_uses_every_host_unless_leaving_one_out_saves_enough(tmp_path):
+    rows = [f"name: gpu{i}, address: 10.0.0.{i + 1}, gpu: a100-80gb, gpus: 8" for i in range(4)]
+    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", _hosts_file(tmp_path, rows))
+    assert "Chosen: 4 x 8x-a100-80gb (onprem) = 32 x NVIDIA A100 80GB" in out
+    note = next(ln for ln in out.splitlines() if "uses all 4 hosts" in ln)
+    saving = float(re.search(r"save only ([0-9.]+)% of GPU-hours", note).group(1))
+    assert saving < 10 and "under the 10% that justifies idle machines" in note
+    assert "owned" in next(ln for ln in _table(out) if ln.lstrip().startswith("*"))
+
+
+def test_onprem_hosts_left_out_say_what_they_would_save():
+    from gpuprov.planner import make_plan
+    from gpuprov.spec import HostEntry, TrainingSpec
+
+    hosts = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i + 1}", gpu="h100-80gb", gpus=8) for i in range(4)]
+    p = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=hosts))
+    if p.cluster.nodes < 4:  # left out only for a saving of 10% or more, stated
+        note = next(n for n in p.notes if "left out" in n)
+        saved = float(re.search(r"leaving hosts out saves (\d+)%", note).group(1))
+        assert saved >= 10
+    else:
+        assert any("uses all 4 hosts" in n for n in p.notes)
+
+
+# --------------------------------------------------------------------------- 4. hosts that say what they hold
+def test_mixed_hosts_are_refused_with_the_groups(tmp_path):
+    rows = ["name: a, address: 10.0.0.1, gpu: a100-80gb, gpus: 8", "name: b, address: 10.0.0.2, gpu: l40s-48gb, gpus: 4"]
+    r = run("plan", "--model", "llama-3.1-8b", "--hosts", _hosts_file(tmp_path, rows))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "a: 8 x a100-80gb; b: 4 x l40s-48gb" in r.stderr and "own hosts file" in r.stderr
+
+
+def test_gpu_without_a_count_is_refused(tmp_path):
+    r = run("plan", "--model", "llama-3.1-8b", "--hosts", _hosts_file(tmp_path, ["name: a, address: 10.0.0.1, gpu: a100-80gb"]))
+    assert r.returncode == 2 and "gpu and gpus together" in r.stderr
+
+
+def test_can_i_qlora_a_70b_on_two_rtx_4090(tmp_path):
+    """One command, a clear answer (no) and what would make it fit."""
+    r = run("plan", "--model", "70b", "--task", "qlora", "--tokens", "100M",
+            "--hosts", _hosts_file(tmp_path, ["name: box, address: 10.0.0.9, gpu: rtx-4090-24gb, gpus: 2"]))
+    assert r.returncode == 2 and r.stderr.startswith("gpuprov: error: nothing fits")
+    assert "2x-rtx-4090-24gb" in r.stderr and "GPUs that hold" in r.stderr and "a100-80gb" in r.stderr
+    assert "more rtx-4090-24gb GPUs do not help" in r.stderr

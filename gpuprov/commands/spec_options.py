@@ -34,6 +34,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "cloud": (("--cloud",), click.Choice(_CLOUDS), "Where to run; 'any' compares all clouds"),
     "region": (("--region",), str, "Cloud region"),
     "gpus": (("--gpu",), str, "Allowed GPU type (repeat or comma-separate)"),
+    "gpu_count": (("--gpus",), click.IntRange(min=1), "Exactly this many GPUs in total (the GPUs you have)"),
     "max_nodes": (("--max-nodes",), click.IntRange(min=1), "Largest node count to consider"),
     "objective": (("--objective",), click.Choice(("cost", "time", "gpus")), "Rank by cost, time or GPU count"),
     "precision": (("--precision",), click.Choice(PRECISIONS), "Training precision"),
