@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import sys
 
@@ -107,6 +108,13 @@ def _exit_code(rc: object) -> int:
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
 
+def _json_error(argv: list[str] | None, message: str, code: int) -> None:
+    """Under --json a pipeline reads stdout: the error goes there too, as one JSON object."""
+    args = sys.argv[1:] if argv is None else argv
+    if "--json" in args:
+        click.echo(json.dumps({"error": message, "exit": code}))
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         rc = cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
@@ -116,13 +124,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(SIGPIPE_EXIT)
     except GpuprovError as exc:
         click.echo(f"gpuprov: error: {exc}", err=True)
+        _json_error(argv, str(exc), exc.exit_code)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("gpuprov: aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2 if exc.exit_code not in (0, 1) else exc.exit_code)
+        code = 2 if exc.exit_code not in (0, 1) else exc.exit_code
+        _json_error(argv, exc.format_message(), code)
+        sys.exit(code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

@@ -191,6 +191,10 @@ def _pool(spec: Any, instances: Iterable[Any], exhaustive: bool) -> tuple[list[A
         insts = [i for i in insts if i.cloud != "onprem" or spec.hosts]
     if spec.region and spec.cloud == "any":
         raise GpuprovError(f"--region {spec.region} names one cloud's region: give --cloud as well")
+    if spec.region:
+        from gpuprov.catalog.regions import check_region
+
+        check_region(spec.cloud, spec.region, insts)
     unpriced = sorted({i.name for i in insts if not i.onprem and i.price_per_hour_usd is None})
     excluded: list[Any] = []
     if spec.objective == "cost":

@@ -182,3 +182,36 @@ def test_can_i_qlora_a_70b_on_two_rtx_4090(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("gpuprov: error: nothing fits")
     assert "2x-rtx-4090-24gb" in r.stderr and "GPUs that hold" in r.stderr and "a100-80gb" in r.stderr
     assert "more rtx-4090-24gb GPUs do not help" in r.stderr
+
+
+# --------------------------------------------------------------------------- 8. --region checked
+def test_every_priced_region_of_the_instance_catalog_is_a_known_region():
+    from gpuprov.catalog.instances import list_instances
+    from gpuprov.catalog.regions import regions
+
+    for inst in list_instances():
+        if not inst.onprem:
+            assert inst.region in regions(inst.cloud), (inst.name, inst.region)
+
+
+def test_unknown_region_is_refused_with_the_regions_that_price_the_types():
+    r = run("plan", "--model", "llama-3.1-8b", "--cloud", "gcp", "--region", "mars-1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "mars-1 is not a gcp region" in r.stderr and "us-central1: a2-ultragpu-8g" in r.stderr
+    r = run("plan", "--model", "llama-3.1-8b", "--cloud", "aws", "--region", "us-east-7")
+    assert "did you mean" in r.stderr and "us-east-1" in r.stderr
+    assert ok("plan", "--model", "llama-3.1-8b", "--cloud", "gcp", "--region", "europe-west4").count("europe-west4")
+
+
+# --------------------------------------------------------------------------- 11. errors under --json
+@pytest.mark.parametrize("args", [
+    ("plan", "--model", "nope", "--json"),
+    ("plan", "--tokens", "zz", "--json"),
+    ("plan", "--bogus-flag", "--json"),
+    ("estimate", "--model", "nope", "--json"),
+])
+def test_errors_under_json_are_json_on_stdout(args):
+    r = run(*args)
+    assert r.returncode == 2
+    d = json.loads(r.stdout)
+    assert d["exit"] == 2 and d["error"] and d["error"] in r.stderr.replace("gpuprov: error: ", "")
