@@ -215,3 +215,69 @@ def test_errors_under_json_are_json_on_stdout(args):
     assert r.returncode == 2
     d = json.loads(r.stdout)
     assert d["exit"] == 2 and d["error"] and d["error"] in r.stderr.replace("gpuprov: error: ", "")
+
+
+# --------------------------------------------------------------------------- 9. examples in every --help
+def test_every_command_shows_an_example_in_its_help():
+    from gpuprov.cli import COMMANDS
+
+    for name in COMMANDS:
+        out = ok(name, "--help")
+        examples = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(f"gpuprov {name} ")
+                    or ln.strip() == f"gpuprov {name}"]
+        assert examples, f"`gpuprov {name} --help` shows no example"
+
+
+# --------------------------------------------------------------------------- 6. estimate's defaults, 10. precise
+def test_estimate_header_names_every_default_it_used():
+    out = ok("estimate", "--model", "llama-3.1-8b")
+    header = next(ln for ln in out.splitlines() if ln.startswith("defaults used (not given):"))
+    for shown in ("--gpus 8", "--gpu h100-80gb", "--seq-len 4096", "--micro-batch 1", "--sharding fsdp",
+                  "--activation-checkpointing selective"):
+        assert shown in header
+    assert "--lora-rank" not in header  # a full fine-tune does not use it
+    given = ok("estimate", "--model", "llama-3.1-8b", "--gpus", "2", "--json")
+    d = json.loads(given)
+    assert "--gpus" not in d["defaults"] and d["defaults"]["--gpus-per-node"] == 2
+
+
+def _tiny_config(tmp_path) -> str:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 172,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    }))
+    return str(config)
+
+
+def test_precise_progress_is_one_updating_line_on_a_terminal_and_sits_beside_analytic(tmp_path):
+    import os
+    import pty
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    master, slave = pty.openpty()
+    args = [sys.executable, "-m", "gpuprov", "estimate", "--model", _tiny_config(tmp_path), "--gpus", "1",
+            "--seq-len", "64", "--precise"]
+    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    err = b"".join(chunks).decode()
+    assert proc.returncode == 0, err
+    progress = [seg for seg in err.replace("\r\n", "\n").split("\r") if seg.strip().startswith("[")]
+    assert len(progress) > 3  # many updates ...
+    assert err.count("\n") <= 3, err  # ... on one line (plus the time estimate and the final newline)
+    head = next(ln for ln in proc.stdout.splitlines() if ln.startswith("term"))
+    assert "analytic GiB" in head
+    piped = run(*args[3:])  # stderr a pipe: one plain line per update
+    assert piped.returncode == 0 and "\r" not in piped.stderr and piped.stderr.count("\n[") > 3

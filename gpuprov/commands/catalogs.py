@@ -12,7 +12,12 @@ GIB = 2**30
 @click.command(name="models")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def models(as_json: bool) -> None:
-    """List the model presets and what each shorthand means."""
+    """List the model presets and what each shorthand means.
+
+    \b
+    gpuprov models
+    gpuprov models --json
+    """
     from gpuprov.catalog.models import aliases, list_models
 
     presets = list_models()
@@ -36,7 +41,12 @@ def models(as_json: bool) -> None:
 @click.command(name="gpus")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def gpus(as_json: bool) -> None:
-    """List the GPU catalog (usable memory as the driver reports it; dense TFLOPS)."""
+    """List the GPU catalog (usable memory as the driver reports it; dense TFLOPS).
+
+    \b
+    gpuprov gpus
+    gpuprov gpus --json
+    """
     from gpuprov.catalog.gpus import list_gpus
 
     catalog = list_gpus()

@@ -47,7 +47,15 @@ def build_setup(
 
 
 def _progress(stage: str, fraction: float) -> None:
-    click.echo(f"[{fraction:4.0%}] {stage}", err=True)
+    """Plain lines when stderr is a file or pipe; on a terminal one line that rewrites itself."""
+    import sys
+
+    line = f"[{fraction:4.0%}] {stage}"
+    if not sys.stderr.isatty():
+        click.echo(line, err=True)
+        return
+    width = 100
+    click.echo("\r" + line[:width].ljust(width), err=True, nl=fraction >= 1.0)
 
 
 def _duration(seconds: float) -> str:
@@ -128,6 +136,12 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
     }
 
 
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "-" if value is None else str(value)
+
+
 def render_table(d: dict) -> str:
     m, g, s = d["model"], d["gpu"], d["setup"]
     total = d["per_gpu_bytes"]
@@ -136,13 +150,19 @@ def render_table(d: dict) -> str:
         f" on {s['gpus']} x {g['name']}",
         f"seq-len {s['seq_len']}, micro-batch {s['micro_batch']}, {s['sharding']}, AC {s['activation_checkpointing']},"
         f" {s['precision']}, {s['optimizer']}, offload {s['offload']}  [{d['estimator']} estimate]",
-        "",
-        f"{'term':<28}{'GiB':>10}{'share':>8}",
     ]
-    for term, value in d["breakdown"].items():
-        if value:
-            lines.append(f"{term:<28}{value / GIB:>10.2f}{value / total:>8.1%}")
-    lines.append(f"{'peak per GPU':<28}{total / GIB:>10.2f}")
+    if d.get("defaults"):
+        lines.append("defaults used (not given): " + ", ".join(
+            f"{k} {_shown(v)}" for k, v in d["defaults"].items()))
+    side = d.get("analytic")
+    lines += ["", f"{'term':<28}{'GiB':>10}{'share':>8}" + (f"{'analytic GiB':>14}" if side else "")]
+    for term in dict.fromkeys([*d["breakdown"], *(side["breakdown"] if side else [])]):
+        value = d["breakdown"].get(term, 0)
+        other = side["breakdown"].get(term, 0) if side else 0
+        if value or other:
+            lines.append(f"{term:<28}{value / GIB:>10.2f}{value / total:>8.1%}"
+                         + (f"{other / GIB:>14.2f}" if side else ""))
+    lines.append(f"{'peak per GPU':<28}{total / GIB:>10.2f}" + (f"{side['per_gpu_bytes'] / GIB:>22.2f}" if side else ""))
     lines.append(f"{'GPU memory (usable)':<28}{d['gpu_memory_bytes'] / GIB:>10.2f}")
     head = d["headroom_bytes"] / GIB
     verdict = "FITS" if d["fits"] else "DOES NOT FIT"
@@ -190,7 +210,13 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, precise, as_json) -> None:
-    """Per-GPU peak memory of one training setup, term by term, and whether it fits."""
+    """Per-GPU peak memory of one training setup, term by term, and whether it fits.
+
+    \b
+    gpuprov estimate --model llama-3.1-8b --gpu h100-80gb --gpus 8
+    gpuprov estimate --model 70b --task qlora --gpu rtx-4090-24gb --gpus 2
+    gpuprov estimate --model meta-llama/Llama-3.1-8B --task lora --gpus 1 --json
+    """
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
     from gpuprov.sizing.memory import estimate_memory
@@ -205,11 +231,31 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
         lora_dropout=lora_dropout, qlora_base=qlora_base,
     )
-    if precise:
-        est = run_precise(arch, setup, gpu.memory_bytes)
-        kind = "precise"
-    else:
-        est = estimate_memory(arch, setup, gpu.memory_bytes)
-        kind = "analytic"
+    analytic = estimate_memory(arch, setup, gpu.memory_bytes)
+    est, kind = (run_precise(arch, setup, gpu.memory_bytes), "precise") if precise else (analytic, "analytic")
     d = result_dict(arch, gpu, setup, est, kind)
+    d["defaults"] = _defaults_used(gpus_per_node=setup.gpus_per_node, sharding=setup.sharding)
+    if precise:
+        d["analytic"] = {"per_gpu_bytes": analytic.per_gpu_bytes, "breakdown": dict(analytic.breakdown)}
     click.echo(json.dumps(d, indent=2) if as_json else render_table(d))
+
+
+def _defaults_used(**resolved) -> dict:
+    """Every option the user did not give, with the value used (derived ones as resolved)."""
+    ctx = click.get_current_context()
+    task, sharding = ctx.params.get("task"), resolved.get("sharding")
+    unused = {"as_json", "precise"}
+    if task == "full":
+        unused |= {"lora_rank", "lora_targets", "lora_dropout"}
+    if task != "qlora":
+        unused.add("qlora_base")
+    if sharding != "hsdp":
+        unused.add("shard_group")
+    out = {}
+    for p in ctx.command.params:
+        if p.name in unused or ctx.get_parameter_source(p.name) != click.core.ParameterSource.DEFAULT:
+            continue
+        flag = max(p.opts, key=len)
+        value = resolved.get(p.name, ctx.params.get(p.name))
+        out[flag] = value
+    return out

@@ -119,7 +119,12 @@ def starter_spec() -> str:
 @click.option("--model", "-m", default=None, help="Model to put in the starter spec")
 @click.option("--cloud", default=None, type=click.Choice(("aws", "gcp", "azure", "oci", "onprem", "any")))
 def init(path: str, model: str | None, cloud: str | None) -> None:
-    """Write a commented starter spec (default gpuprov.yaml); never overwrites."""
+    """Write a commented starter spec (default gpuprov.yaml); never overwrites.
+
+    \b
+    gpuprov init
+    gpuprov init my-run.yaml
+    """
     import io
 
     from ruamel.yaml import YAML
@@ -177,5 +182,9 @@ def spec_schema() -> dict:
 
 @click.command()
 def schema() -> None:
-    """Print the JSON Schema of the spec file (for editors and CI)."""
+    """Print the JSON Schema of the spec file (for editors and CI).
+
+    \b
+    gpuprov schema > gpuprov.schema.json
+    """
     click.echo(json.dumps(spec_schema(), indent=2, sort_keys=True))

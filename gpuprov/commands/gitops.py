@@ -44,7 +44,11 @@ def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
 @click.option("--diff-lines", default=30, show_default=True, help="Diff lines shown per file")
 @click.pass_context
 def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
-    """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error."""
+    """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error.
+
+    \b
+    gpuprov check infra/
+    """
     from gpuprov import __version__, bundle
     from gpuprov.catalog import catalog_version
 
@@ -247,7 +251,11 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
 @click.option("--strict", is_flag=True, help="A check that cannot run (tool missing) counts as a failure")
 @click.pass_context
 def validate(ctx: click.Context, directory: str, strict: bool) -> None:
-    """Run Terraform, Ansible and shell checks on a bundle, and re-check the plan still fits."""
+    """Run Terraform, Ansible and shell checks on a bundle, and re-check the plan still fits.
+
+    \b
+    gpuprov validate infra/
+    """
     from gpuprov import bundle
 
     root = _bundle_dir(directory)

@@ -40,7 +40,12 @@ def _row(inst) -> dict:
               show_default=True, help="Only this cloud's instance types (onprem: server templates)")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list")
 def instances(cloud: str, as_json: bool) -> None:
-    """List cloud instance types and on-prem server templates, with prices and sources."""
+    """List cloud instance types and on-prem server templates, with prices and sources.
+
+    \b
+    gpuprov instances --cloud gcp
+    gpuprov instances --cloud onprem --json
+    """
     from gpuprov.catalog.instances import list_instances
 
     items = list_instances(cloud)

@@ -180,7 +180,9 @@ def plan(spec, as_json: bool) -> None:
 
     \b
     gpuprov plan --model 70b --tokens 20B
-    gpuprov plan --model llama-3.1-8b --task lora --tokens 200M --cloud aws --json
+    gpuprov plan --model llama-3.1-8b --tokens 1B --deadline 2d --cloud gcp
+    gpuprov plan --model llama-3.1-8b --task lora --tokens 200M --gpus 2 --json
+    gpuprov plan --model 70b --tokens 1B --hosts hosts.yaml   # on-prem (gpu:/gpus: per host)
     gpuprov plan --model 70b --deadline 30d --budget 50000 --objective time
     """
     result = _plan(spec)
@@ -193,7 +195,12 @@ def plan(spec, as_json: bool) -> None:
 @click.command()
 @spec_options
 def explain(spec) -> None:
-    """Show the arithmetic behind a plan, term by term, beside the 18 B/param rule of thumb."""
+    """Show the arithmetic behind a plan, term by term, beside the 18 B/param rule of thumb.
+
+    \b
+    gpuprov explain --model 70b --tokens 20B
+    gpuprov explain -f gpuprov.yaml
+    """
     click.echo(render_explain(spec, _plan(spec)))
 
 

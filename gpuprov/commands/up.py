@@ -17,6 +17,10 @@ def up(directory: str, dry_run: bool, restart: bool) -> None:
     """Create the cluster (terraform), configure it (ansible), health-check it, print the training command.
 
     Re-running continues at the step that failed (progress in DIR/.gpuprov-up.json).
+
+    \b
+    gpuprov up infra/ --dry-run
+    gpuprov up infra/
     """
     from gpuprov import bundle
     from gpuprov.bringup import bring_up
