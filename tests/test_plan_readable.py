@@ -281,3 +281,65 @@ def test_precise_progress_is_one_updating_line_on_a_terminal_and_sits_beside_ana
     assert "analytic GiB" in head
     piped = run(*args[3:])  # stderr a pipe: one plain line per update
     assert piped.returncode == 0 and "\r" not in piped.stderr and piped.stderr.count("\n[") > 3
+
+
+# --------------------------------------------------------------------------- 5. Hugging Face model ids
+TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 688,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def _hf_home(tmp_path, repo_id: str, cfg: dict) -> Path:
+    home = tmp_path / "hf"
+    repo = home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    for rev, extra in (("0ld", {"num_hidden_layers": 2}), ("a1b2c3", {})):
+        snap = repo / "snapshots" / rev
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text(json.dumps({**cfg, **extra}))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a1b2c3")
+    return home
+
+
+def test_model_accepts_a_hugging_face_id_from_the_local_cache(tmp_path):
+    import os
+
+    env = {**os.environ, "HF_HOME": str(_hf_home(tmp_path, "acme/tiny-llama", TINY)), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    r = run("estimate", "--model", "acme/tiny-llama", "--gpus", "1", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["model"]["display_name"] == "acme/tiny-llama"
+    from gpuprov.sizing.arch import arch_from_hf_config
+
+    assert d["model"]["params"] == arch_from_hf_config(dict(TINY), name="x").params  # refs/main's snapshot
+    missing = run("estimate", "--model", "acme/not-here", "--gpus", "1", env=env)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert "not in the local Hugging Face cache" in missing.stderr
+
+
+def test_model_id_is_fetched_with_huggingface_hub_only_config_json(tmp_path, monkeypatch):
+    import types
+
+    from gpuprov.catalog import models
+
+    asked = []
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+
+    def hf_hub_download(repo_id, filename, **kw):
+        asked.append((repo_id, filename))
+        return str(cfg)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=hf_hub_download))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    arch = models.get_model("acme/online-only")
+    assert asked == [("acme/online-only", "config.json")] and arch.display_name == "acme/online-only"
+
+
+def test_a_config_folder_is_named_from_the_config_not_the_folder(tmp_path):
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    d = json.loads(ok("estimate", "--model", str(folder), "--gpus", "1", "--json"))
+    assert d["model"]["display_name"].startswith("LlamaForCausalLM ") and "qwen" not in d["model"]["display_name"]

@@ -174,7 +174,7 @@ def render_table(d: dict) -> str:
 
 
 @click.command(name="estimate")
-@click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`) or path to a config.json.")
+@click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) or config.json path.")
 @click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
 @click.option("--seq-len", type=int, default=4096, show_default=True, help="Tokens per sample.")
 @click.option("--micro-batch", type=int, default=1, show_default=True, help="Samples per GPU per forward.")

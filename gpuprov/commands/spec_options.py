@@ -23,7 +23,7 @@ from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PRECISIONS, TASKS
 # fields where they exist, so `--help` and `gpuprov schema` agree.
 _CLOUDS = ("aws", "gcp", "azure", "oci", "onprem", "any")
 _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
-    "model": (("--model", "-m"), str, "Preset name (70b, llama-3.1-8b, ...) or a config.json path"),
+    "model": (("--model", "-m"), str, "Preset (70b, llama-3.1-8b, ...), Hugging Face id (ORG/NAME) or config.json path"),
     "task": (("--task",), click.Choice(TASKS), "full, lora or qlora"),
     "seq_len": (("--seq-len",), click.IntRange(min=1), "Tokens per sample"),
     "global_batch_tokens": (("--global-batch-tokens", "--batch-tokens"), str,
