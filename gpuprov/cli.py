@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "schema": ("gpuprov.commands.generate", "schema", "Print the spec's JSON Schema."),
     "check": ("gpuprov.commands.gitops", "check", "Regenerate a bundle from its lock and report drift (exit 1)."),
     "validate": ("gpuprov.commands.gitops", "validate", "Run Terraform, Ansible and shell checks on a bundle."),
+    "hosts": ("gpuprov.commands.hosts", "hosts", "On-prem hosts: read what they hold over SSH (hosts probe)."),
     "up": ("gpuprov.commands.up", "up", "Bring a bundle's cluster up: terraform, inventory, ansible, health check."),
 }
 

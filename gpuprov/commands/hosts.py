@@ -1,0 +1,77 @@
+"""`gpuprov hosts probe FILE`: fill a hosts file with what each host holds, read over SSH."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import click
+
+from gpuprov.errors import GpuprovError
+
+FIELDS = ("gpu", "gpus", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
+
+
+@click.group()
+def hosts() -> None:
+    """On-prem hosts: read what they hold.
+
+    \b
+    gpuprov hosts probe hosts.yaml            # print the filled hosts file
+    gpuprov hosts probe hosts.yaml --write    # update it in place
+    """
+
+
+def _ssh(host, script: str, timeout: int) -> str:
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise GpuprovError("ssh not found on PATH (install openssh-client)")
+    target = f"{host.user}@{host.address}" if host.user else host.address
+    cmd = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}", target, script]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * 6)
+    except subprocess.TimeoutExpired:
+        raise GpuprovError(f"{host.name} ({host.address}): no answer over ssh within {timeout * 6} s") from None
+    if proc.returncode != 0 and "### nvidia-smi" not in proc.stdout:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GpuprovError(f"{host.name} ({host.address}): ssh failed (exit {proc.returncode}): {last}")
+    return proc.stdout
+
+
+def _line(entry: dict) -> str:
+    return "- {" + ", ".join(f"{k}: {v}" for k, v in entry.items() if v is not None) + "}"
+
+
+@hosts.command()
+@click.argument("hosts_file", metavar="FILE", type=click.Path(dir_okay=False, exists=True))
+@click.option("--write", is_flag=True, help="Update FILE in place instead of printing it")
+@click.option("--timeout", type=click.IntRange(min=1), default=10, show_default=True, help="SSH connect timeout, s")
+def probe(hosts_file: str, write: bool, timeout: int) -> None:
+    """Read GPUs (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
+
+    \b
+    gpuprov hosts probe hosts.yaml
+    gpuprov hosts probe hosts.yaml --write && gpuprov plan --model 70b --hosts hosts.yaml
+    """
+    from gpuprov.catalog.gpus import list_gpus
+    from gpuprov.probe import PROBE_SCRIPT, parse_probe
+    from gpuprov.spec import HostEntry
+    from gpuprov.specfile import load_hosts
+
+    catalog = list_gpus()
+    lines = []
+    for h in load_hosts(hosts_file):
+        try:
+            found = parse_probe(_ssh(h, PROBE_SCRIPT, timeout), catalog)
+        except ValueError as exc:
+            raise GpuprovError(f"{h.name} ({h.address}): {exc}") from None
+        entry = {**h.model_dump(exclude_none=True), **found}
+        HostEntry.model_validate(entry)  # what is written reads back
+        lines.append(_line({k: entry.get(k) for k in ("name", "address", "user", *FIELDS)}))
+    text = "# filled by `gpuprov hosts probe`\n" + "\n".join(lines) + "\n"
+    if write:
+        Path(hosts_file).write_text(text, encoding="utf-8")
+        click.echo(f"wrote {hosts_file} ({len(lines)} hosts)")
+    else:
+        click.echo(text, nl=False)
