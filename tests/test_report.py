@@ -42,11 +42,11 @@ def test_topology_is_valid_svg_showing_the_cluster(cloud: str, nodes: int) -> No
     assert root.tag == f"{SVG}svg"
     texts = [t.text for t in root.iter(f"{SVG}text")]
     gpus = [t for t in texts if t and t.startswith("G") and t[1:].isdigit()]
-    assert len(gpus) == 8 * min(nodes, 8)
+    assert len(gpus) == 8 * min(nodes, 4)
     assert any("NVSwitch" in t for t in texts)
     assert any("RAID0" in t for t in texts)
-    if nodes > 8:
-        assert f"+ {nodes - 8} more nodes" in texts
+    if nodes > 4:
+        assert f"+ {nodes - 4} more nodes" in texts
     if nodes == 1:
         assert any("single node" in t for t in texts)
     else:
@@ -85,3 +85,60 @@ def test_readme_nccl_snippet_exports_before_and_after_the_vendor_profile() -> No
     source = lines.index("source /var/lib/tcpxo/lib64/nccl-env-profile.sh")
     assert "export NCCL_LIB_DIR=/var/lib/tcpxo/lib64" in lines[:source]
     assert lines[-1] == "export NCCL_LIB_DIR=/var/lib/tcpxo/lib64"
+
+
+def _rects(root, fill: str) -> list[tuple[int, int, int, int]]:
+    return [tuple(int(r.get(k)) for k in ("x", "y", "width", "height")) for r in root.iter(f"{SVG}rect")
+            if r.get("fill") == fill]
+
+
+def test_topology_has_a_legend_memory_and_cost() -> None:
+    plan = sample_plan("aws", nodes=2)
+    root = ET.fromstring(render_report(plan)["topology.svg"])
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert "Legend:" in texts
+    for entry in ("GPU", "NVLink / NVSwitch", "NIC (one per box)", "local NVMe RAID0", "fabric rail / switch",
+                  "HSDP shard group"):
+        assert entry in texts
+    summary = next(t for t in texts if t.startswith("memory per GPU:"))
+    assert f"{plan.memory.per_gpu_bytes / 2**30:,.1f} GiB peak" in summary and f"${plan.cost_usd:,.0f}" in summary
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "oci"])
+def test_topology_draws_as_many_nics_as_the_caption_says(cloud: str) -> None:
+    plan = sample_plan(cloud, nodes=2)
+    root = ET.fromstring(render_report(plan)["topology.svg"])
+    nics = _rects(root, "#f5a623")
+    legend = 1
+    assert len(nics) - legend == 2 * plan.instance.network_cards  # two nodes drawn
+    caption = next(t.text for t in root.iter(f"{SVG}text") if (t.text or "").startswith(f"{plan.fabric.name}: "))
+    assert f"over {plan.instance.network_cards} NICs" in caption
+
+
+def test_rail_lines_at_32_nodes_cross_no_other_node() -> None:
+    root = ET.fromstring(render_report(sample_plan("azure", nodes=32))["topology.svg"])
+    nodes = _rects(root, "#f4f6fb")
+    lines = [tuple(int(ln.get(k)) for k in ("x1", "y1", "x2", "y2")) for ln in root.iter(f"{SVG}line")
+             if ln.get("stroke") == "#c77800"]
+    assert lines and len(nodes) == 4
+
+    def crosses(line, rect) -> bool:  # sample the segment: any point strictly inside the rectangle
+        x1, y1, x2, y2 = line
+        x, y, w, h = rect
+        return any(x < x1 + (x2 - x1) * t / 50 < x + w and y < y1 + (y2 - y1) * t / 50 < y + h for t in range(51))
+
+    for line in lines:
+        inside = [r for r in nodes if crosses(line, r)]
+        assert len(inside) <= 1  # only the node the NIC sits in
+        assert all(r[0] <= line[0] <= r[0] + r[2] for r in inside)
+
+
+def test_topology_outlines_each_hsdp_shard_group() -> None:
+    plan = sample_plan("gcp", nodes=4)  # shard group = one node: 4 groups
+    root = ET.fromstring(render_report(plan)["topology.svg"])
+    groups = [r for r in root.iter(f"{SVG}rect") if r.get("stroke") == "#7b3fa0" and r.get("stroke-width") == "2"]
+    assert len(groups) == 4
+    texts = [t.text for t in root.iter(f"{SVG}text")]
+    assert "shard group 0" in texts and "shard group 3" in texts
+    fsdp = ET.fromstring(render_report(sample_plan("gcp", nodes=4, sharding="fsdp"))["topology.svg"])
+    assert not [r for r in fsdp.iter(f"{SVG}rect") if r.get("stroke-width") == "2"]

@@ -230,7 +230,7 @@ def render_readme(plan) -> str:
 
 # ---------------------------------------------------------------- topology.svg
 
-_MAX_NODES_DRAWN = 8
+_MAX_NODES_DRAWN = 4  # one row
 
 
 def escape(text: str) -> str:
@@ -252,90 +252,141 @@ def _line(x1: int, y1: int, x2: int, y2: int, stroke: str, width: int = 1, dash:
     return f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
 
 
-def render_topology(plan) -> str:
-    c, inst, fab, st = plan.cluster, plan.instance, plan.fabric, plan.storage
-    gpus = c.gpus_per_node
-    drawn = min(c.nodes, _MAX_NODES_DRAWN)
-    gpu_w, gpu_gap = 34, 6
-    node_w = max(220, gpus * (gpu_w + gpu_gap) + 30)
-    node_h = 170
-    gap = 24
-    columns = min(drawn, 4)
-    rows = -(-drawn // columns)
-    extra_box = c.nodes > drawn
-    # wide enough for the title line too (about 8 px per character at 15 px)
-    width = max(40 + columns * (node_w + gap) + (node_w // 2 + gap if extra_box else 0), 760)
-    multi = c.nodes > 1 and fab.name != "none"
-    rails = gpus if fab.name not in ("ethernet", "none") else 1
-    fabric_y = 70 + rows * (node_h + gap) + 40
-    height = fabric_y + (90 if multi else 20) + 40
-    names = [h.name for h in plan.hosts] if plan.hosts else [f"node {i}" for i in range(c.nodes)]
+def _nic_layout(gpus: int, nics: int) -> list[tuple[int, float, float]]:
+    """(rail GPU index, left, width) of each NIC box in GPU-slot units: k per GPU, or one per GPU group."""
+    if nics >= gpus:
+        k = nics // gpus
+        return [(g, g + i / k, 1 / k) for g in range(gpus) for i in range(k)]
+    span = gpus / nics
+    return [(int(i * span), i * span, span) for i in range(nics)]
 
+
+_LEGEND = (("#76b900", "#3d6000", "GPU"), ("#9fc5e8", "#1c4587", "NVLink / NVSwitch"),
+           ("#f5a623", "#8a5a00", "NIC (one per box)"), ("#e6e6e6", "#666", "local NVMe RAID0"),
+           ("#fde9c8", "#8a5a00", "fabric rail / switch"))
+
+
+def _legend(y: int) -> list[str]:
+    """Two rows of swatches under the picture: what each colour is."""
+    parts, x = [_text(20, y, "Legend:", 11, weight="bold")], 80
+    for fill, stroke, label in _LEGEND[:3]:
+        parts += [_rect(x, y - 10, 14, 12, fill, stroke, 2), _text(x + 20, y, label, 11)]
+        x += 30 + 7 * len(label)
+    x, y = 80, y + 18
+    for fill, stroke, label in _LEGEND[3:]:
+        parts += [_rect(x, y - 10, 14, 12, fill, stroke, 2), _text(x + 20, y, label, 11)]
+        x += 30 + 7 * len(label)
+    parts += [f'<rect x="{x}" y="{y - 10}" width="14" height="12" rx="2" fill="none" stroke="#7b3fa0" '
+              f'stroke-dasharray="4 3"/>', _text(x + 20, y, "HSDP shard group", 11)]
+    return parts
+
+
+def _summary_line(plan) -> str:
+    m = plan.memory
+    cost = "" if plan.cost_usd is None else f" | ${plan.cost_usd:,.0f}"
+    return (f"memory per GPU: {m.per_gpu_bytes / GiB:,.1f} GiB peak of {m.gpu_memory_bytes / GiB:,.1f} GiB "
+            f"({m.headroom_bytes / GiB:,.1f} GiB headroom) | {plan.time_hours:,.1f} h{cost}")
+
+
+def _node(plan, x: int, y: int, node_w: int, node_h: int, name: str, multi: bool, rail_x: list[int],
+          fabric_y: int) -> list[str]:
+    c, inst, st = plan.cluster, plan.instance, plan.storage
+    gpus, gpu_w, gpu_gap = c.gpus_per_node, 34, 6
+    parts = [_rect(x, y, node_w, node_h, "#f4f6fb"),
+             _text(x + 8, y + 18, f"{name}: {inst.vcpus} vCPU, {inst.ram_bytes / GiB:,.0f} GiB RAM", 11, weight="bold")]
+    gx0 = x + (node_w - gpus * (gpu_w + gpu_gap) + gpu_gap) // 2
+    gx_end = gx0 + gpus * (gpu_w + gpu_gap) - gpu_gap
+    for g in range(gpus):
+        gx = gx0 + g * (gpu_w + gpu_gap)
+        parts += [_rect(gx, y + 30, gpu_w, 40, "#76b900", "#3d6000", 3), _text(gx + gpu_w // 2, y + 54, f"G{g}", 10, "middle")]
+    if plan.gpu.nvlink_gbytes_per_s:
+        label = (f"NVSwitch: NVLink {plan.gpu.nvlink_gbytes_per_s:g} GB/s per GPU" if inst.nvswitch
+                 else f"NVLink {plan.gpu.nvlink_gbytes_per_s:g} GB/s per GPU")
+        parts.append(_rect(gx0, y + 80, gx_end - gx0, 16, "#9fc5e8", "#1c4587", 3))
+        parts += [_line(gx0 + g * (gpu_w + gpu_gap) + gpu_w // 2, y + 70, gx0 + g * (gpu_w + gpu_gap) + gpu_w // 2,
+                        y + 80, "#1c4587", 2) for g in range(gpus)]
+        parts.append(_text((gx0 + gx_end) // 2, y + 92, label, 10, "middle"))
+    else:
+        parts.append(_text((gx0 + gx_end) // 2, y + 92, f"PCIe gen {plan.gpu.pcie_gen} (no NVLink)", 10, "middle"))
+    if st.devices:
+        parts.append(_rect(gx0, y + 104, gx_end - gx0, 30, "#e6e6e6", "#666", 3))
+        parts.append(_text((gx0 + gx_end) // 2, y + 117, f"RAID0 {st.devices} x NVMe = {st.expected_bytes / TB:,.1f} TB",
+                           10, "middle"))
+        parts.append(_text((gx0 + gx_end) // 2, y + 129, f"{st.filesystem} on {st.mount_point}", 10, "middle"))
+    if multi:
+        slot = gpu_w + gpu_gap
+        nic_y = y + node_h - 14
+        for rail_gpu, left, span in _nic_layout(gpus, inst.network_cards or gpus):
+            nx, nw = gx0 + int(left * slot) + 1, max(2, int(span * slot) - gpu_gap - 2)
+            parts.append(_rect(nx, nic_y, nw, 10, "#f5a623", "#8a5a00", 2))
+            parts.append(_line(nx + nw // 2, nic_y + 10, rail_x[rail_gpu % len(rail_x)], fabric_y, "#c77800"))
+    return parts
+
+
+def _hsdp_groups(plan, drawn: int, node_w: int, node_h: int, gap: int) -> list[str]:
+    c = plan.cluster
+    per = max(1, c.shard_group // c.gpus_per_node)
+    if c.sharding != "hsdp" or per >= c.nodes:
+        return []
+    parts = []
+    for first in range(0, drawn, per):
+        last = min(first + per, drawn) - 1
+        x0, x1 = 20 + first * (node_w + gap) - 6, 20 + last * (node_w + gap) + node_w + 6
+        parts.append(f'<rect x="{x0}" y="62" width="{x1 - x0}" height="{node_h + 16}" rx="6" fill="none" '
+                     f'stroke="#7b3fa0" stroke-width="2" stroke-dasharray="4 3"/>')
+        parts.append(_text(x0 + 4, 60, f"shard group {first // per}", 10))
+    return parts
+
+
+def render_topology(plan) -> str:
+    c, inst, fab = plan.cluster, plan.instance, plan.fabric
+    gpus = c.gpus_per_node
+    # one row of nodes: the rail lines run straight down to the switches, crossing no other node
+    drawn = min(c.nodes, _MAX_NODES_DRAWN)
+    node_w, node_h, gap = max(220, gpus * 40 + 30), 170, 24
+    extra_box = c.nodes > drawn
+    width = max(40 + drawn * (node_w + gap) + (node_w // 2 + gap if extra_box else 0), 760)
+    multi = c.nodes > 1 and fab.name != "none"
+    nics = inst.network_cards or gpus
+    rails = min(gpus, nics) if fab.name not in ("ethernet", "none") else 1
+    fabric_y = 80 + node_h + 60
+    legend_y = fabric_y + (90 if multi else 30) + 10
+    height = legend_y + 30
+    names = [h.name for h in plan.hosts] if plan.hosts else [f"node {i}" for i in range(c.nodes)]
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
         _rect(0, 0, width, height, "#ffffff", "none", 0),
-        _text(20, 28, f"{plan.model.display_name} ({plan.task}): {c.nodes} x {c.instance_type}, "
+        _text(20, 22, f"{plan.model.display_name} ({plan.task}): {c.nodes} x {c.instance_type}, "
                       f"{c.total_gpus} x {plan.gpu.name}", 15, weight="bold"),
-        _text(20, 48, f"{c.cloud}{' ' + c.region if c.region else ''} | {c.sharding} shard group {c.shard_group} "
+        _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | {c.sharding} shard group {c.shard_group} "
                       f"x {c.replicate} | fabric {fab.name} {fab.gbps_per_gpu:g} Gb/s per GPU", 12),
+        _text(20, 52, _summary_line(plan), 12),
     ]
-    rail_x: list[int] = []
-    if multi:
-        rail_w = max(60, (width - 40 - (rails - 1) * 8) // rails)
-        rail_w = min(rail_w, 140)
-        total = rails * rail_w + (rails - 1) * 8
-        start = (width - total) // 2
-        rail_x = [start + r * (rail_w + 8) + rail_w // 2 for r in range(rails)]
+    rail_w = min(max(60, (width - 40 - (rails - 1) * 8) // rails), 140)
+    start = (width - (rails * rail_w + (rails - 1) * 8)) // 2
+    rail_x = [start + r * (rail_w + 8) + rail_w // 2 for r in range(rails)] if multi else []
     for index in range(drawn):
-        col, row = index % columns, index // columns
-        x, y = 20 + col * (node_w + gap), 70 + row * (node_h + gap)
-        parts.append(_rect(x, y, node_w, node_h, "#f4f6fb"))
-        parts.append(_text(x + 8, y + 18, f"{names[index] if index < len(names) else f'node {index}'}: "
-                                          f"{inst.vcpus} vCPU, {inst.ram_bytes / GiB:,.0f} GiB RAM", 11, weight="bold"))
-        gx0 = x + (node_w - gpus * (gpu_w + gpu_gap) + gpu_gap) // 2
-        for g in range(gpus):
-            gx = gx0 + g * (gpu_w + gpu_gap)
-            parts.append(_rect(gx, y + 30, gpu_w, 40, "#76b900", "#3d6000", 3))
-            parts.append(_text(gx + gpu_w // 2, y + 54, f"G{g}", 10, "middle"))
-            if multi:
-                nic_y = y + node_h - 14
-                parts.append(_rect(gx + 7, nic_y, gpu_w - 14, 10, "#f5a623", "#8a5a00", 2))
-                rail = g % rails
-                parts.append(_line(gx + gpu_w // 2, nic_y + 10, rail_x[rail], fabric_y, "#c77800"))
-        gx_end = gx0 + gpus * (gpu_w + gpu_gap) - gpu_gap
-        if plan.gpu.nvlink_gbytes_per_s:
-            label = (f"NVSwitch: NVLink {plan.gpu.nvlink_gbytes_per_s:g} GB/s per GPU" if inst.nvswitch
-                     else f"NVLink {plan.gpu.nvlink_gbytes_per_s:g} GB/s per GPU")
-            parts.append(_rect(gx0, y + 80, gx_end - gx0, 16, "#9fc5e8", "#1c4587", 3))
-            for g in range(gpus):
-                gx = gx0 + g * (gpu_w + gpu_gap) + gpu_w // 2
-                parts.append(_line(gx, y + 70, gx, y + 80, "#1c4587", 2))
-            parts.append(_text((gx0 + gx_end) // 2, y + 92, label, 10, "middle"))
-        else:
-            parts.append(_text((gx0 + gx_end) // 2, y + 92, f"PCIe gen {plan.gpu.pcie_gen} (no NVLink)", 10, "middle"))
-        if st.devices:
-            parts.append(_rect(gx0, y + 104, gx_end - gx0, 30, "#e6e6e6", "#666", 3))
-            parts.append(_text((gx0 + gx_end) // 2, y + 117,
-                               f"RAID0 {st.devices} x NVMe = {st.expected_bytes / TB:,.1f} TB", 10, "middle"))
-            parts.append(_text((gx0 + gx_end) // 2, y + 129, f"{st.filesystem} on {st.mount_point}", 10, "middle"))
+        name = names[index] if index < len(names) else f"node {index}"
+        parts += _node(plan, 20 + index * (node_w + gap), 70, node_w, node_h, name, multi, rail_x, fabric_y)
+    parts += _hsdp_groups(plan, drawn, node_w, node_h, gap)
     if extra_box:
-        x = 20 + columns * (node_w + gap)
+        x = 20 + drawn * (node_w + gap)
         parts.append(_rect(x, 70, node_w // 2, node_h, "#fafafa", "#999"))
         parts.append(_text(x + node_w // 4, 70 + node_h // 2, f"+ {c.nodes - drawn} more nodes", 12, "middle"))
     if multi:
         label = "rail" if rails > 1 else fab.name
-        rail_w = min(max(60, (width - 40 - (rails - 1) * 8) // rails), 140)
         for r, cx in enumerate(rail_x):
             parts.append(_rect(cx - rail_w // 2, fabric_y, rail_w, 28, "#fde9c8", "#8a5a00"))
             parts.append(_text(cx, fabric_y + 18, f"{label} {r}" if rails > 1 else fab.name, 10, "middle"))
         parts.append(_text(width // 2, fabric_y + 50,
                            f"{fab.name}: {rails} rail{'s' if rails > 1 else ''}, {fab.gbps_per_gpu:g} Gb/s per GPU, "
-                           f"{fab.gbps_per_gpu * gpus:,.0f} Gb/s per node"
-                           + (f" over {inst.network_cards} NICs" if inst.network_cards else ""), 12, "middle"))
+                           f"{fab.gbps_per_gpu * gpus:,.0f} Gb/s per node over {nics} NIC{'s' if nics > 1 else ''}",
+                           12, "middle"))
     else:
         parts.append(_text(20, fabric_y, "single node: no inter-node fabric needed" if c.nodes == 1
                            else "no RDMA fabric", 12))
+    parts += _legend(legend_y)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
