@@ -454,3 +454,29 @@ def test_nvidia_smi_names_map_to_catalog_slugs(smi, mib, slug):
     from gpuprov.probe import gpu_slug
 
     assert gpu_slug(smi, mib, list_gpus()) == slug
+
+
+# --------------------------------------------------------------------------- done when: three one-liners, README
+def test_qlora_70b_on_two_4090s_answers_no_and_points_at_what_fits():
+    out = ok("estimate", "--model", "70b", "--task", "qlora", "--gpu", "rtx-4090-24gb", "--gpus", "2")
+    assert "DOES NOT FIT" in out
+    hint = next(ln for ln in out.splitlines() if ln.startswith("what would make it fit:"))
+    assert "GPUs that hold" in hint and "--activation-checkpointing full" in hint and "gpuprov plan" in hint
+
+
+def test_cheapest_8b_full_fine_tune_within_two_days_on_gcp():
+    d = json.loads(ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--deadline", "2d", "--cloud", "gcp",
+                      "--json"))
+    assert d["cluster"]["cloud"] == "gcp" and d["task"] == "full" and d["time_hours"] <= 48
+    priced = [r["cost_usd"] for r in d["candidates"] if r["cost_usd"] is not None]
+    assert d["cost_usd"] == pytest.approx(min(priced), abs=0.01)
+
+
+def test_readme_shows_the_table_the_three_questions_and_the_cpu_only_install():
+    readme = (REPO / "README.md").read_text()
+    assert "Candidates (best per GPU type on each cloud" in readme and "GPUs x nodes  purchase" in readme
+    assert "gpuprov estimate --model 70b --task qlora --gpu rtx-4090-24gb --gpus 2" in readme
+    assert "gpuprov plan --model llama-3.1-8b --tokens 1B --deadline 2d --cloud gcp" in readme
+    assert "gpuprov plan --model llama-3.1-8b --tokens 1B --hosts hosts.yaml" in readme
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert "gpuprov[validate]" in readme and "gpuprov hosts probe" in readme

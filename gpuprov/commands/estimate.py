@@ -136,6 +136,20 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
     }
 
 
+def _what_would_fit(d: dict) -> str:
+    """A pointer, not a search: GPUs that hold this peak, and the knob most likely to shrink it."""
+    from gpuprov.catalog.gpus import list_gpus
+
+    s = d["setup"]
+    bigger = [g.slug for g in sorted(list_gpus(), key=lambda g: g.memory_bytes) if g.memory_bytes >= d["per_gpu_bytes"]]
+    bits = [f"GPUs that hold {d['per_gpu_bytes'] / GIB:,.1f} GiB: {', '.join(bigger[:4])}" if bigger
+            else "no GPU in the catalog holds it as set up"]
+    if s["activation_checkpointing"] != "full":
+        bits.append("--activation-checkpointing full recomputes activations instead of keeping them")
+    bits.append(f"`gpuprov plan --model ... --task {s['task']} --gpus N` searches sharding, recompute and micro-batch")
+    return "what would make it fit: " + "; ".join(bits)
+
+
 def _shown(value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -167,6 +181,8 @@ def render_table(d: dict) -> str:
     head = d["headroom_bytes"] / GIB
     verdict = "FITS" if d["fits"] else "DOES NOT FIT"
     lines.append(f"{verdict}: headroom {head:+.2f} GiB ({d['headroom_bytes'] / d['gpu_memory_bytes']:+.1%} of the GPU)")
+    if not d["fits"]:
+        lines.append(_what_would_fit(d))
     lines.append("")
     lines.append("assumes:")
     lines.extend(f"  - {a}" for a in d["assumptions"])
