@@ -480,3 +480,19 @@ def test_readme_shows_the_table_the_three_questions_and_the_cpu_only_install():
     assert "gpuprov plan --model llama-3.1-8b --tokens 1B --hosts hosts.yaml" in readme
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in readme
     assert "gpuprov[validate]" in readme and "gpuprov hosts probe" in readme
+
+
+# --------------------------------------------------------------------------- 7. wording
+def test_single_node_mfu_and_overlap_are_said_plainly(tmp_path):
+    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--cloud", "aws")
+    assert "fabric none 0 Gb/s" not in out and "no inter-node fabric" in out
+    mfu = next(ln for ln in out.splitlines() if ln.strip().startswith("MFU "))
+    assert "assumed to reach" in mfu and "of peak on the work it executes" in mfu and "exposed communication" in mfu
+    assert "(assumed utilisation" not in out
+    explain = ok("explain", "--model", "70b", "--tokens", "20B")
+    assert "hidden under compute" not in explain and "compute hides" in explain and "what is left waits" in explain
+    ok("generate", "--model", "llama-3.1-8b", "--tokens", "1B", "--cloud", "aws", "-o", str(tmp_path / "b"))
+    readme = (tmp_path / "b" / "README.md").read_text()
+    svg = (tmp_path / "b" / "topology.svg").read_text()
+    assert "none, 0 Gb/s" not in readme and "Fabric: none (one node)" in readme
+    assert "fabric none 0 Gb/s" not in svg and "one node: no inter-node fabric" in svg

@@ -63,7 +63,7 @@ def _summary(plan) -> list[str]:
         ["Training", f"{plan.training.tokens:,} tokens in {plan.training.steps:,} steps"],
         ["Time", _hours(plan.time_hours)],
         ["Cost", _usd(plan.cost_usd)],
-        ["Fabric", f"{plan.fabric.name}, {plan.fabric.gbps_per_gpu:g} Gb/s per GPU"],
+        ["Fabric", _fabric_words(plan)],
     ]
     return _table(["", ""], rows)
 
@@ -103,7 +103,9 @@ def _throughput(plan) -> list[str]:
         *_table(["", ""], [
             ["Cluster throughput", f"{t.tokens_per_s:,.0f} tokens/s"],
             ["Model FLOPs per token", f"{t.flops_per_token:.3e}"],
-            ["MFU", f"{t.mfu:.1%} (starting from an assumed {t.mfu_assumed:.1%}: {t.mfu_source})"],
+            ["MFU", f"{t.mfu:.1%} of the GPUs' BF16 peak in model FLOPs; the GPU class is assumed to reach "
+                    f"{t.mfu_assumed:.0%} of peak on the work it executes ({t.mfu_source}); recompute and "
+                    f"communication that compute cannot hide take the rest"],
             ["Step time", f"{t.step_time_s:.2f} s = compute {t.compute_time_s:.2f} s + exposed "
                           f"communication {t.comm_time_s:.2f} s ({t.bound}-bound)"],
             ["Wall time", _hours(plan.time_hours)],
@@ -164,7 +166,7 @@ def _stack(plan) -> list[str]:
         + (", nvidia-fabricmanager (NVSwitch)" if s.fabric_manager else "")
         + (f", EFA installer {s.efa_installer_version}" if s.efa_installer_version else "")
         + (", GPUDirect Storage" if s.gds else ""),
-        f"- Fabric: {f.name}, {f.gbps_per_gpu:g} Gb/s per GPU"
+        f"- {_fabric_words(plan).replace('fabric ', 'Fabric: ', 1) if plan.cluster.nodes > 1 else 'Fabric: none (one node)'}"
         + (f", subnet manager {f.subnet_manager}" if f.subnet_manager != "none" else "")
         + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else ""),
         f"- Storage: RAID0 of {st.devices} local NVMe drives ({_tb(st.expected_bytes)}) as "
@@ -266,6 +268,12 @@ _LEGEND = (("#76b900", "#3d6000", "GPU"), ("#9fc5e8", "#1c4587", "NVLink / NVSwi
            ("#fde9c8", "#8a5a00", "fabric rail / switch"))
 
 
+def _fabric_words(plan) -> str:
+    if plan.cluster.nodes == 1:
+        return "one node: no inter-node fabric"
+    return f"fabric {plan.fabric.name}, {plan.fabric.gbps_per_gpu:g} Gb/s per GPU"
+
+
 def _legend(y: int) -> list[str]:
     """Two rows of swatches under the picture: what each colour is."""
     parts, x = [_text(20, y, "Legend:", 11, weight="bold")], 80
@@ -360,7 +368,7 @@ def render_topology(plan) -> str:
         _text(20, 22, f"{plan.model.display_name} ({plan.task}): {c.nodes} x {c.instance_type}, "
                       f"{c.total_gpus} x {plan.gpu.name}", 15, weight="bold"),
         _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | {c.sharding} shard group {c.shard_group} "
-                      f"x {c.replicate} | fabric {fab.name} {fab.gbps_per_gpu:g} Gb/s per GPU", 12),
+                      f"x {c.replicate} | {_fabric_words(plan)}", 12),
         _text(20, 52, _summary_line(plan), 12),
     ]
     rail_w = min(max(60, (width - 40 - (rails - 1) * 8) // rails), 140)
