@@ -259,6 +259,7 @@ class _Search:
         # The brute force asks every time; tests and benchmark hold the two to the same answer.
         self.seen: dict[tuple, list[tuple[int, int]]] = {}
         self.shape_cache: dict[int, list[tuple[int, int, int]]] = {}
+        self.compute_cache: dict[tuple[str, str], float] = {}
         self.best: Candidate | None = None
         self.best_by_gpu: dict[str, Candidate] = {}
         self.best_by_group: dict[tuple[str, str], Candidate] = {}
@@ -305,9 +306,14 @@ class _Search:
     # ---------------------------------------------------------------- bounds
     def _compute_seconds(self, inst: Any, ac: str) -> float:
         """GPU-seconds of pure compute at the assumed utilisation (no recompute, no communication)."""
-        gpu = self.gpus[inst.gpu]
-        util, _ = utilisation(gpu)
-        return self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac)
+        key = (inst.gpu, ac)
+        out = self.compute_cache.get(key)
+        if out is None:
+            gpu = self.gpus[inst.gpu]
+            util, _ = utilisation(gpu)
+            out = self.compute_cache[key] = \
+                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac)
+        return out
 
     def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none") -> float:
         """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only)."""
