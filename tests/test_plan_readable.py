@@ -496,3 +496,14 @@ def test_single_node_mfu_and_overlap_are_said_plainly(tmp_path):
     svg = (tmp_path / "b" / "topology.svg").read_text()
     assert "none, 0 Gb/s" not in readme and "Fabric: none (one node)" in readme
     assert "fabric none 0 Gb/s" not in svg and "one node: no inter-node fabric" in svg
+
+
+def test_a_bundle_for_declared_hosts_regenerates_and_validates(tmp_path):
+    from gpuprov.commands import gitops
+
+    rows = [f"name: gpu{i}, address: 10.0.0.{i + 1}, gpu: a100-80gb, gpus: 8" for i in range(4)]
+    out = tmp_path / "b"
+    ok("generate", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", _hosts_file(tmp_path, rows), "-o", str(out))
+    assert "in sync" in ok("check", str(out))
+    status, detail = gitops.check_plan(out)
+    assert status == "ok", detail

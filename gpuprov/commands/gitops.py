@@ -240,6 +240,8 @@ def _instance_still_listed(plan) -> tuple[str | None, str]:
         from gpuprov.catalog.instances import get_instance
     except ModuleNotFoundError:
         return None, ""
+    if plan.instance.cloud == "onprem" and any(h.gpu for h in plan.spec.hosts or []):
+        return None, ""  # the hosts file says what the machines are, not the catalog
     try:
         current = get_instance(plan.instance.name)
     except GpuprovError:
