@@ -22,7 +22,8 @@ STACK_DEFAULTS: dict[str, object] = {
     "offload": "none", "compile": False, "chunked_cross_entropy": False, "activation_offloading": False,
     "optimizer_impl": "fused", "loss_impl": "hf", "lora_dropout": 0.0, "qlora_base_replicated": False,
     "fsdp_version": 2, "autocast_fp32_params": False, "compile_scope": "block", "loss_upcast": True,
-    "shard_embeddings": False, "fsdp1_frozen_grads": False,
+    "shard_embeddings": False, "fsdp1_frozen_grads": False, "compile_loss": False,
+    "fsdp1_no_sync": False, "fp32_logits": False,
 }
 
 
@@ -152,6 +153,8 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "fsdp_version": setup.fsdp_version, "autocast_fp32_params": setup.autocast_fp32_params,
             "compile_scope": setup.compile_scope, "loss_upcast": setup.loss_upcast,
             "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
+            "compile_loss": setup.compile_loss, "fsdp1_no_sync": setup.fsdp1_no_sync,
+            "fp32_logits": setup.fp32_logits,
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions),
@@ -244,6 +247,8 @@ class _FrameworkChoice(click.Choice):
 @click.option("--compile-scope", type=click.Choice(COMPILE_SCOPES), default=None,
               help="With --compile: per decoder block (torchtitan, torchtune) or the whole model and its loss "
                    "(HF Trainer torch_compile).  [default: block]")
+@click.option("--compile-loss/--no-compile-loss", default=None,
+              help="With --compile --compile-scope block: the loss compiled apart (torchtune).  [default: no]")
 @click.option("--loss-upcast/--no-loss-upcast", default=None,
               help="The loss casts the logits to fp32 before log-softmax.  [default: loss-upcast]")
 @click.option("--shard-embeddings/--no-shard-embeddings", default=None,
@@ -251,6 +256,11 @@ class _FrameworkChoice(click.Choice):
 @click.option("--fsdp1-frozen-grads/--no-fsdp1-frozen-grads", default=None,
               help="FSDP1 LoRA with adapters inside the frozen base's flat parameter (use_orig_params=True, e.g. "
                    "Lightning's Block wrap): gradients cover the frozen base too.  [default: no]")
+@click.option("--fsdp1-no-sync/--no-fsdp1-no-sync", default=None,
+              help="Gradient accumulation inside FSDP1 no_sync() (accelerate's accumulate(), Lightning): the full "
+                   "unsharded gradients stay between micro-batches.  [default: no]")
+@click.option("--fp32-logits/--no-fp32-logits", default=None,
+              help="The model returns fp32 logits (torchtune's unembed .float(); transformers < 4.45).  [default: no]")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
 @click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
@@ -259,7 +269,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, suggest, fail_if_not_fits, precise, as_json) -> None:
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, fsdp1_no_sync, fp32_logits, suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b
@@ -283,6 +293,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         "fsdp_version": None if fsdp_version is None else int(fsdp_version),
         "autocast_fp32_params": autocast_fp32_params, "compile_scope": compile_scope, "loss_upcast": loss_upcast,
         "shard_embeddings": shard_embeddings, "fsdp1_frozen_grads": fsdp1_frozen_grads,
+        "compile_loss": compile_loss, "fsdp1_no_sync": fsdp1_no_sync,
+        "fp32_logits": fp32_logits,
     }
     stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus)
     shape = dict(task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
@@ -321,7 +333,8 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "qlora_base_replicated": ("--qlora-base", "qlora"), "fsdp_version": ("--fsdp-version", "choice"),
     "autocast_fp32_params": ("--autocast-fp32-params", "bool"), "compile_scope": ("--compile-scope", "choice"),
     "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
-    "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"),
+    "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
+    "fsdp1_no_sync": ("--fsdp1-no-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
 }
 
 

@@ -193,6 +193,10 @@ def autocast_fp32(s: TrainSetup) -> bool:
     return s.precision == "bf16-mixed" and bool(s.autocast_fp32_params)
 
 
+def unsharded_accumulation(s: TrainSetup) -> bool:
+    return bool(s.fsdp1_no_sync) and s.fsdp_version == 1 and s.grad_accumulation_steps > 1 and s.sharding in ("fsdp", "hsdp")
+
+
 def frozen_flat_grads(s: TrainSetup) -> bool:
     return bool(s.fsdp1_frozen_grads) and s.fsdp_version == 1 and s.task == "lora" and s.sharding in ("fsdp", "hsdp")
 
@@ -213,6 +217,8 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
     zero = s.sharding in ("zero1", "zero2")
     d_param = shard if fsdp else 1
     d_grad = shard if (fsdp or s.sharding == "zero2") else 1
+    if fsdp and unsharded_accumulation(s):
+        d_grad = 1  # torch FSDP1 no_sync(): "FSDP will accumulate the full model gradients (instead of shards)"
     d_opt = shard if (fsdp or zero) else 1
 
     if s.task == "full":
@@ -444,7 +450,9 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     if loss_impl not in LOSS_IMPLS:
         raise GpuprovError(f"loss implementation {loss_impl!r} is not one of {', '.join(LOSS_IMPLS)}")
     legacy = loss_impl == "hf-legacy" and not s.chunked_cross_entropy
-    logits_elem = c["loss_impl"]["legacy_logits_bytes"] if legacy else a
+    # fp32 model output: transformers < 4.45, or torchtune's unembed `.float()` (its chunked output stays bf16)
+    fp32_out = legacy or (s.fp32_logits and not s.chunked_cross_entropy)
+    logits_elem = c["loss_impl"]["legacy_logits_bytes"] if fp32_out else a
     logits = tokens * logits_elem * V  # the model output, held by the caller at least until backward starts
     if arch.model_type == "gemma2":
         logits += tokens * a * V  # final logit soft-capping saves the tanh output too
@@ -456,7 +464,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         ce_bytes = tokens * ce_elem * V // chunks  # fused per-chunk loss: one chunk's gradient at a time
     elif s.chunked_cross_entropy:
         ce_bytes = tokens * ce_elem * V + tokens * ce_elem * V * 2 // chunks
-    elif whole_compile:
+    elif whole_compile or (s.compile and s.compile_loss):
         # the loss is inside the compiled graph: inductor saves the logits and the logsumexp and writes
         # the logits' gradient in one fused kernel (softmax - one-hot), no log-softmax buffer
         ce_bytes = tokens * ce_elem * V * ce["fp32_buffers_compiled"]
@@ -466,6 +474,11 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # the optimizer step; litgpt keeps its list of chunked logits through backward); torchtitan and
     # torchtune free them before backward.
     held_logits = 0 if loss_impl == "native" else logits
+    # At the start of backward an eager loss has saved only its fp32 log-softmax (the upcast and the model's
+    # logits are not saved by autograd), so logits a loop deleted are gone; a fused (compiled) loss saves
+    # its input logits and rebuilds the softmax in backward.
+    fused_loss = s.compile and (s.chunked_cross_entropy or s.compile_loss or whole_compile)
+    logits_at_backward = logits if (loss_impl != "native" or fused_loss) else 0
 
     # -- FSDP gathered blocks and reduce-scatter staging ------------------------------------
     gathered = 0
@@ -522,7 +535,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         "autocast_weight_cache": autocast_cache,
         "reduce_scatter_buffers": rs_buffers,
         "activations": saved_all,
-        "logits": logits,
+        "logits": logits_at_backward,
         "cross_entropy": ce_bytes,
     })
     phase_b = _Phase("backward of the last block", {
@@ -704,11 +717,14 @@ def _stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
         )
     if s.compile:
         out.append("torch.compile of the whole model (loss fused into the graph, final norm fused)"
-                   if s.compile_scope == "model" else "torch.compile per decoder block (loss and final norm eager)")
+                   if s.compile_scope == "model" else "torch.compile per decoder block, final norm eager, loss "
+                   + ("compiled apart (fused softmax - one-hot gradient)" if s.compile_loss else "eager"))
     if not s.loss_upcast:
         out.append("loss on the logits' dtype (no fp32 upcast before log-softmax)")
     if frozen_flat_grads(s):
         out.append("FSDP1 flat parameters mix the frozen base and the adapters (use_orig_params=True): gradients are allocated for the whole block, frozen weights included")
+    if unsharded_accumulation(s):
+        out.append("FSDP1 no_sync() during gradient accumulation: the full unsharded gradients stay on every GPU until the synchronising micro-batch")
     if s.shard_embeddings and fsdp:
         out.append("embeddings and output head sharded as FSDP units of their own (only the head is gathered at the start of backward)")
     return out

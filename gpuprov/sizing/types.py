@@ -68,10 +68,15 @@ class TrainSetup:
     autocast_fp32_params: bool = False
     compile_scope: CompileScope = "block"  # with compile: per decoder block, or the whole model (+ its loss)
     loss_upcast: bool = True  # the loss casts the logits to fp32 before log-softmax
+    fp32_logits: bool = False  # the model returns fp32 logits (torchtune unembed `.float()`)
+    compile_loss: bool = False  # with per-block compile: the loss compiled apart (torchtune compile_loss)
     shard_embeddings: bool = False  # FSDP2: embeddings and output head are FSDP units of their own
     # FSDP1 with LoRA adapters inside the frozen base's flat parameter (use_orig_params=True, one unit per
     # block): the flat parameter requires grad, so its gradient covers the frozen base as well
     fsdp1_frozen_grads: bool = False
+    # gradient accumulation inside FSDP1 no_sync() (accelerate accumulate(), Lightning no_backward_sync): FSDP1
+    # accumulates the full unsharded gradients until the synchronising micro-batch
+    fsdp1_no_sync: bool = False
 
 
 @dataclass(frozen=True)
