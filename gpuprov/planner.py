@@ -107,13 +107,13 @@ def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
     gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
     FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it.
     """
-    from gpuprov.sizing.memory import ExtendedSetup
+    from gpuprov.sizing.frameworks import gpuprov_stack
+    from gpuprov.sizing.types import TrainSetup
 
-    return ExtendedSetup(
-        **fields,
-        grad_accumulation_steps=max(1, int(grad_accum)),
-        qlora_base_replicated=fields.get("task") == "qlora",
-    )
+    # the bundle's trainer's stack (catalog/data/frameworks.yaml `gpuprov`); the candidate's own fields win
+    stack = {k: v for k, v in gpuprov_stack(fields.get("task", "full"), fields.get("sharding", "fsdp")).items()
+             if k not in fields}
+    return TrainSetup(**fields, **stack, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
@@ -577,6 +577,10 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                 f"(weights + grads + optimizer, {spec.precision}, {spec.optimizer}) are {per_param:.1f} B/param = "
                 f"{_tbs(states)} ({diff:+.0%})")
     else:
+        if spec.task == "qlora":
+            notes.append("QLoRA base: the trainer leaves the NF4 base out of FSDP2 (it cannot shard bitsandbytes "
+                         "weights), so every GPU holds all of it and the memory estimate sizes it so "
+                         "(`gpuprov estimate --framework gpuprov` or `--qlora-base replicated` gives the same figure)")
         notes.append(f"Rule of thumb 18 B/param ({_tbs(rot)}) is for full training; {spec.task} trains "
                      f"{mem.trainable_params:,} adapter parameters and keeps the base frozen: model states "
                      f"{_tbs(states)}")

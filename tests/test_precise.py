@@ -256,3 +256,20 @@ def test_replicated_qlora_base_is_left_out_of_fsdp_and_matches_the_analytic_flag
     grown = replicated.breakdown["parameters"] - sharded.breakdown["parameters"]
     # Replicating adds three quarters of the NF4 base on each of 4 GPUs (within packing slack).
     assert grown == pytest.approx(0.75 * nf4_total, rel=0.05)
+
+
+def test_stack_knobs_change_the_simulated_step_as_the_analytic_model_says():
+    """Presets precise mode can simulate: fp32 base under autocast, no loss upcast, logits kept by the loop."""
+    arch = tiny(vocab=4000)
+    lora = setup(task="lora", seq_len=1024, loss_impl="native")
+    policy = precise.estimate_precise(arch, lora)
+    amp = precise.estimate_precise(arch, replace(lora, autocast_fp32_params=True))
+    # the frozen base is stored in fp32 instead of bf16: twice the parameter bytes
+    assert amp.breakdown["parameters"] > 1.8 * policy.breakdown["parameters"], (amp.breakdown, policy.breakdown)
+    assert any("autocast over fp32" in a for a in amp.assumptions)
+    s = setup(seq_len=2048, precision="bf16", loss_impl="native")
+    upcast = precise.estimate_precise(arch, s)
+    bf16_loss = precise.estimate_precise(arch, replace(s, loss_upcast=False))
+    assert bf16_loss.breakdown["cross_entropy"] < 0.7 * upcast.breakdown["cross_entropy"]
+    kept = precise.estimate_precise(arch, replace(s, loss_impl="hf"))
+    assert kept.per_gpu_bytes >= upcast.per_gpu_bytes

@@ -8,6 +8,7 @@ win over a preset; a preset wins over gpuprov's defaults. Pure functions, no I/O
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from gpuprov.catalog import load_data
@@ -90,3 +91,13 @@ def resolve(name: str | None, explicit: dict[str, Any], defaults: dict[str, Any]
                 values[field] = setting.value
                 applied[field] = setting
     return values, applied
+
+
+def gpuprov_stack(task: str, sharding: str) -> dict[str, Any]:
+    """The TrainSetup fields of gpuprov's own trainer (what `gpuprov plan` sizes and the bundle runs)."""
+    return dict(_gpuprov_stack(task, sharding))
+
+
+@lru_cache(maxsize=None)
+def _gpuprov_stack(task: str, sharding: str) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, v.value) for k, v in preset_settings("gpuprov", {"task": task, "sharding": sharding}).items())

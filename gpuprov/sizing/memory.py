@@ -139,7 +139,7 @@ def validate_setup(arch: ModelArch, setup: TrainSetup) -> None:
         ("--fsdp-version", setup.fsdp_version, FSDP_VERSIONS),
     ):
         if value not in allowed:
-            raise GpuprovError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+            raise GpuprovError(f"{name} {value!r} is not one of {', '.join(map(str, allowed))}")
     if setup.task in ("lora", "qlora"):
         _positive("--lora-rank", setup.lora_rank)
         check_lora_rank(arch, setup.lora_rank)
