@@ -73,10 +73,11 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("Lightning-AI/litgpt", "litgpt", {"fsdp_version": 1, "fsdp1_frozen_grads": True}),
 )
 
-# Settings "no stack flags" leaves out: what a framework preset decides and most users never pass.
+# Settings "no stack flags" leaves out: what a framework preset decides and most users never pass. What a
+# row states as its measured configuration (sharding, AC, precision, compile, chunked loss, offload) stays.
 STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
-                     "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated", "compile_loss", "fsdp1_no_sync", "fp32_logits",
-                     "chunked_cross_entropy")
+                     "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
+                     "compile_loss", "fsdp1_no_sync", "fp32_logits")
 
 
 def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
@@ -164,7 +165,7 @@ def setup_for(row: dict[str, Any], stack: bool = True):
     if isinstance(targets, str):
         targets = LORA_TARGET_PRESETS.get(targets, tuple(t.strip() for t in targets.split(",")))
     offload = row.get("offload", "full" if row.get("cpu_offload") else "none")
-    stack_fields = {k: row[k] for k in STACK_ONLY_FIELDS if k in row and k != "chunked_cross_entropy"}
+    stack_fields = {k: row[k] for k in STACK_ONLY_FIELDS if k in row}
     return TrainSetup(
         task=row.get("task", "full"),
         seq_len=int(row["seq_len"]),

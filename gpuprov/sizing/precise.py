@@ -771,6 +771,19 @@ def _cuda_allocator_rounding():
         mem_tracker._WeakRefInfo._calculate_mem_consumed = orig
 
 
+def _unsimulated(setup: TrainSetup, use_fsdp: bool) -> list[str]:
+    """Stack knobs the fake-tensor step does not reproduce (it runs FSDP2 and an eager model)."""
+    checks = (
+        ("FSDP1 flat parameters (simulated as FSDP2)", use_fsdp and setup.fsdp_version == 1),
+        ("FSDP1 frozen flat-parameter gradients", use_fsdp and setup.fsdp1_frozen_grads),
+        ("FSDP1 no_sync accumulation", use_fsdp and setup.fsdp1_no_sync and setup.grad_accumulation_steps > 1),
+        ("torch.compile of the model (only a compiled loss is modelled)", setup.compile),
+        ("fp32 model logits", setup.fp32_logits),
+        ("fp32 logits of transformers < 4.45", setup.loss_impl == "hf-legacy"),
+    )
+    return [name for name, on in checks if on]
+
+
 def estimate_precise(
     arch: Any,
     setup: TrainSetup,
@@ -811,6 +824,9 @@ def estimate_precise(
         "tensor sizes rounded to the CUDA caching allocator's 512 B blocks; fragmentation and "
         "non-tensor terms from memory_constants.yaml",
     ]
+    unsimulated = _unsimulated(setup, use_fsdp)
+    if unsimulated:
+        assumptions.append("not simulated (the analytic estimate models them): " + ", ".join(unsimulated))
     if setup.compile:
         assumptions.append(
             "torch.compile: only the loss is modelled as compiled (fused cross-entropy keeping "
