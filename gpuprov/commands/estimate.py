@@ -15,16 +15,16 @@ from gpuprov.sizing.types import (
 GIB = 2**30
 
 
-# What each stack field is when neither a flag nor a --framework preset sets it (the sharding default
-# depends on the GPU count: none on one GPU, else fsdp).
-STACK_DEFAULTS: dict[str, object] = {
-    "sharding": None, "activation_checkpointing": "selective", "precision": "bf16-mixed", "optimizer": "adamw",
-    "offload": "none", "compile": False, "chunked_cross_entropy": False, "activation_offloading": False,
-    "optimizer_impl": "fused", "loss_impl": "hf", "lora_dropout": 0.0, "qlora_base_replicated": False,
-    "fsdp_version": 2, "autocast_fp32_params": False, "compile_scope": "block", "loss_upcast": True,
-    "shard_embeddings": False, "fsdp1_frozen_grads": False, "compile_loss": False,
-    "fsdp1_no_sync": False, "fp32_logits": False,
-}
+def stack_defaults() -> dict[str, object]:
+    """Each stack field when neither a flag nor a --framework preset sets it: TrainSetup's default, except
+    the sharding, whose default depends on the GPU count (none on one GPU, else fsdp)."""
+    from dataclasses import fields
+
+    from gpuprov.sizing.frameworks import STACK_FIELDS
+
+    out: dict[str, object] = {f.name: f.default for f in fields(TrainSetup) if f.name in STACK_FIELDS}
+    out["sharding"] = None
+    return out
 
 
 def _default_sharding(gpus: int) -> str:
@@ -32,13 +32,13 @@ def _default_sharding(gpus: int) -> str:
 
 
 def resolve_stack(framework, explicit: dict, *, task: str, gpus: int):
-    """Stack fields from explicit flags > the --framework preset > STACK_DEFAULTS; and what the preset set."""
+    """Stack fields from explicit flags > the --framework preset > stack_defaults(); and what the preset set."""
     from gpuprov.sizing.frameworks import resolve
 
     def shape_of(values: dict) -> dict:
         return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus)}
 
-    values, applied = resolve(framework, explicit, STACK_DEFAULTS, shape_of)
+    values, applied = resolve(framework, explicit, stack_defaults(), shape_of)
     if values["sharding"] is None:
         values["sharding"] = _default_sharding(gpus)
     return values, applied
@@ -58,7 +58,7 @@ def build_setup(
         gpus_per_node = min(8, gpus)
     if gpus_per_node <= 0:
         raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
-    stack = dict(STACK_DEFAULTS, **(stack or {}))
+    stack = dict(stack_defaults(), **(stack or {}))
     if stack["sharding"] is None:
         stack["sharding"] = _default_sharding(gpus)
     if shard_group is not None and stack["sharding"] != "hsdp":
