@@ -100,19 +100,20 @@ class SearchResult:
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
 
 
-def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
+def make_setup(*, grad_accum: int, framework: str = "gpuprov", **fields: Any) -> TrainSetup:
     """The estimator's setup for one candidate, as the bundle's trainer will run it.
 
     `grad_accum` (global batch / (micro-batch x seq-len x data-parallel ranks)) decides whether
     gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
     FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it.
     """
-    from gpuprov.sizing.frameworks import gpuprov_stack
+    from gpuprov.sizing.frameworks import preset_stack
     from gpuprov.sizing.types import TrainSetup
 
-    # the bundle's trainer's stack (catalog/data/frameworks.yaml `gpuprov`); the candidate's own fields win
-    stack = {k: v for k, v in gpuprov_stack(fields.get("task", "full"), fields.get("sharding", "fsdp")).items()
-             if k not in fields}
+    # the stack that will run (catalog/data/frameworks.yaml; `gpuprov` = the bundle's trainer); the
+    # candidate's own fields win
+    preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"))
+    stack = {k: v for k, v in preset.items() if k not in fields}
     return TrainSetup(**fields, **stack, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
@@ -227,6 +228,7 @@ def search(
                 shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
                 precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
                 lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga,
+                framework=getattr(spec, "framework", "gpuprov"),
             )
             est = estimator(arch, setup)
             mem_calls += 1
@@ -558,7 +560,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum,
+        grad_accum=c.grad_accum, framework=getattr(spec, "framework", "gpuprov"),
     )
 
 
@@ -566,6 +568,10 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
            gpu_lookup: Callable) -> list[str]:
     """Where the seed's 18 bytes/param rule of thumb and its table are wrong for this spec."""
     notes: list[str] = []
+    framework = getattr(spec, "framework", "gpuprov")
+    if framework != "gpuprov":
+        notes.append(f"Memory is sized for the {framework} stack (`gpuprov estimate --framework {framework}`); the "
+                     "bundle's launch files run gpuprov's own trainer, so launch your framework yourself")
     rot = RULE_OF_THUMB_BYTES_PER_PARAM * arch.params
     states = mem.model_states_bytes
     if spec.task == "full":
@@ -577,7 +583,7 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                 f"(weights + grads + optimizer, {spec.precision}, {spec.optimizer}) are {per_param:.1f} B/param = "
                 f"{_tbs(states)} ({diff:+.0%})")
     else:
-        if spec.task == "qlora":
+        if spec.task == "qlora" and getattr(spec, "framework", "gpuprov") == "gpuprov":
             notes.append("QLoRA base: the trainer leaves the NF4 base out of FSDP2 (it cannot shard bitsandbytes "
                          "weights), so every GPU holds all of it and the memory estimate sizes it so "
                          "(`gpuprov estimate --framework gpuprov` or `--qlora-base replicated` gives the same figure)")

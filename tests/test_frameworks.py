@@ -89,3 +89,29 @@ def test_gpuprov_preset_matches_the_bundled_trainer_code() -> None:
     assert ('"fused": True' in train) == (stack["optimizer_impl"] == "fused")
     yaml = (REPO / "templates" / "launch" / "train.yaml.j2").read_text()
     assert f"dropout: {stack['lora_dropout']}" in yaml
+
+
+def test_plan_and_estimate_agree_on_the_qlora_base_and_the_stack() -> None:
+    """`gpuprov plan` sizes what `estimate --framework gpuprov` sizes, replicated NF4 base included."""
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    plan = json.loads(cli("plan", "--model", "llama-2-7b", "--task", "qlora", "--json"))
+    c = plan["cluster"]
+    est = json.loads(cli("estimate", "--model", "llama-2-7b", "--task", "qlora", "--framework", "gpuprov", "--json",
+                         "--gpu", c["gpu"], "--gpus", str(c["total_gpus"]), "--gpus-per-node", str(c["gpus_per_node"]),
+                         "--sharding", c["sharding"], "--activation-checkpointing", c["activation_checkpointing"],
+                         "--micro-batch", str(c["micro_batch"]), "--seq-len", str(c["seq_len"]),
+                         "--grad-accumulation", str(c["grad_accum"])))
+    assert est["per_gpu_bytes"] == plan["memory"]["per_gpu_bytes"]
+    assert est["setup"]["qlora_base"] == "replicated"
+    assert any("QLoRA base" in n and "every GPU" in n for n in plan["notes"])
+    other = json.loads(cli("plan", "--model", "llama-2-7b", "--task", "qlora", "--framework", "fsdp-qlora", "--json"))
+    assert any("sized for the fsdp-qlora stack" in n for n in other["notes"])
+    assert not any("QLoRA base" in n for n in other["notes"])

@@ -93,11 +93,16 @@ def resolve(name: str | None, explicit: dict[str, Any], defaults: dict[str, Any]
     return values, applied
 
 
+def preset_stack(name: str, task: str, sharding: str) -> dict[str, Any]:
+    """A preset's TrainSetup fields for one task and sharding (what `gpuprov plan` sizes)."""
+    return dict(_preset_stack(name, task, sharding))
+
+
 def gpuprov_stack(task: str, sharding: str) -> dict[str, Any]:
-    """The TrainSetup fields of gpuprov's own trainer (what `gpuprov plan` sizes and the bundle runs)."""
-    return dict(_gpuprov_stack(task, sharding))
+    """The TrainSetup fields of gpuprov's own trainer (what the bundle runs)."""
+    return preset_stack("gpuprov", task, sharding)
 
 
 @lru_cache(maxsize=None)
-def _gpuprov_stack(task: str, sharding: str) -> tuple[tuple[str, Any], ...]:
-    return tuple((k, v.value) for k, v in preset_settings("gpuprov", {"task": task, "sharding": sharding}).items())
+def _preset_stack(name: str, task: str, sharding: str) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, v.value) for k, v in preset_settings(name, {"task": task, "sharding": sharding}).items())
