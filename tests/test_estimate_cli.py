@@ -203,8 +203,9 @@ def test_framework_preset_names_what_it_set_and_flags_override_it() -> None:
 
 def test_help_lists_every_stack_flag_and_preset() -> None:
     from gpuprov.commands.estimate import STACK_FLAGS
-    from gpuprov.sizing.frameworks import names
+    from gpuprov.sizing.frameworks import STACK_FIELDS, names
 
+    assert set(STACK_FLAGS) == set(STACK_FIELDS)  # every field a preset may set has its own flag
     out = run("estimate", "--help").stdout
     for flag, _ in STACK_FLAGS.values():
         assert flag in out, flag

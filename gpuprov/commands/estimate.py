@@ -425,7 +425,8 @@ def render_stack(d: dict) -> str:
             " --qlora-base replicated or --framework gpuprov")]
     if "suggestions" in d:
         if d["suggestions"]:
-            lines += ["", "would fit with (cheapest first, by GPU-seconds per token):"]
+            lines += ["", "would fit with (cheapest first, by GPU-seconds per token from the planner's throughput model;"
+                      " nodes joined by 400 Gb/s InfiniBand per GPU):"]
             for i, x in enumerate(d["suggestions"], 1):
                 lines.append(f"  {i}. {x['change']}: {x['per_gpu_bytes'] / GIB:.2f} GiB per GPU, "
                              f"{x['gpu_seconds_per_token'] * 1e6:.1f} GPU-us/token")
