@@ -69,7 +69,8 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("pytorch/torchtitan", "torchtitan", {"optimizer_impl": "foreach", "shard_embeddings": False}),
     ("pytorch/torchtune", "torchtune", {}),
     # Lightning-AI/lit-gpt finetune/lora.py at 8641822 (Oct 2023): FSDPStrategy (FSDP1) with
-    # auto_wrap_policy={Block} and use_orig_params=True (adapters inside each Block's flat parameter)
+    # auto_wrap_policy={Block} and use_orig_params=True (adapters inside each Block's flat parameter);
+    # fabric.no_backward_sync during accumulation, as the preset says
     ("Lightning-AI/litgpt", "litgpt", {"fsdp_version": 1, "fsdp1_frozen_grads": True}),
 )
 
@@ -77,7 +78,7 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 # row states as its measured configuration (sharding, AC, precision, compile, chunked loss, offload) stays.
 STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
                      "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
-                     "compile_loss", "fsdp1_no_sync", "fp32_logits")
+                     "compile_loss", "defer_grad_sync", "fp32_logits")
 
 
 def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

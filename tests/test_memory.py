@@ -325,14 +325,17 @@ def test_fsdp1_flat_params_mixing_frozen_and_adapters_allocate_whole_gradients()
     assert xest(**{**kw, "fsdp_version": 2}, fsdp1_frozen_grads=True).per_gpu_bytes == xest(**{**kw, "fsdp_version": 2}).per_gpu_bytes
 
 
-def test_fsdp1_no_sync_accumulates_unsharded_gradients() -> None:
+def test_defer_grad_sync_accumulates_unsharded_gradients() -> None:
     kw = dict(gpus=8, sharding="fsdp", seq_len=2048, activation_checkpointing="full", fsdp_version=1,
               grad_accumulation_steps=4)
-    synced, nosync = xest(L8B, **kw), xest(L8B, **kw, fsdp1_no_sync=True)
+    synced, nosync = xest(L8B, **kw), xest(L8B, **kw, defer_grad_sync=True)
     assert nosync.breakdown["gradients"] == pytest.approx(8 * synced.breakdown["gradients"], rel=0.01)
+    # FSDP2 without gradient sync (set_requires_gradient_sync(False)) keeps unsharded_accumulated_grad alike
+    v2 = {**kw, "fsdp_version": 2}
+    assert xest(L8B, **v2, defer_grad_sync=True).breakdown["gradients"] == nosync.breakdown["gradients"]
     one_step = {**kw, "grad_accumulation_steps": 1}
-    assert xest(L8B, **one_step, fsdp1_no_sync=True).per_gpu_bytes == xest(L8B, **one_step).per_gpu_bytes
-    assert any("no_sync" in a for a in nosync.assumptions)
+    assert xest(L8B, **one_step, defer_grad_sync=True).per_gpu_bytes == xest(L8B, **one_step).per_gpu_bytes
+    assert any("without gradient sync" in a for a in nosync.assumptions)
 
 
 def test_fp32_model_logits_only_without_chunked_output() -> None:

@@ -153,7 +153,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "fsdp_version": setup.fsdp_version, "autocast_fp32_params": setup.autocast_fp32_params,
             "compile_scope": setup.compile_scope, "loss_upcast": setup.loss_upcast,
             "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
-            "compile_loss": setup.compile_loss, "fsdp1_no_sync": setup.fsdp1_no_sync,
+            "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
             "fp32_logits": setup.fp32_logits,
         },
         "estimator": estimator,
@@ -256,9 +256,9 @@ class _FrameworkChoice(click.Choice):
 @click.option("--fsdp1-frozen-grads/--no-fsdp1-frozen-grads", default=None,
               help="FSDP1 LoRA with adapters inside the frozen base's flat parameter (use_orig_params=True, e.g. "
                    "Lightning's Block wrap): gradients cover the frozen base too.  [default: no]")
-@click.option("--fsdp1-no-sync/--no-fsdp1-no-sync", default=None,
-              help="Gradient accumulation inside FSDP1 no_sync() (accelerate's accumulate(), Lightning): the full "
-                   "unsharded gradients stay between micro-batches.  [default: no]")
+@click.option("--defer-grad-sync/--no-defer-grad-sync", default=None,
+              help="Gradient accumulation without gradient sync (FSDP1 no_sync, FSDP2 set_requires_gradient_sync(False): "
+                   "accelerate's accumulate(), Lightning): the full unsharded gradients stay between micro-batches.  [default: no]")
 @click.option("--fp32-logits/--no-fp32-logits", default=None,
               help="The model returns fp32 logits (torchtune's unembed .float(); transformers < 4.45).  [default: no]")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
@@ -269,7 +269,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, fsdp1_no_sync, fp32_logits, suggest, fail_if_not_fits, precise, as_json) -> None:
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b
@@ -293,7 +293,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         "fsdp_version": None if fsdp_version is None else int(fsdp_version),
         "autocast_fp32_params": autocast_fp32_params, "compile_scope": compile_scope, "loss_upcast": loss_upcast,
         "shard_embeddings": shard_embeddings, "fsdp1_frozen_grads": fsdp1_frozen_grads,
-        "compile_loss": compile_loss, "fsdp1_no_sync": fsdp1_no_sync,
+        "compile_loss": compile_loss, "defer_grad_sync": defer_grad_sync,
         "fp32_logits": fp32_logits,
     }
     stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus)
@@ -334,7 +334,7 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "autocast_fp32_params": ("--autocast-fp32-params", "bool"), "compile_scope": ("--compile-scope", "choice"),
     "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
     "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
-    "fsdp1_no_sync": ("--fsdp1-no-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
+    "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
 }
 
 

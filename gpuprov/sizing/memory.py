@@ -194,7 +194,7 @@ def autocast_fp32(s: TrainSetup) -> bool:
 
 
 def unsharded_accumulation(s: TrainSetup) -> bool:
-    return bool(s.fsdp1_no_sync) and s.fsdp_version == 1 and s.grad_accumulation_steps > 1 and s.sharding in ("fsdp", "hsdp")
+    return bool(s.defer_grad_sync) and s.grad_accumulation_steps > 1 and s.sharding in ("fsdp", "hsdp")
 
 
 def frozen_flat_grads(s: TrainSetup) -> bool:
@@ -218,7 +218,9 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
     d_param = shard if fsdp else 1
     d_grad = shard if (fsdp or s.sharding == "zero2") else 1
     if fsdp and unsharded_accumulation(s):
-        d_grad = 1  # torch FSDP1 no_sync(): "FSDP will accumulate the full model gradients (instead of shards)"
+        # FSDP1 no_sync() accumulates "the full model gradients (instead of gradient shards)"; FSDP2 without
+        # gradient sync keeps FSDPParam.unsharded_accumulated_grad in the reduce dtype
+        d_grad = 1
     d_opt = shard if (fsdp or zero) else 1
 
     if s.task == "full":
@@ -724,7 +726,7 @@ def _stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
     if frozen_flat_grads(s):
         out.append("FSDP1 flat parameters mix the frozen base and the adapters (use_orig_params=True): gradients are allocated for the whole block, frozen weights included")
     if unsharded_accumulation(s):
-        out.append("FSDP1 no_sync() during gradient accumulation: the full unsharded gradients stay on every GPU until the synchronising micro-batch")
+        out.append("gradient accumulation without gradient sync (FSDP1 no_sync / FSDP2 set_requires_gradient_sync(False)): the full unsharded gradients stay on every GPU until the synchronising micro-batch")
     if s.shard_embeddings and fsdp:
         out.append("embeddings and output head sharded as FSDP units of their own (only the head is gathered at the start of backward)")
     return out

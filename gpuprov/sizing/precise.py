@@ -776,7 +776,7 @@ def _unsimulated(setup: TrainSetup, use_fsdp: bool) -> list[str]:
     checks = (
         ("FSDP1 flat parameters (simulated as FSDP2)", use_fsdp and setup.fsdp_version == 1),
         ("FSDP1 frozen flat-parameter gradients", use_fsdp and setup.fsdp1_frozen_grads),
-        ("FSDP1 no_sync accumulation", use_fsdp and setup.fsdp1_no_sync and setup.grad_accumulation_steps > 1),
+        ("gradient accumulation without gradient sync", use_fsdp and setup.defer_grad_sync and setup.grad_accumulation_steps > 1),
         ("torch.compile of the model (only a compiled loss is modelled)", setup.compile),
         ("fp32 model logits", setup.fp32_logits),
         ("fp32 logits of transformers < 4.45", setup.loss_impl == "hf-legacy"),

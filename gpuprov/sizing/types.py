@@ -74,9 +74,10 @@ class TrainSetup:
     # FSDP1 with LoRA adapters inside the frozen base's flat parameter (use_orig_params=True, one unit per
     # block): the flat parameter requires grad, so its gradient covers the frozen base as well
     fsdp1_frozen_grads: bool = False
-    # gradient accumulation inside FSDP1 no_sync() (accelerate accumulate(), Lightning no_backward_sync): FSDP1
-    # accumulates the full unsharded gradients until the synchronising micro-batch
-    fsdp1_no_sync: bool = False
+    # gradient accumulation without reduce-scatter between micro-batches (FSDP1 no_sync(), FSDP2
+    # set_requires_gradient_sync(False): accelerate accumulate(), Lightning no_backward_sync): FSDP keeps the
+    # full unsharded gradients until the synchronising micro-batch
+    defer_grad_sync: bool = False
 
 
 @dataclass(frozen=True)
