@@ -29,6 +29,7 @@ GIB = 2**30
 UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6}
 TARGET_MAPE = 8.0
 TARGET_WORST_UNDER = -10.0
+TARGET_DEFAULTS_RATIO = 1.5  # no stack flags at all: MAPE within 1.5x of the one with the right --framework
 
 # Published GPU names -> catalog slugs. For memory only the setup matters (the GPU's size decides
 # whether it fits, not how much the run uses), so a variant maps to its closest catalog entry.
@@ -51,34 +52,54 @@ RECIPE_SETTINGS: dict[str, dict[str, Any]] = {
     },
     # torchtune's AdamW configs pass fused: True (e.g. the LoRA config above); the measured 24.9 GiB is
     # below the 10 B/param a foreach step of pure-bf16 AdamW would need (29.9 GiB), so fused it is.
-    "torchtune-3b-full-packed": {"optimizer_impl": "fused"},
+    # The README table adds its optimizations one row at a time: "+ Packed Dataset" comes before
+    # "+ Chunked Cross Entropy", so this row ran the plain cross-entropy loss.
+    "torchtune-3b-full-packed": {"optimizer_impl": "fused", "chunked_cross_entropy": False},
     "torchtune-3b-full-packed-compile-chunkedce-ac": {"optimizer_impl": "fused"},
     "torchtune-3b-qlora": {"optimizer_impl": "fused"},
 }
-# torchtitan and fsdp_qlora build torch.optim.AdamW without `fused`: PyTorch's foreach default.
-DEFAULT_OPTIMIZER_IMPL = "foreach"
-
-# The software stack of each source's training script, keyed by the start of the row's `source`.
-# A row's own fields override these.
-SOURCE_STACKS: tuple[tuple[str, dict[str, Any]], ...] = (
-    # AnswerDotAI/fsdp_qlora train.py (Feb/Mar 2024): `pip install llama-recipes` pulled transformers
-    # 4.38, whose LlamaForCausalLM returns `logits.float()` and copies the shifted logits for the loss;
-    # the loop keeps `output` until after optimizer.step() (`output = None`); PEFT LoraConfig with the
-    # script's default lora_dropout=0.1.
-    ("AnswerDotAI/fsdp_qlora", {"loss_impl": "hf-legacy", "lora_dropout": 0.1}),
-    # pytorch/torchtitan train.py: `loss = loss_fn(pred, labels); del pred` before backward.
-    ("pytorch/torchtitan", {"loss_impl": "native"}),
-    # pytorch/torchtune recipes: `del logits` before `loss.backward()`; LoRA configs use lora_dropout 0.0.
-    ("pytorch/torchtune", {"loss_impl": "native"}),
+# The framework each source ran (a preset of gpuprov/catalog/data/frameworks.yaml), keyed by the start of
+# the row's `source`, with what that source's dated run differed in from the preset's commit. A row's own
+# `framework:` and fields override these.
+SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    # AnswerDotAI/fsdp_qlora train.py (Feb/Mar 2024, transformers 4.38 via llama-recipes)
+    ("AnswerDotAI/fsdp_qlora", "fsdp-qlora", {}),
+    # pytorch/torchtitan benchmarks of 2024-12: torch.optim.AdamW built without `fused` (foreach), and the
+    # root fully_shard(model) held embeddings and output together (no separate units yet)
+    ("pytorch/torchtitan", "torchtitan", {"optimizer_impl": "foreach", "shard_embeddings": False}),
+    ("pytorch/torchtune", "torchtune", {}),
+    # Lightning-AI/lit-gpt finetune/lora.py at 8641822 (Oct 2023): FSDPStrategy (FSDP1) with
+    # auto_wrap_policy={Block} and use_orig_params=True (adapters inside each Block's flat parameter);
+    # fabric.no_backward_sync during accumulation, as the preset says
+    ("Lightning-AI/litgpt", "litgpt", {"fsdp_version": 1, "fsdp1_frozen_grads": True}),
 )
+
+# Settings "no stack flags" leaves out: what a framework preset decides and most users never pass. What a
+# row states as its measured configuration (sharding, AC, precision, compile, chunked loss, offload) stays.
+STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
+                     "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
+                     "compile_loss", "defer_grad_sync", "fp32_logits")
+
+
+def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(preset name, dated overrides) of the row's source; a row's `framework:` names the preset itself."""
+    source = str(row.get("source", ""))
+    for prefix, name, dated in SOURCE_FRAMEWORKS:
+        if source.startswith(prefix):
+            return row.get("framework", name), dict(dated)
+    return row.get("framework"), {}
 
 
 def stack_settings(row: dict[str, Any]) -> dict[str, Any]:
-    source = str(row.get("source", ""))
-    for prefix, settings in SOURCE_STACKS:
-        if source.startswith(prefix):
-            return dict(settings)
-    return {}
+    """The row's stack from its framework preset (matched on its task and sharding) and dated overrides."""
+    from gpuprov.sizing.frameworks import preset_settings
+
+    name, dated = framework_of(row)
+    if not name:
+        return dated
+    gpus = int(row.get("gpus", 1))
+    shape = {"task": row.get("task", "full"), "sharding": row.get("sharding", "fsdp" if gpus > 1 else "none")}
+    return {**{k: v.value for k, v in preset_settings(name, shape).items()}, **dated}
 
 
 # Rows whose published figure includes memory outside a training step of the modelled stack, with
@@ -131,17 +152,22 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     return list(data["rows"])
 
 
-def setup_for(row: dict[str, Any]):
-    from gpuprov.sizing.memory import ExtendedSetup
-    from gpuprov.sizing.types import LORA_TARGET_PRESETS
+def setup_for(row: dict[str, Any], stack: bool = True):
+    """The row's TrainSetup: with its framework's stack, or (stack=False) as a user who passes no stack flags."""
+    from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
 
-    row = {**stack_settings(row), **RECIPE_SETTINGS.get(row.get("id", ""), {}), **row}
+    if stack:
+        row = {**stack_settings(row), **RECIPE_SETTINGS.get(row.get("id", ""), {}), **row}
+    else:
+        row = {k: v for k, v in {**RECIPE_SETTINGS.get(row.get("id", ""), {}), **row}.items()
+               if k not in STACK_ONLY_FIELDS}
     gpus = int(row.get("gpus", 1))
     targets = row.get("lora_targets", "all-linear")
     if isinstance(targets, str):
         targets = LORA_TARGET_PRESETS.get(targets, tuple(t.strip() for t in targets.split(",")))
     offload = row.get("offload", "full" if row.get("cpu_offload") else "none")
-    return ExtendedSetup(
+    stack_fields = {k: row[k] for k in STACK_ONLY_FIELDS if k in row}
+    return TrainSetup(
         task=row.get("task", "full"),
         seq_len=int(row["seq_len"]),
         micro_batch=int(row.get("micro_batch", 1)),
@@ -159,9 +185,7 @@ def setup_for(row: dict[str, Any]):
         chunked_cross_entropy=bool(row.get("chunked_cross_entropy", False)),
         activation_offloading=bool(row.get("activation_offloading", False)),
         grad_accumulation_steps=int(row.get("gradient_accumulation_steps", 1)),
-        optimizer_impl=row.get("optimizer_impl", DEFAULT_OPTIMIZER_IMPL),
-        loss_impl=row.get("loss_impl", "hf"),
-        lora_dropout=float(row.get("lora_dropout", 0.0)),
+        **stack_fields,
     )
 
 
@@ -175,14 +199,19 @@ def evaluate(rows: list[dict[str, Any]], precise: bool = False) -> list[dict[str
         arch = get_model(row["model"])
         gpu = get_gpu(map_gpu(row["gpu"]))
         setup = setup_for(row)
+        plain = setup_for(row, stack=False)
         metric = row.get("metric", "reserved")
         key = "active" if metric in ("active", "allocated") else "reserved"
         measured = float(row["measured"]) * UNITS[row.get("unit", "GiB")]
         memory = gpu_memory_for(row, gpu.memory_bytes)
         est = estimate_memory(arch, setup, memory)
         comparable = allocator_bytes(est, memory)[key]
+        default = allocator_bytes(estimate_memory(arch, plain, memory), memory)[key]
         result = {
             "id": row["id"],
+            "framework": framework_of(row)[0] or "(none)",
+            "default_bytes": default,
+            "default_error_pct": 100.0 * (default - measured) / measured,
             "metric": key,
             "measured_bytes": int(measured),
             "estimated_bytes": comparable,
@@ -216,16 +245,40 @@ def summary(results: list[dict[str, Any]], field: str = "error_pct") -> dict[str
     }
 
 
+def by_framework(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """MAPE and worst underestimate per framework: with its preset, and with no stack flags."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({r["framework"] for r in results}):
+        rows = [r for r in results if r["framework"] == name]
+        out[name] = {"rows": len(rows), "preset": summary(rows), "defaults": summary(rows, "default_error_pct")}
+    return out
+
+
+def render_frameworks(results: list[dict[str, Any]]) -> list[str]:
+    lines = ["", f"{'framework':<16}{'rows':>5}{'MAPE':>8}{'worst':>8}   {'no stack flags: MAPE':>20}{'worst':>8}"]
+    for name, f in by_framework(results).items():
+        p, d = f["preset"], f["defaults"]
+        lines.append(f"{name:<16}{f['rows']:>5}{p['mape_pct']:>7.1f}%{p['worst_underestimate_pct']:>+7.1f}%"
+                     f"   {d['mape_pct']:>19.1f}%{d['worst_underestimate_pct']:>+7.1f}%")
+    s, d = summary(results), summary(results, "default_error_pct")
+    lines.append(f"{'all':<16}{len(results):>5}{s['mape_pct']:>7.1f}%{s['worst_underestimate_pct']:>+7.1f}%"
+                 f"   {d['mape_pct']:>19.1f}%{d['worst_underestimate_pct']:>+7.1f}%")
+    ratio = d["mape_pct"] / s["mape_pct"] if s["mape_pct"] else float("inf")
+    lines.append(f"no stack flags vs --framework: MAPE x{ratio:.2f} (target <= x{TARGET_DEFAULTS_RATIO:g})")
+    return lines
+
+
 def render(results: list[dict[str, Any]], precise: bool) -> str:
-    head = f"{'id':<46}{'metric':>9}{'measured':>10}{'estimated':>10}{'error':>9}{'per-GPU':>9}"
+    head = f"{'id':<46}{'framework':>11}{'metric':>9}{'measured':>10}{'estimated':>10}{'error':>9}{'defaults':>9}{'per-GPU':>9}"
     if precise:
         head += f"{'precise':>9}{'error':>9}"
     lines = [head + "   (GiB)"]
     for r in results:
         mark = "*" if r["id"] in KNOWN_DIFFERENCES else " "
         line = (
-            f"{mark}{r['id']:<45}{r['metric']:>9}{r['measured_bytes'] / GIB:>10.2f}{r['estimated_bytes'] / GIB:>10.2f}"
-            f"{r['error_pct']:>+8.1f}%{r['per_gpu_bytes'] / GIB:>9.2f}"
+            f"{mark}{r['id']:<45}{r['framework']:>11}{r['metric']:>9}{r['measured_bytes'] / GIB:>10.2f}"
+            f"{r['estimated_bytes'] / GIB:>10.2f}{r['error_pct']:>+8.1f}%{r['default_error_pct']:>+8.1f}%"
+            f"{r['per_gpu_bytes'] / GIB:>9.2f}"
         )
         if precise:
             line += f"{r['precise_bytes'] / GIB:>9.2f}{r['precise_error_pct']:>+8.1f}%"
@@ -246,7 +299,9 @@ def render(results: list[dict[str, Any]], precise: bool) -> str:
     if precise:
         p = summary(results, "precise_error_pct")
         lines.append(f"precise:  MAPE {p['mape_pct']:.1f}%, worst underestimate {p['worst_underestimate_pct']:+.1f}%")
-    lines.append("estimated = the estimate of what the source measured (reserved or active); per-GPU adds CUDA context + NCCL")
+    lines += render_frameworks(results)
+    lines.append("estimated = the estimate of what the source measured (reserved or active), with the row's framework "
+                 "preset; defaults = the same with no stack flags; per-GPU adds CUDA context + NCCL")
     return "\n".join(lines)
 
 
@@ -273,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     results = evaluate(rows, precise=args.precise)
     if args.json:
-        print(json.dumps({"rows": results, "summary": summary(results)}, indent=2))
+        print(json.dumps({"rows": results, "summary": summary(results),
+                          "defaults_summary": summary(results, "default_error_pct"),
+                          "frameworks": by_framework(results)}, indent=2))
     else:
         print(render(results, args.precise))
     return 0

@@ -101,20 +101,21 @@ class SearchResult:
     every_host_note: str | None = None  # on-prem: why the plan uses every host though fewer ranked first
 
 
-def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
+def make_setup(*, grad_accum: int, framework: str = "gpuprov", **fields: Any) -> TrainSetup:
     """The estimator's setup for one candidate, as the bundle's trainer will run it.
 
     `grad_accum` (global batch / (micro-batch x seq-len x data-parallel ranks)) decides whether
     gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
     FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it.
     """
-    from gpuprov.sizing.memory import ExtendedSetup
+    from gpuprov.sizing.frameworks import preset_stack
+    from gpuprov.sizing.types import TrainSetup
 
-    return ExtendedSetup(
-        **fields,
-        grad_accumulation_steps=max(1, int(grad_accum)),
-        qlora_base_replicated=fields.get("task") == "qlora",
-    )
+    # the stack that will run (catalog/data/frameworks.yaml; `gpuprov` = the bundle's trainer); the
+    # candidate's own fields win
+    preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"))
+    stack = {k: v for k, v in preset.items() if k not in fields}
+    return TrainSetup(**fields, **stack, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
 def rule_of_thumb_bytes_per_param() -> int:
@@ -285,6 +286,7 @@ class _Search:
                 sharding=sharding, shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
                 precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
                 lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
+                framework=getattr(spec, "framework", "gpuprov"),
             )
             est = self.estimator(self.arch, setup)
             self.mem_calls += 1
@@ -558,7 +560,8 @@ def _floor_with_many_gpus(spec: Any, arch: Any, miss: Miss, estimator: Estimator
                        sharding="fsdp", shard_group=None, activation_checkpointing="full",
                        precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
                        lora_rank=spec.lora_rank, lora_targets=_lora_targets(spec) if spec.task != "full"
-                       else LORA_TARGET_PRESETS["all-linear"], grad_accum=2)
+                       else LORA_TARGET_PRESETS["all-linear"], grad_accum=2,
+                       framework=getattr(spec, "framework", "gpuprov"))
     return estimator(arch, setup).per_gpu_bytes
 
 
@@ -682,7 +685,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum,
+        grad_accum=c.grad_accum, framework=getattr(spec, "framework", "gpuprov"),
     )
 
 
@@ -690,6 +693,10 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
            gpu_lookup: Callable) -> list[str]:
     """Where the widely quoted 18 bytes/param rule of thumb (mixed-precision Adam) is wrong for this spec."""
     notes: list[str] = []
+    framework = getattr(spec, "framework", "gpuprov")
+    if framework != "gpuprov":
+        notes.append(f"Memory is sized for the {framework} stack (`gpuprov estimate --framework {framework}`); the "
+                     "bundle's launch files run gpuprov's own trainer, so launch your framework yourself")
     rot = rule_of_thumb_bytes_per_param() * arch.params
     states = mem.model_states_bytes
     if spec.task == "full":
@@ -701,6 +708,10 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                 f"(weights + grads + optimizer, {spec.precision}, {spec.optimizer}) are {per_param:.1f} B/param = "
                 f"{_tbs(states)} ({diff:+.0%})")
     else:
+        if spec.task == "qlora" and getattr(spec, "framework", "gpuprov") == "gpuprov":
+            notes.append("QLoRA base: the trainer leaves the NF4 base out of FSDP2 (it cannot shard bitsandbytes "
+                         "weights), so every GPU holds all of it and the memory estimate sizes it so "
+                         "(`gpuprov estimate --framework gpuprov` or `--qlora-base replicated` gives the same figure)")
         notes.append(f"Rule of thumb 18 B/param ({_tbs(rot)}) is for full training; {spec.task} trains "
                      f"{mem.trainable_params:,} adapter parameters and keeps the base frozen: model states "
                      f"{_tbs(states)}")

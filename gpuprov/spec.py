@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
 
@@ -69,3 +69,14 @@ class TrainingSpec(BaseModel):
     capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
     reservation: str | None = Field(None, description="GCP reservation name")
     gpu_count: PositiveInt | None = Field(None, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
+    framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
+                           "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        from gpuprov.sizing.frameworks import names
+
+        if value not in names():
+            raise ValueError(f"unknown framework {value!r}; one of {', '.join(names())}")
+        return value

@@ -185,3 +185,63 @@ def test_qlora_base_replicated_costs_the_unsharded_nf4_base() -> None:
     # 7B of decoder linears in NF4 is ~3.4 GiB; replicating adds 7/8 of it on each GPU.
     assert 2.5 * 2**30 < grown < 3.5 * 2**30
     assert any("replicated" in a for a in replicated["assumptions"])
+
+
+def test_framework_preset_names_what_it_set_and_flags_override_it() -> None:
+    base = ["estimate", "--model", "llama-3.1-8b", "--gpus", "8", "--seq-len", "2048", "--framework", "torchtitan"]
+    text = run(*base, "--activation-checkpointing", "full")
+    assert text.returncode == 0, text.stderr
+    assert "framework torchtitan:" in text.stdout and "sets --shard-embeddings" in text.stdout
+    assert "sets --activation-checkpointing" not in text.stdout  # the explicit flag won
+    d = json.loads(run(*base, "--no-shard-embeddings", "--json").stdout)
+    assert d["setup"]["shard_embeddings"] is False and "shard_embeddings" not in d["framework"]["set"]
+    assert d["setup"]["loss_impl"] == "native" and d["setup"]["activation_checkpointing"] == "selective"
+    assert all("@" in v["source"] for v in d["framework"]["set"].values())
+    plain = json.loads(run(*base[:-2], "--json").stdout)
+    assert plain["framework"] is None and plain["setup"]["loss_impl"] == "hf"
+
+
+def test_help_lists_every_stack_flag_and_preset() -> None:
+    from gpuprov.commands.estimate import STACK_FLAGS
+    from gpuprov.sizing.frameworks import STACK_FIELDS, names
+
+    assert set(STACK_FLAGS) == set(STACK_FIELDS)  # every field a preset may set has its own flag
+    out = run("estimate", "--help").stdout
+    for flag, _ in STACK_FLAGS.values():
+        assert flag in out, flag
+    for name in names():
+        assert name in out, name
+    bad = run("estimate", "--framework", "megatron")
+    assert bad.returncode == 2 and "megatron" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_does_not_fit_suggests_exact_commands_that_fit_and_exit_3() -> None:
+    import shlex
+
+    args = ["estimate", "--model", "llama-3.1-8b", "--gpu", "rtx-4090-24gb", "--gpus", "1", "--seq-len", "4096",
+            "--micro-batch", "4", "--task", "lora", "--activation-checkpointing", "none"]
+    r = run(*args, "--json", "--fail-if-not-fits")
+    assert r.returncode == 3, r.stderr
+    d = json.loads(r.stdout)
+    assert not d["fits"] and 1 <= len(d["suggestions"]) <= 3
+    costs = [s["gpu_seconds_per_token"] for s in d["suggestions"]]
+    assert costs == sorted(costs)
+    for s in d["suggestions"]:
+        words = shlex.split(s["command"])
+        assert words[:2] == ["gpuprov", "estimate"]
+        again = json.loads(run(*words[1:], "--json").stdout)
+        assert again["fits"] and again["per_gpu_bytes"] == s["per_gpu_bytes"], s
+    text = run(*args)
+    assert text.returncode == 0 and "would fit with" in text.stdout and "gpuprov estimate --model" in text.stdout
+    fits = run("estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--seq-len", "512", "--fail-if-not-fits", "--json")
+    assert fits.returncode == 0 and "suggestions" not in json.loads(fits.stdout)
+    asked = json.loads(run("estimate", "--model", "llama-3.2-1b", "--gpus", "1", "--seq-len", "512", "--suggest",
+                           "--json").stdout)
+    assert "suggestions" in asked
+
+
+def test_qlora_text_says_which_base_it_sized() -> None:
+    base = ["estimate", "--model", "llama-2-7b", "--task", "qlora", "--gpus", "8"]
+    assert "QLoRA base: NF4 sharded by FSDP" in run(*base).stdout
+    out = run(*base, "--framework", "gpuprov").stdout
+    assert "QLoRA base: NF4 replicated on every GPU" in out and "gpuprov plan" in out

@@ -128,17 +128,11 @@ def test_chunked_cross_entropy_saves_the_transient_upcasts():
 
 
 def test_compiled_loss_and_activation_offloading_lower_the_peak():
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Offloaded(TrainSetup):  # the CLI's extended setup carries this flag
-        activation_offloading: bool = True
-
     arch, s = tiny(vocab=4000), setup(seq_len=2048, chunked_cross_entropy=True)
     eager = precise.estimate_precise(arch, s)
     compiled = precise.estimate_precise(arch, replace(s, compile=True))
     assert compiled.breakdown["cross_entropy"] < eager.breakdown["cross_entropy"]
-    offloaded = precise.estimate_precise(arch, Offloaded(**{**s.__dict__}))
+    offloaded = precise.estimate_precise(arch, replace(s, activation_offloading=True))  # a TrainSetup field now
     assert offloaded.breakdown["activations"] < 0.1 * eager.breakdown["activations"]
     assert any("offloading" in a for a in offloaded.assumptions)
 
@@ -256,3 +250,35 @@ def test_replicated_qlora_base_is_left_out_of_fsdp_and_matches_the_analytic_flag
     grown = replicated.breakdown["parameters"] - sharded.breakdown["parameters"]
     # Replicating adds three quarters of the NF4 base on each of 4 GPUs (within packing slack).
     assert grown == pytest.approx(0.75 * nf4_total, rel=0.05)
+
+
+def test_stack_knobs_change_the_simulated_step_as_the_analytic_model_says():
+    """Presets precise mode can simulate: fp32 base under autocast, no loss upcast, logits kept by the loop."""
+    arch = tiny(vocab=4000)
+    lora = setup(task="lora", seq_len=1024, loss_impl="native")
+    policy = precise.estimate_precise(arch, lora)
+    amp = precise.estimate_precise(arch, replace(lora, autocast_fp32_params=True))
+    # the frozen base is stored in fp32 instead of bf16: twice the parameter bytes
+    assert amp.breakdown["parameters"] > 1.8 * policy.breakdown["parameters"], (amp.breakdown, policy.breakdown)
+    assert any("autocast over fp32" in a for a in amp.assumptions)
+    s = setup(seq_len=2048, precision="bf16", loss_impl="native")
+    upcast = precise.estimate_precise(arch, s)
+    bf16_loss = precise.estimate_precise(arch, replace(s, loss_upcast=False))
+    assert bf16_loss.breakdown["cross_entropy"] < 0.7 * upcast.breakdown["cross_entropy"]
+    kept = precise.estimate_precise(arch, replace(s, loss_impl="hf"))
+    assert kept.per_gpu_bytes >= upcast.per_gpu_bytes
+
+
+def test_separate_embedding_units_lower_the_fsdp_peak_as_the_analytic_model_says():
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing.memory import estimate_memory
+
+    arch = tiny(vocab=32000)  # untied: embeddings and head are large next to the blocks
+    s = setup(sharding="fsdp", gpus=4, seq_len=256, activation_checkpointing="full", loss_impl="native")
+    root = precise.estimate_precise(arch, s)
+    apart = precise.estimate_precise(arch, replace(s, shard_embeddings=True))
+    assert tensor_bytes(apart) < tensor_bytes(root), (apart.breakdown, root.breakdown)
+    assert any("units of their own" in a for a in apart.assumptions)
+    # the analytic model agrees on the direction for a catalog model of the same layout
+    l8 = get_model("llama-3.1-8b")
+    assert estimate_memory(l8, replace(s, shard_embeddings=True)).per_gpu_bytes < estimate_memory(l8, s).per_gpu_bytes

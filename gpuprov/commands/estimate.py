@@ -7,19 +7,48 @@ import json
 import click
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.types import AC_MODES, OFFLOADS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS, TrainSetup
+from gpuprov.sizing.types import (
+    AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
+    TrainSetup,
+)
 
 GIB = 2**30
 
 
+def stack_defaults() -> dict[str, object]:
+    """Each stack field when neither a flag nor a --framework preset sets it: TrainSetup's default, except
+    the sharding, whose default depends on the GPU count (none on one GPU, else fsdp)."""
+    from dataclasses import fields
+
+    from gpuprov.sizing.frameworks import STACK_FIELDS
+
+    out: dict[str, object] = {f.name: f.default for f in fields(TrainSetup) if f.name in STACK_FIELDS}
+    out["sharding"] = None
+    return out
+
+
+def _default_sharding(gpus: int) -> str:
+    return "none" if gpus == 1 else "fsdp"
+
+
+def resolve_stack(framework, explicit: dict, *, task: str, gpus: int):
+    """Stack fields from explicit flags > the --framework preset > stack_defaults(); and what the preset set."""
+    from gpuprov.sizing.frameworks import resolve
+
+    def shape_of(values: dict) -> dict:
+        return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus)}
+
+    values, applied = resolve(framework, explicit, stack_defaults(), shape_of)
+    if values["sharding"] is None:
+        values["sharding"] = _default_sharding(gpus)
+    return values, applied
+
+
 def build_setup(
-    *, task, seq_len, micro_batch, gpus, gpus_per_node, sharding, shard_group, activation_checkpointing,
-    precision, optimizer, offload, lora_rank, lora_targets, compile, chunked_cross_entropy,
-    grad_accumulation=1, activation_offloading=False, optimizer_impl="fused", loss_impl="hf", lora_dropout=0.0,
-    qlora_base="sharded",
+    *, task, seq_len, micro_batch, gpus, gpus_per_node, shard_group, lora_rank, lora_targets,
+    grad_accumulation=1, stack: dict | None = None,
 ) -> TrainSetup:
     from gpuprov.sizing.arch import resolve_lora_targets
-    from gpuprov.sizing.memory import ExtendedSetup
 
     for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--gpus", gpus),
                         ("--lora-rank", lora_rank), ("--grad-accumulation", grad_accumulation)):
@@ -29,20 +58,18 @@ def build_setup(
         gpus_per_node = min(8, gpus)
     if gpus_per_node <= 0:
         raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
-    if sharding is None:
-        sharding = "none" if gpus == 1 else "fsdp"
-    if shard_group is not None and sharding != "hsdp":
+    stack = dict(stack_defaults(), **(stack or {}))
+    if stack["sharding"] is None:
+        stack["sharding"] = _default_sharding(gpus)
+    if shard_group is not None and stack["sharding"] != "hsdp":
         raise GpuprovError("--shard-group applies to --sharding hsdp only")
-    if not 0.0 <= lora_dropout < 1.0:
-        raise GpuprovError(f"--lora-dropout must be in [0, 1), got {lora_dropout}")
+    if not 0.0 <= float(stack["lora_dropout"]) < 1.0:
+        raise GpuprovError(f"--lora-dropout must be in [0, 1), got {stack['lora_dropout']}")
     targets = resolve_lora_targets(lora_targets)
-    return ExtendedSetup(
+    return TrainSetup(
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
-        sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
-        precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=targets,
-        compile=compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation_steps=grad_accumulation,
-        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
-        lora_dropout=lora_dropout, qlora_base_replicated=(qlora_base == "replicated"),
+        shard_group=shard_group, lora_rank=lora_rank, lora_targets=targets,
+        grad_accumulation_steps=grad_accumulation, **stack,
     )
 
 
@@ -130,6 +157,12 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "optimizer_impl": getattr(setup, "optimizer_impl", "fused"),
             "loss_impl": getattr(setup, "loss_impl", "hf"),
             "lora_dropout": getattr(setup, "lora_dropout", 0.0),
+            "qlora_base": ("replicated" if setup.qlora_base_replicated else "sharded") if setup.task == "qlora" else None,
+            "fsdp_version": setup.fsdp_version, "autocast_fp32_params": setup.autocast_fp32_params,
+            "compile_scope": setup.compile_scope, "loss_upcast": setup.loss_upcast,
+            "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
+            "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
+            "fp32_logits": setup.fp32_logits,
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions),
@@ -189,6 +222,24 @@ def render_table(d: dict) -> str:
     return "\n".join(lines)
 
 
+class _FrameworkChoice(click.Choice):
+    """The preset names, read from the catalog only when click needs them (no YAML at import)."""
+
+    def __init__(self) -> None:
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self):  # type: ignore[override]
+        from gpuprov.sizing.frameworks import names
+
+        return names()
+
+    @choices.setter
+    def choices(self, value) -> None:
+        pass
+
+
+
 @click.command(name="estimate")
 @click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) or config.json path.")
 @click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
@@ -199,39 +250,72 @@ def render_table(d: dict) -> str:
 @click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(8, --gpus)).")
 @click.option("--sharding", type=click.Choice(SHARDINGS), default=None, help="Default: none on 1 GPU, else fsdp.")
 @click.option("--shard-group", type=int, default=None, help="hsdp shard-group size (default: GPUs of one node).")
-@click.option("--activation-checkpointing", type=click.Choice(AC_MODES), default="selective", show_default=True)
-@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True)
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--activation-checkpointing", type=click.Choice(AC_MODES), default=None, help="[default: selective]")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="[default: bf16-mixed]")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: adamw]")
 @click.option("--lora-rank", type=int, default=16, show_default=True)
 @click.option("--lora-targets", default="all-linear", show_default=True, help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
-@click.option("--offload", type=click.Choice(OFFLOADS), default="none", show_default=True)
-@click.option("--compile/--no-compile", "use_compile", default=False, show_default=True, help="torch.compile per block.")
-@click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=False, show_default=True)
+@click.option("--offload", type=click.Choice(OFFLOADS), default=None, help="[default: none]")
+@click.option("--compile/--no-compile", "use_compile", default=None, help="torch.compile (see --compile-scope).  [default: no-compile]")
+@click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=None, help="[default: no-chunked-cross-entropy]")
 @click.option("--grad-accumulation", type=int, default=1, show_default=True,
               help="Micro-batches per optimizer step (>1 keeps gradients through forward).")
-@click.option("--activation-offloading", is_flag=True, help="Saved activations streamed to host memory.")
-@click.option("--optimizer-impl", type=click.Choice(("fused", "foreach")), default="fused", show_default=True,
-              help="AdamW kernel: foreach adds one state-sized temporary at the step.")
-@click.option("--loss-impl", type=click.Choice(("hf", "hf-legacy", "native")), default="hf", show_default=True,
+@click.option("--activation-offloading/--no-activation-offloading", default=None,
+              help="Saved activations streamed to host memory.  [default: no-activation-offloading]")
+@click.option("--optimizer-impl", type=click.Choice(OPTIMIZER_IMPLS), default=None,
+              help="AdamW kernel: foreach adds one state-sized temporary at the step.  [default: fused]")
+@click.option("--loss-impl", type=click.Choice(LOSS_IMPL_NAMES), default=None,
               help="Loss stack: hf (transformers >= 4.45, logits kept by the loop), hf-legacy (< 4.45, fp32 logits kept),"
-                   " native (logits freed before backward, e.g. torchtitan/torchtune).")
-@click.option("--lora-dropout", type=float, default=0.0, show_default=True,
-              help="LoRA dropout probability (> 0 keeps a dropped-out input copy + mask per adapted module).")
-@click.option("--qlora-base", type=click.Choice(("sharded", "replicated")), default="sharded", show_default=True,
+                   " native (logits freed before backward, e.g. torchtitan/torchtune).  [default: hf]")
+@click.option("--lora-dropout", type=float, default=None,
+              help="LoRA dropout probability (> 0 keeps a dropped-out input copy + mask per adapted module).  [default: 0.0]")
+@click.option("--qlora-base", type=click.Choice(("sharded", "replicated")), default=None,
               help="QLoRA NF4 base under FSDP: sharded (fsdp_qlora, accelerate with bnb_4bit_quant_storage) or "
-                   "replicated on every GPU (gpuprov's trainer: FSDP2 cannot shard bitsandbytes weights).")
+                   "replicated on every GPU (gpuprov's trainer: FSDP2 cannot shard bitsandbytes weights).  [default: sharded]")
+@click.option("--framework", default=None, type=_FrameworkChoice(),
+              help="Size the stack this framework's code runs (catalog/data/frameworks.yaml; every setting cited). "
+                   "Flags you give override it.")
+@click.option("--fsdp-version", type=click.Choice(("1", "2")), default=None,
+              help="1: FullyShardedDataParallel (flat parameters, accelerate's default); 2: fully_shard.  [default: 2]")
+@click.option("--autocast-fp32-params/--no-autocast-fp32-params", default=None,
+              help="bf16-mixed by torch.autocast over fp32 parameters with no FSDP MixedPrecision policy (Lightning "
+                   "bf16-mixed): fp32 all-gathers, fp32 frozen base, fp32 residual/norms.  [default: no]")
+@click.option("--compile-scope", type=click.Choice(COMPILE_SCOPES), default=None,
+              help="With --compile: per decoder block (torchtitan, torchtune) or the whole model and its loss "
+                   "(HF Trainer torch_compile).  [default: block]")
+@click.option("--compile-loss/--no-compile-loss", default=None,
+              help="With --compile --compile-scope block: the loss compiled apart (torchtune).  [default: no]")
+@click.option("--loss-upcast/--no-loss-upcast", default=None,
+              help="The loss casts the logits to fp32 before log-softmax.  [default: loss-upcast]")
+@click.option("--shard-embeddings/--no-shard-embeddings", default=None,
+              help="FSDP2: embeddings and output head are FSDP units of their own (torchtitan, torchtune).  [default: no]")
+@click.option("--fsdp1-frozen-grads/--no-fsdp1-frozen-grads", default=None,
+              help="FSDP1 LoRA with adapters inside the frozen base's flat parameter (use_orig_params=True, e.g. "
+                   "Lightning's Block wrap): gradients cover the frozen base too.  [default: no]")
+@click.option("--defer-grad-sync/--no-defer-grad-sync", default=None,
+              help="Gradient accumulation without gradient sync (FSDP1 no_sync, FSDP2 set_requires_gradient_sync(False): "
+                   "accelerate's accumulate(), Lightning): the full unsharded gradients stay between micro-batches.  [default: no]")
+@click.option("--fp32-logits/--no-fp32-logits", default=None,
+              help="The model returns fp32 logits (torchtune's unembed .float(); transformers < 4.45).  [default: no]")
+@click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
+@click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
-             lora_dropout, qlora_base, precise, as_json) -> None:
+             lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b
-    gpuprov estimate --model llama-3.1-8b --gpu h100-80gb --gpus 8
-    gpuprov estimate --model 70b --task qlora --gpu rtx-4090-24gb --gpus 2
-    gpuprov estimate --model meta-llama/Llama-3.1-8B --task lora --gpus 1 --json
+    Examples:
+      gpuprov estimate --model llama-3.1-8b --gpu h100-80gb --gpus 8
+      gpuprov estimate --model 70b --task qlora --gpu rtx-4090-24gb --gpus 2
+      gpuprov estimate --model meta-llama/Llama-3.1-8B --task lora --gpus 1 --json
+      gpuprov estimate --model llama-3.1-8b --gpus 8 --seq-len 8192 --framework torchtitan
+      gpuprov estimate --model 7b --task lora --gpus 1 --gpu rtx-4090-24gb --framework hf-trainer --suggest
+      gpuprov estimate --model 70b --gpus 16 --framework litgpt --no-autocast-fp32-params --json
     """
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
@@ -239,28 +323,50 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
 
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
-    setup = build_setup(
-        task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
-        sharding=sharding, shard_group=shard_group, activation_checkpointing=activation_checkpointing,
-        precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=lora_targets,
-        compile=use_compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation=grad_accumulation,
-        activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
-        lora_dropout=lora_dropout, qlora_base=qlora_base,
-    )
+    explicit = {
+        "sharding": sharding, "activation_checkpointing": activation_checkpointing, "precision": precision,
+        "optimizer": optimizer, "offload": offload, "compile": use_compile,
+        "chunked_cross_entropy": chunked_cross_entropy, "activation_offloading": activation_offloading,
+        "optimizer_impl": optimizer_impl, "loss_impl": loss_impl, "lora_dropout": lora_dropout,
+        "qlora_base_replicated": None if qlora_base is None else qlora_base == "replicated",
+        "fsdp_version": None if fsdp_version is None else int(fsdp_version),
+        "autocast_fp32_params": autocast_fp32_params, "compile_scope": compile_scope, "loss_upcast": loss_upcast,
+        "shard_embeddings": shard_embeddings, "fsdp1_frozen_grads": fsdp1_frozen_grads,
+        "compile_loss": compile_loss, "defer_grad_sync": defer_grad_sync,
+        "fp32_logits": fp32_logits,
+    }
+    stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus)
+    shape = dict(task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
+                 shard_group=shard_group, lora_rank=lora_rank, lora_targets=lora_targets)
+    setup = build_setup(**shape, grad_accumulation=grad_accumulation, stack=stack)
     analytic = estimate_memory(arch, setup, gpu.memory_bytes)
     est, kind = (run_precise(arch, setup, gpu.memory_bytes), "precise") if precise else (analytic, "analytic")
     d = result_dict(arch, gpu, setup, est, kind)
-    d["defaults"] = _defaults_used(gpus_per_node=setup.gpus_per_node, sharding=setup.sharding)
+    d["defaults"] = _defaults_used(setup)
     if precise:
         d["analytic"] = {"per_gpu_bytes": analytic.per_gpu_bytes, "breakdown": dict(analytic.breakdown)}
-    click.echo(json.dumps(d, indent=2) if as_json else render_table(d))
+    d["framework"] = framework_dict(framework, applied)
+    fits = d["fits"]
+    if suggest or not fits:
+        from gpuprov.sizing.suggest import suggest as find
+
+        base_cmd = command_words(model_name, gpu_slug, framework, shape, grad_accumulation, explicit)
+        found = find(arch, gpu, setup, estimate_memory, gpu.memory_bytes)
+        d["suggestions"] = [suggestion_dict(x, base_cmd) for x in found]
+    click.echo(json.dumps(d, indent=2) if as_json else render_table(d) + render_stack(d))
+    if fail_if_not_fits and not fits:
+        raise SystemExit(3)
 
 
-def _defaults_used(**resolved) -> dict:
-    """Every option the user did not give, with the value used (derived ones as resolved)."""
+# option name -> the setup field it resolves to, where the two names differ
+_OPTION_FIELD = {"use_compile": "compile", "grad_accumulation": "grad_accumulation_steps"}
+
+
+def _defaults_used(setup) -> dict:
+    """Every option the user did not give, with the value used (as resolved by the preset or derived)."""
     ctx = click.get_current_context()
-    task, sharding = ctx.params.get("task"), resolved.get("sharding")
-    unused = {"as_json", "precise"}
+    task, sharding = ctx.params.get("task"), setup.sharding
+    unused = {"as_json", "precise", "suggest", "fail_if_not_fits"}
     if task == "full":
         unused |= {"lora_rank", "lora_targets", "lora_dropout"}
     if task != "qlora":
@@ -272,6 +378,127 @@ def _defaults_used(**resolved) -> dict:
         if p.name in unused or ctx.get_parameter_source(p.name) != click.core.ParameterSource.DEFAULT:
             continue
         flag = max(p.opts, key=len)
-        value = resolved.get(p.name, ctx.params.get(p.name))
-        out[flag] = value
+        field = _OPTION_FIELD.get(p.name, p.name)
+        value = ctx.params.get(p.name) if p.name == "lora_targets" else getattr(setup, field, ctx.params.get(p.name))
+        if p.name == "qlora_base":
+            value = "replicated" if setup.qlora_base_replicated else "sharded"
+        if value is not None:
+            out[flag] = value
     return out
+
+
+# ---------------------------------------------------------------------------- stack and suggestions
+
+
+# stack field -> (flag, how a value renders: "choice" or "bool" as --x / --no-x)
+STACK_FLAGS: dict[str, tuple[str, str]] = {
+    "sharding": ("--sharding", "choice"), "activation_checkpointing": ("--activation-checkpointing", "choice"),
+    "precision": ("--precision", "choice"), "optimizer": ("--optimizer", "choice"), "offload": ("--offload", "choice"),
+    "compile": ("--compile", "bool"), "chunked_cross_entropy": ("--chunked-cross-entropy", "bool"),
+    "activation_offloading": ("--activation-offloading", "bool"), "optimizer_impl": ("--optimizer-impl", "choice"),
+    "loss_impl": ("--loss-impl", "choice"), "lora_dropout": ("--lora-dropout", "choice"),
+    "qlora_base_replicated": ("--qlora-base", "qlora"), "fsdp_version": ("--fsdp-version", "choice"),
+    "autocast_fp32_params": ("--autocast-fp32-params", "bool"), "compile_scope": ("--compile-scope", "choice"),
+    "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
+    "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
+    "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
+}
+
+
+def flag_words(field: str, value) -> list[str]:
+    flag, kind = STACK_FLAGS[field]
+    if kind == "bool":
+        return [flag if value else "--no-" + flag[2:]]
+    if kind == "qlora":
+        return [flag, "replicated" if value else "sharded"]
+    return [flag, str(value)]
+
+
+def framework_dict(framework, applied: dict) -> dict | None:
+    if not framework:
+        return None
+    from gpuprov.sizing.frameworks import title
+
+    return {"name": framework, "title": title(framework),
+            "set": {f: {"value": st.value, "flag": " ".join(flag_words(f, st.value)), "source": st.source}
+                    for f, st in applied.items()}}
+
+
+def command_words(model_name, gpu_slug, framework, shape: dict, grad_accumulation: int,
+                  explicit: dict) -> list[tuple[str, str | None]]:
+    """The user's run as (flag, value) pairs: shape, preset, and the stack flags they gave."""
+    words: list[tuple[str, str | None]] = [
+        ("--model", model_name), ("--gpu", gpu_slug), ("--task", shape["task"]), ("--seq-len", str(shape["seq_len"])),
+        ("--micro-batch", str(shape["micro_batch"])), ("--gpus", str(shape["gpus"]))]
+    if shape["gpus_per_node"] is not None:
+        words.append(("--gpus-per-node", str(shape["gpus_per_node"])))
+    if shape["shard_group"] is not None:
+        words.append(("--shard-group", str(shape["shard_group"])))
+    if shape["task"] != "full":
+        words += [("--lora-rank", str(shape["lora_rank"])), ("--lora-targets", str(shape["lora_targets"]))]
+    if grad_accumulation != 1:
+        words.append(("--grad-accumulation", str(grad_accumulation)))
+    if framework:
+        words.append(("--framework", framework))
+    for field, value in explicit.items():
+        if value is not None:
+            w = flag_words(field, value)
+            words.append((w[0], w[1] if len(w) > 1 else None))
+    return words
+
+
+def _key(flag: str) -> str:
+    return "--" + flag[5:] if flag.startswith("--no-") else flag
+
+
+def with_flags(words: list[tuple[str, str | None]], flags: dict[str, str]) -> str:
+    """The command with each changed flag's value replaced or the flag added (bool pairs: one of them)."""
+    import shlex
+
+    changed = {_key(f): (f, v or None) for f, v in flags.items()}
+    kept = [(f, v) for f, v in words if _key(f) not in changed]
+    out = ["gpuprov", "estimate"]
+    for f, v in kept + list(changed.values()):
+        out += [f] if v is None else [f, v]
+    return shlex.join(out)
+
+
+def suggestion_dict(x, base_cmd: list[tuple[str, str | None]]) -> dict:
+    flags: dict[str, str] = {}
+    for c in x.changes:
+        flags.update(c.flags)
+    return {
+        "change": x.summary,
+        "per_gpu_bytes": x.per_gpu_bytes,
+        "gpu_seconds_per_token": x.gpu_seconds_per_token,
+        "command": with_flags(base_cmd, flags),
+        "notes": list(x.notes),
+    }
+
+
+def render_stack(d: dict) -> str:
+    lines: list[str] = []
+    fw = d.get("framework")
+    if fw:
+        lines += ["", f"framework {fw['name']}: {fw['title']}"]
+        lines += [f"  sets {item['flag']:<34} ({item['source']})" for item in fw["set"].values()] or \
+            ["  (every setting overridden by your flags)"]
+    s = d["setup"]
+    if s["task"] == "qlora":
+        lines += ["", f"QLoRA base: NF4 {s['qlora_base']}" + (
+            " on every GPU (gpuprov's trainer keeps the base out of FSDP2; `gpuprov plan` sizes it so)"
+            if s["qlora_base"] == "replicated" else
+            " by FSDP (fsdp_qlora / accelerate with bnb_4bit_quant_storage); gpuprov's trainer replicates it:"
+            " --qlora-base replicated or --framework gpuprov")]
+    if "suggestions" in d:
+        if d["suggestions"]:
+            lines += ["", "would fit with (cheapest first, by GPU-seconds per token from the planner's throughput model;"
+                      " nodes joined by 400 Gb/s InfiniBand per GPU):"]
+            for i, x in enumerate(d["suggestions"], 1):
+                lines.append(f"  {i}. {x['change']}: {x['per_gpu_bytes'] / GIB:.2f} GiB per GPU, "
+                             f"{x['gpu_seconds_per_token'] * 1e6:.1f} GPU-us/token")
+                lines += [f"     {n}" for n in x["notes"]]
+                lines.append(f"     {x['command']}")
+        else:
+            lines += ["", "no single change or pair of changes makes it fit; try a larger GPU (`gpuprov gpus`)"]
+    return "\n".join(lines)

@@ -46,6 +46,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "ssh_cidr": (("--ssh-cidr",), str, "CIDR allowed to SSH to the nodes (default: SSM only)"),
     "capacity_reservation_id": (("--capacity-reservation-id",), str, "AWS capacity reservation / block id"),
     "reservation": (("--reservation",), str, "GCP reservation name"),
+    "framework": (("--framework",), str, "Size memory for this training stack (see `gpuprov estimate --help`); "
+                  "the bundle runs gpuprov's own trainer"),
 }
 
 FLAG_NAMES = {field: decls[0] for field, (decls, _, _) in _FLAGS.items()}

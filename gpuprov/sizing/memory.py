@@ -36,6 +36,8 @@ from gpuprov.errors import GpuprovError
 from gpuprov.sizing.arch import ModelArch, check_lora_rank, resolve_lora_targets
 from gpuprov.sizing.types import (
     AC_MODES,
+    COMPILE_SCOPES,
+    FSDP_VERSIONS,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
@@ -84,17 +86,9 @@ class _Phase:
         return sum(self.terms.values())
 
 
-@dataclass(frozen=True)
-class ExtendedSetup(TrainSetup):
-    """TrainSetup plus knobs the estimator understands but the shared contract does not carry yet."""
-
-    activation_offloading: bool = False  # saved activations streamed to host memory (torchtune)
-    grad_accumulation_steps: int = 1  # >1 keeps gradients alive through every forward
-    optimizer_impl: str = "fused"  # "fused" (no step temporaries) or "foreach" (PyTorch's default)
-    qlora_base_replicated: bool = False  # NF4 base kept whole on every GPU (left out of FSDP)
-    # How the loss is computed and how long the logits live (see LOSS_IMPLS).
-    loss_impl: str = "hf"
-    lora_dropout: float = 0.0  # PEFT/torchtune LoRA dropout on the adapters' input (> 0 saves output + mask)
+# The stack knobs now live on TrainSetup itself (framework presets are plain mappings of its fields);
+# the old name stays for callers that import it.
+ExtendedSetup = TrainSetup
 
 
 # The software stack around the loss, a stated assumption (the estimate cannot see the user's code):
@@ -141,9 +135,11 @@ def validate_setup(arch: ModelArch, setup: TrainSetup) -> None:
         ("--precision", setup.precision, PRECISIONS),
         ("--optimizer", setup.optimizer, OPTIMIZERS),
         ("--offload", setup.offload, OFFLOADS),
+        ("--compile-scope", setup.compile_scope, COMPILE_SCOPES),
+        ("--fsdp-version", setup.fsdp_version, FSDP_VERSIONS),
     ):
         if value not in allowed:
-            raise GpuprovError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+            raise GpuprovError(f"{name} {value!r} is not one of {', '.join(map(str, allowed))}")
     if setup.task in ("lora", "qlora"):
         _positive("--lora-rank", setup.lora_rank)
         check_lora_rank(arch, setup.lora_rank)
@@ -191,17 +187,40 @@ class _Weights:
     trainable: int
 
 
+def autocast_fp32(s: TrainSetup) -> bool:
+    """bf16 compute by torch.autocast over fp32 parameters: always so for bf16-mixed full training
+    without sharding (DDP / one GPU); under FSDP/ZeRO or for LoRA only where the stack says so."""
+    return s.precision == "bf16-mixed" and bool(s.autocast_fp32_params)
+
+
+def unsharded_accumulation(s: TrainSetup) -> bool:
+    return bool(s.defer_grad_sync) and s.grad_accumulation_steps > 1 and s.sharding in ("fsdp", "hsdp")
+
+
+def frozen_flat_grads(s: TrainSetup) -> bool:
+    return bool(s.fsdp1_frozen_grads) and s.fsdp_version == 1 and s.task == "lora" and s.sharding in ("fsdp", "hsdp")
+
+
 def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weights:
     P = arch.params
     L = arch.num_layers
-    act = 4 if s.precision == "fp32" else 2
+    fp32_store = autocast_fp32(s)
+    act = 4 if (s.precision == "fp32" or fp32_store) else 2  # the dtype FSDP gathers a block in
     layer_params = arch.layer_params()
     root_params = P - L * layer_params
+    if s.shard_embeddings and arch.lm_head_params:
+        # embeddings are their own FSDP unit, resharded after forward: only the head (+ final norm) is
+        # gathered at the start of backward (torchtitan fsdp.py, torchtune custom_sharded_layers)
+        root_params -= arch.embedding_params
     head_params = arch.lm_head_params or arch.embedding_params
     fsdp = s.sharding in ("fsdp", "hsdp")
     zero = s.sharding in ("zero1", "zero2")
     d_param = shard if fsdp else 1
     d_grad = shard if (fsdp or s.sharding == "zero2") else 1
+    if fsdp and unsharded_accumulation(s):
+        # FSDP1 no_sync() accumulates "the full model gradients (instead of gradient shards)"; FSDP2 without
+        # gradient sync keeps FSDPParam.unsharded_accumulated_grad in the reduce dtype
+        d_grad = 1
     d_opt = shard if (fsdp or zero) else 1
 
     if s.task == "full":
@@ -224,7 +243,7 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
     else:
         targets = resolve_lora_targets(s.lora_targets)
         trainable = arch.lora_params(s.lora_rank, targets)
-        base_elem = 4 if s.precision == "fp32" else 2
+        base_elem = 4 if (s.precision == "fp32" or fp32_store) else 2  # frozen base as loaded
         quant_state = 0.0
         if s.task == "qlora":
             quantized = L * arch.layer_linear_params()
@@ -245,6 +264,11 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
         d_base = 1 if (s.task == "qlora" and getattr(s, "qlora_base_replicated", False)) else d_param
         params = int(base) // d_base + int(quant_state) + ad_elem * trainable // d_param
         grads = ad_elem * trainable // d_grad
+        if frozen_flat_grads(s):
+            # torch FSDP1 docs (use_orig_params): mixing frozen and trainable parameters in one unit makes
+            # gradient memory "equivalent to not freezing those parameters" -- for every block's flat param
+            grads = (base_elem * L * layer_params + ad_elem * trainable) // d_grad
+            layer_trainable = layer_params + layer_trainable
         master = 0
         opt = _optimizer_bytes_per_param(s.optimizer, ad_elem) * trainable / d_opt
         root_compute = base_elem * root_params
@@ -341,6 +365,21 @@ def selective_layer_bytes_per_token(
     return a * (h + q + saved) + 4 * arch.num_attention_heads  # block input, SDPA out (+ lse)
 
 
+def autocast_extra_bytes_per_token(arch: ModelArch, lora_targets: tuple[str, ...] = ()) -> int:
+    """Extra bytes one token leaves per block when autocast runs over fp32 parameters.
+
+    The residual stream is fp32 (embedding output and every residual add stay fp32), so each RMSNorm
+    keeps an fp32 `.to(input_dtype)` copy (+2 B x hidden) and hands an fp32 output to its linears:
+    autocast casts it to bf16 once per consuming linear and autograd saves every cast (q, k, v; gate,
+    up; and each LoRA A on them) where a bf16 stack saves one shared bf16 tensor.
+    """
+    h = arch.hidden_size
+    norms = _norms_per_layer(arch)
+    consumers = {"attn": ["q_proj", "k_proj", "v_proj"], "mlp": ["gate_proj", "up_proj"]}
+    extra_casts = sum(len(mods) - 1 + sum(1 for m in mods if m in lora_targets) for mods in consumers.values())
+    return 2 * h * norms + 2 * h * extra_casts
+
+
 def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
     """Activation gradients alive while one block runs backward (MLP-wide plus residual)."""
     k = arch.experts_per_token if arch.is_moe else 1
@@ -365,11 +404,17 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     lora_rank_sum = 0
     if s.task != "full":
         lora_rank_sum = s.lora_rank * len(resolve_lora_targets(s.lora_targets))
-    act_offload = bool(getattr(s, "activation_offloading", False))
-    grad_accum = int(getattr(s, "grad_accumulation_steps", 1) or 1)
+    act_offload = bool(s.activation_offloading)
+    grad_accum = int(s.grad_accumulation_steps or 1)
+    fp32_autocast = autocast_fp32(s)
+    whole_compile = s.compile and s.compile_scope == "model"
+    adapted = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
 
     # -- activations saved across the whole forward --------------------------------------
     full_layer = layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
+    if fp32_autocast:
+        full_layer += autocast_extra_bytes_per_token(arch, adapted)
+    resid = 4 if fp32_autocast else a  # the residual stream (a block's input) dtype
     lora_dropout = float(getattr(s, "lora_dropout", 0.0) or 0.0)
     if s.task != "full" and lora_dropout > 0:
         full_layer += lora_dropout_bytes_per_token(arch, a, resolve_lora_targets(s.lora_targets))
@@ -379,11 +424,15 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     elif s.activation_checkpointing == "selective":
         lora_targets = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
         saved_layer = selective_layer_bytes_per_token(arch, a, lora_targets, s.lora_rank)
+        saved_layer += (resid - a) * arch.hidden_size
         recompute = max(full_layer - saved_layer, 0)
     else:
-        saved_layer = a * arch.hidden_size
+        saved_layer = resid * arch.hidden_size
         recompute = full_layer - saved_layer
-    final_norm = 4 * arch.hidden_size + 2 * a * arch.hidden_size  # final RMSNorm runs eager
+    # the final RMSNorm runs eager unless the whole model is compiled
+    final_norm = 2 * a * arch.hidden_size if whole_compile else 4 * arch.hidden_size + 2 * a * arch.hidden_size
+    if fp32_autocast:
+        final_norm += 2 * arch.hidden_size
     if act_offload:
         # Offloaded activations stream to host; roughly two blocks stay resident (current + in flight).
         saved_all = tokens * (saved_layer * min(L, 2)) + tokens * final_norm
@@ -393,6 +442,8 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     if s.task == "qlora":
         h, f = arch.hidden_size, arch.intermediate_size
         layer_transient += 2 * h * max(f, arch.q_dim)  # one linear dequantized to bf16 at a time
+    if fp32_autocast and s.activation_checkpointing != "none":
+        layer_transient += 2 * arch.layer_linear_params()  # the recomputed block's bf16 weight casts
 
     # -- logits and loss -------------------------------------------------------------------
     ce = c["cross_entropy"]
@@ -401,20 +452,35 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     if loss_impl not in LOSS_IMPLS:
         raise GpuprovError(f"loss implementation {loss_impl!r} is not one of {', '.join(LOSS_IMPLS)}")
     legacy = loss_impl == "hf-legacy" and not s.chunked_cross_entropy
-    logits_elem = c["loss_impl"]["legacy_logits_bytes"] if legacy else a
+    # fp32 model output: transformers < 4.45, or torchtune's unembed `.float()` (its chunked output stays bf16)
+    fp32_out = legacy or (s.fp32_logits and not s.chunked_cross_entropy)
+    logits_elem = c["loss_impl"]["legacy_logits_bytes"] if fp32_out else a
     logits = tokens * logits_elem * V  # the model output, held by the caller at least until backward starts
     if arch.model_type == "gemma2":
         logits += tokens * a * V  # final logit soft-capping saves the tanh output too
     chunks = ce["chunks"]
+    # log-softmax and its gradient in fp32, or in the logits' dtype; under autocast log_softmax runs in fp32
+    amp = fp32_autocast or (s.precision == "bf16-mixed" and s.sharding in ("none", "ddp"))
+    ce_elem = 4 if (s.loss_upcast or amp) else a
     if s.chunked_cross_entropy and s.compile:
-        ce_bytes = tokens * 4 * V // chunks  # fused per-chunk loss: one chunk's fp32 gradient at a time
+        ce_bytes = tokens * ce_elem * V // chunks  # fused per-chunk loss: one chunk's gradient at a time
     elif s.chunked_cross_entropy:
-        ce_bytes = tokens * 4 * V + tokens * 4 * V * 2 // chunks
+        ce_bytes = tokens * ce_elem * V + tokens * ce_elem * V * 2 // chunks
+    elif whole_compile or (s.compile and s.compile_loss):
+        # the loss is inside the compiled graph: inductor saves the logits and the logsumexp and writes
+        # the logits' gradient in one fused kernel (softmax - one-hot), no log-softmax buffer
+        ce_bytes = tokens * ce_elem * V * ce["fp32_buffers_compiled"]
     else:
-        ce_bytes = tokens * 4 * V * ce["fp32_buffers_eager"]
+        ce_bytes = tokens * ce_elem * V * ce["fp32_buffers_eager"]
     # Logits the training loop still references after the loss (HF loops keep `outputs` until after
-    # the optimizer step); torchtitan/torchtune free them, and chunked losses never keep a full copy.
-    held_logits = 0 if (loss_impl == "native" or s.chunked_cross_entropy) else logits
+    # the optimizer step; litgpt keeps its list of chunked logits through backward); torchtitan and
+    # torchtune free them before backward.
+    held_logits = 0 if loss_impl == "native" else logits
+    # At the start of backward an eager loss has saved only its fp32 log-softmax (the upcast and the model's
+    # logits are not saved by autograd), so logits a loop deleted are gone; a fused (compiled) loss saves
+    # its input logits and rebuilds the softmax in backward.
+    fused_loss = s.compile and (s.chunked_cross_entropy or s.compile_loss or whole_compile)
+    logits_at_backward = logits if (loss_impl != "native" or fused_loss) else 0
 
     # -- FSDP gathered blocks and reduce-scatter staging ------------------------------------
     gathered = 0
@@ -427,10 +493,19 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
             # reshard), then all-gathered (torch.distributed.fsdp._flat_param.pre_unshard)
             gathered += units * w.layer_compute_bytes // shard
         reduce_elem = 4 if s.precision in ("bf16-mixed", "fp32") else 2
-        rs_buffers = w.layer_trainable * (a + reduce_elem) + w.layer_trainable * reduce_elem // shard
+        if s.fsdp_version == 1 and s.precision != "fp32":
+            reduce_elem = 2  # FSDP1 MixedPrecision as accelerate/Lightning build it: reduce_dtype bf16
+        grad_elem = 4 if fp32_autocast else a  # the unsharded gradient is in the gathered dtype
+        rs_buffers = w.layer_trainable * (grad_elem + reduce_elem) + w.layer_trainable * reduce_elem // shard
+        if s.fsdp_version == 1 and fsdp and not fp32_autocast and s.precision == "bf16-mixed":
+            # FSDP1 MixedPrecision first casts each unit's fp32 shard to a bf16 `_mp_shard`, then all-gathers
+            # it into the padded flat parameter (torch/distributed/fsdp/_flat_param.py _use_low_precision_shard)
+            gathered += units * w.layer_compute_bytes // shard
     autocast_cache = 0
     if s.precision == "bf16-mixed" and s.task == "full" and s.sharding in ("none", "ddp") and s.offload != "full":
         autocast_cache = 2 * arch.params  # bf16 weight casts kept by autograd until each backward
+    elif fp32_autocast:
+        autocast_cache = _autocast_weight_casts(arch, s)
 
     # -- gradients held during forward/backward ---------------------------------------------
     comm_buckets = 0
@@ -443,10 +518,11 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # with gradient accumulation every setup keeps them between micro-batches.
     grads_during_fwd = w.grads if (s.sharding != "none" or grad_accum > 1) else 0
     head_grad = 0
+    head_elem = 4 if fp32_autocast else a
     if s.task == "full" and grads_during_fwd == 0:
-        head_grad = a * w.head_params  # the output head's gradient appears first in backward
+        head_grad = head_elem * w.head_params  # the output head's gradient appears first in backward
     elif s.task == "full" and fsdp:
-        head_grad = a * w.head_params  # unsharded bf16 grad of the root until its reduce-scatter
+        head_grad = head_elem * w.head_params  # unsharded grad of the root until its reduce-scatter
 
     base = {
         "parameters": w.params,
@@ -461,7 +537,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         "autocast_weight_cache": autocast_cache,
         "reduce_scatter_buffers": rs_buffers,
         "activations": saved_all,
-        "logits": logits,
+        "logits": logits_at_backward,
         "cross_entropy": ce_bytes,
     })
     phase_b = _Phase("backward of the last block", {
@@ -492,6 +568,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
 
     terms = {t: 0 for t in TERMS}
     terms.update(peak.terms)
+
     # Cached-but-unusable blocks: freed tensors whose blocks belong to another stream or do not fit
     # the next request (eager mode frees many odd-sized intermediates; compile fuses them away).
     alloc = c["allocator"]
@@ -505,6 +582,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     per_gpu = sum(terms.values())
 
     assumptions = _assumptions(arch, s, peak.name, fsdp, shard, grad_accum, act_offload)
+    assumptions.extend(_stack_assumptions(arch, s, fsdp))
     if gpu_memory_bytes is not None:
         free = gpu_memory_bytes - per_gpu
         verdict = "fits" if free >= 0 else "does not fit"
@@ -517,6 +595,17 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         trainable_params=w.trainable,
         assumptions=tuple(assumptions),
     )
+
+
+def _autocast_weight_casts(arch: ModelArch, s: TrainSetup) -> int:
+    """bf16 casts of fp32 weights that autograd saves under autocast (FSDP1 parameters are views of the
+    flat parameter, not leaves, so autocast's cast cache never holds them; every matmul saves its own).
+    Without AC every block's casts live until its backward; with AC a block recomputes its casts in
+    backward, so only the output head's cast is held from forward to backward."""
+    head = 2 * (arch.lm_head_params or arch.embedding_params)
+    if s.activation_checkpointing != "none":
+        return head
+    return 2 * arch.num_layers * arch.layer_linear_params() + head
 
 
 def allocator_bytes(estimate: MemoryEstimate, gpu_memory_bytes: int | None = None) -> dict[str, int]:
@@ -611,4 +700,33 @@ def _assumptions(
     )
     out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
     out.append("no tensor/pipeline/context parallelism: each GPU processes micro-batch x seq-len tokens")
+    return out
+
+
+def _stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
+    """What the stack knobs (framework presets) changed, one line each where they apply."""
+    out = []
+    if fsdp:
+        out.append(
+            "FSDP1 (FullyShardedDataParallel, flat parameters; the root unit holds embeddings + head)" if s.fsdp_version == 1
+            else "FSDP2 (fully_shard, per-parameter DTensor shards)"
+        )
+    if autocast_fp32(s):
+        out.append(
+            "torch.autocast over fp32 parameters (no FSDP mixed-precision policy): fp32 weights"
+            + (" and fp32 all-gathers" if fsdp else "") + "; fp32 residual stream, norms and embeddings;"
+            " each linear saves its own bf16 casts of input and weight"
+        )
+    if s.compile:
+        out.append("torch.compile of the whole model (loss fused into the graph, final norm fused)"
+                   if s.compile_scope == "model" else "torch.compile per decoder block, final norm eager, loss "
+                   + ("compiled apart (fused softmax - one-hot gradient)" if s.compile_loss else "eager"))
+    if not s.loss_upcast:
+        out.append("loss on the logits' dtype (no fp32 upcast before log-softmax)")
+    if frozen_flat_grads(s):
+        out.append("FSDP1 flat parameters mix the frozen base and the adapters (use_orig_params=True): gradients are allocated for the whole block, frozen weights included")
+    if unsharded_accumulation(s):
+        out.append("gradient accumulation without gradient sync (FSDP1 no_sync / FSDP2 set_requires_gradient_sync(False)): the full unsharded gradients stay on every GPU until the synchronising micro-batch")
+    if s.shard_embeddings and fsdp:
+        out.append("embeddings and output head sharded as FSDP units of their own (only the head is gathered at the start of backward)")
     return out

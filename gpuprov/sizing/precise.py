@@ -490,10 +490,11 @@ class Step:
     """A training step ready to run: model, optimizer, batch (fake or real tensors)."""
 
     def __init__(self, model, layers, opt, params, ids, labels, autocast, trainable: int,
-                 offload_activations: bool = False):
+                 offload_activations: bool = False, keep_outputs: bool = False):
         self.model, self.layers, self.opt, self.params = model, layers, opt, params
         self.ids, self.labels, self.autocast, self.trainable = ids, labels, autocast, trainable
         self.offload_activations = offload_activations
+        self.keep_outputs = keep_outputs  # the loop holds the model output (logits) through the step
 
     def warm_up_optimizer(self, keep_grads: bool = False) -> None:
         """Create optimizer states (and DTensor sharding caches) with one step on zero grads.
@@ -512,7 +513,10 @@ class Step:
         report = report or (lambda stage, fraction: None)
         offload = _offload_saved_activations() if self.offload_activations else contextlib.nullcontext()
         with self.autocast, offload:
-            loss = self.model(input_ids=self.ids, labels=self.labels).loss
+            out = self.model(input_ids=self.ids, labels=self.labels)
+        loss = out.loss
+        if not self.keep_outputs:
+            del out  # torchtitan / torchtune / HF Trainer: only the loss survives the forward
         report("backward", 0.5)
         loss.backward()
         del loss
@@ -548,7 +552,7 @@ def _fused_cross_entropy_class():
     return FusedChunkCE
 
 
-def _cross_entropy_loss(chunks: int, fused: bool):
+def _cross_entropy_loss(chunks: int, fused: bool, upcast: bool = True):
     """An HF loss_function: eager chunked CE (torchtune CEWithChunkedOutputLoss: fp32 upcast per
     chunk, every chunk's log-softmax saved) or, for torch.compile, a fused CE per chunk."""
 
@@ -565,7 +569,7 @@ def _cross_entropy_loss(chunks: int, fused: bool):
             if fused_ce is not None:
                 part = fused_ce.apply(lc, yc)
             else:
-                part = F.cross_entropy(lc.float().flatten(0, 1), yc.flatten(), reduction="sum")
+                part = F.cross_entropy((lc.float() if upcast else lc).flatten(0, 1), yc.flatten(), reduction="sum")
             total = part if total is None else total + part
         return total / labels.numel()
 
@@ -607,7 +611,8 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
     lowp = torch.bfloat16
     dtype_store = torch.float32 if setup.precision in ("bf16-mixed", "fp32") else lowp
     # Frozen weights of LoRA/QLoRA need no fp32 master: stored in bf16 unless the run is fp32.
-    dtype_frozen = torch.float32 if setup.precision == "fp32" else lowp
+    fp32_autocast = setup.precision == "bf16-mixed" and setup.autocast_fp32_params
+    dtype_frozen = torch.float32 if (setup.precision == "fp32" or fp32_autocast) else lowp
     # Build (and adapt) on the meta device outside any fake mode, then materialise: peft and
     # Module.to() cannot move fake parameters (swap_tensors refuses their weak references).
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -617,10 +622,10 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         if setup.task in ("lora", "qlora"):
             model = _add_lora(model, setup, dtype_frozen, dtype_store, notes)
     _materialize(model)
-    if setup.chunked_cross_entropy or setup.compile:
+    if setup.chunked_cross_entropy or setup.compile or not setup.loss_upcast:
         chunks = int(_constants()["cross_entropy"]["chunks"]) if setup.chunked_cross_entropy else 1
         getattr(model, "get_base_model", lambda: model)().loss_function = _cross_entropy_loss(
-            chunks, fused=setup.compile
+            chunks, fused=setup.compile, upcast=setup.loss_upcast
         )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     layers = _decoder_layers(model)
@@ -629,7 +634,7 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         kwargs: dict[str, Any] = {"mesh": mesh}
-        if setup.precision == "bf16-mixed":
+        if setup.precision == "bf16-mixed" and not fp32_autocast:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=lowp, reduce_dtype=torch.float32)
         if setup.task == "qlora" and getattr(setup, "qlora_base_replicated", False):
             # gpuprov's trainer leaves the NF4 base out of FSDP (it cannot shard bitsandbytes
@@ -637,6 +642,10 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
             kwargs["ignored_params"] = {m.weight for m in model.modules() if type(m).__name__ == "NF4Linear"}
         for layer in layers:
             fully_shard(layer, **kwargs)
+        if setup.shard_embeddings and not getattr(config, "tie_word_embeddings", False):
+            # torchtitan / torchtune: embeddings and output head are FSDP units of their own
+            fully_shard(model.get_input_embeddings(), **kwargs)
+            fully_shard(model.get_output_embeddings(), **kwargs)
         fully_shard(model, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     if setup.optimizer == "adamw":
@@ -654,11 +663,11 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
     # are cached and saved for backward). With FSDP2 the MixedPrecisionPolicy does the casts.
     amp = (
         torch.autocast("cpu", dtype=lowp)
-        if setup.precision == "bf16-mixed" and mesh is None
+        if setup.precision == "bf16-mixed" and (mesh is None or fp32_autocast)
         else contextlib.nullcontext()
     )
     return Step(model, layers, opt, params, ids, labels, amp, trainable,
-                offload_activations=bool(getattr(setup, "activation_offloading", False)))
+                offload_activations=bool(setup.activation_offloading), keep_outputs=setup.loss_impl != "native")
 
 
 def _tracker_classes():
@@ -762,6 +771,19 @@ def _cuda_allocator_rounding():
         mem_tracker._WeakRefInfo._calculate_mem_consumed = orig
 
 
+def _unsimulated(setup: TrainSetup, use_fsdp: bool) -> list[str]:
+    """Stack knobs the fake-tensor step does not reproduce (it runs FSDP2 and an eager model)."""
+    checks = (
+        ("FSDP1 flat parameters (simulated as FSDP2)", use_fsdp and setup.fsdp_version == 1),
+        ("FSDP1 frozen flat-parameter gradients", use_fsdp and setup.fsdp1_frozen_grads),
+        ("gradient accumulation without gradient sync", use_fsdp and setup.defer_grad_sync and setup.grad_accumulation_steps > 1),
+        ("torch.compile of the model (only a compiled loss is modelled)", setup.compile),
+        ("fp32 model logits", setup.fp32_logits),
+        ("fp32 logits of transformers < 4.45", setup.loss_impl == "hf-legacy"),
+    )
+    return [name for name, on in checks if on]
+
+
 def estimate_precise(
     arch: Any,
     setup: TrainSetup,
@@ -793,11 +815,18 @@ def estimate_precise(
         "as CUDA FA2 writes it (saves one (b,s,h*d) copy per layer); masks, softcap and sliding "
         "windows are applied inside the kernel",
         "eager PyTorch (no torch.compile), HF transformers modelling code, loss via HF "
-        "ForCausalLMLoss (fp32 upcast of logits), "
-        f"AdamW {getattr(setup, 'optimizer_impl', 'fused')}",
+        f"ForCausalLMLoss ({'fp32 upcast of logits' if setup.loss_upcast else 'no fp32 upcast'}; the output "
+        f"{'freed before backward' if setup.loss_impl == 'native' else 'held through the step'}), "
+        f"AdamW {getattr(setup, 'optimizer_impl', 'fused')}"
+        + ("; torch.autocast over fp32 parameters (no FSDP MixedPrecisionPolicy)"
+           if setup.precision == "bf16-mixed" and setup.autocast_fp32_params else "")
+        + ("; embeddings and head sharded as FSDP units of their own" if setup.shard_embeddings and use_fsdp else ""),
         "tensor sizes rounded to the CUDA caching allocator's 512 B blocks; fragmentation and "
         "non-tensor terms from memory_constants.yaml",
     ]
+    unsimulated = _unsimulated(setup, use_fsdp)
+    if unsimulated:
+        assumptions.append("not simulated (the analytic estimate models them): " + ", ".join(unsimulated))
     if setup.compile:
         assumptions.append(
             "torch.compile: only the loss is modelled as compiled (fused cross-entropy keeping "

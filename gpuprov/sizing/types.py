@@ -15,6 +15,9 @@ ActivationCheckpointing = Literal["none", "selective", "full"]
 Precision = Literal["bf16-mixed", "bf16", "fp32"]
 Optimizer = Literal["adamw", "adamw-8bit"]
 Offload = Literal["none", "optimizer", "full"]
+CompileScope = Literal["block", "model"]
+LossImpl = Literal["hf", "hf-legacy", "native"]
+OptimizerImpl = Literal["fused", "foreach"]
 
 TASKS: tuple[str, ...] = ("full", "lora", "qlora")
 SHARDINGS: tuple[str, ...] = ("none", "ddp", "zero1", "zero2", "fsdp", "hsdp")
@@ -22,6 +25,10 @@ AC_MODES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16-mixed", "bf16", "fp32")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit")
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "full")
+COMPILE_SCOPES: tuple[str, ...] = ("block", "model")
+LOSS_IMPL_NAMES: tuple[str, ...] = ("hf", "hf-legacy", "native")
+OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "foreach")
+FSDP_VERSIONS: tuple[int, ...] = (1, 2)
 LORA_TARGET_PRESETS: dict[str, tuple[str, ...]] = {
     "qv": ("q_proj", "v_proj"),
     "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
@@ -48,6 +55,29 @@ class TrainSetup:
     lora_targets: tuple[str, ...] = LORA_TARGET_PRESETS["all-linear"]
     compile: bool = False
     chunked_cross_entropy: bool = False
+    # -- the software stack (what a framework preset sets; see catalog/data/frameworks.yaml) --
+    activation_offloading: bool = False  # saved activations streamed to host memory (torchtune)
+    grad_accumulation_steps: int = 1  # >1 keeps gradients alive through every forward
+    optimizer_impl: OptimizerImpl = "fused"  # fused (no step temporaries) or foreach (PyTorch's default)
+    qlora_base_replicated: bool = False  # NF4 base kept whole on every GPU (left out of FSDP)
+    loss_impl: LossImpl = "hf"  # how long the logits live (gpuprov.sizing.memory.LOSS_IMPLS)
+    lora_dropout: float = 0.0  # PEFT/torchtune LoRA dropout (> 0 saves a dropped-out input + mask)
+    fsdp_version: int = 2  # 1: FullyShardedDataParallel (flat parameters); 2: fully_shard (per-parameter DTensor)
+    # bf16-mixed by torch.autocast over fp32 parameters, with no FSDP mixed-precision policy: FSDP gathers
+    # fp32, the frozen base stays fp32, the residual stream, norms and embeddings run in fp32.
+    autocast_fp32_params: bool = False
+    compile_scope: CompileScope = "block"  # with compile: per decoder block, or the whole model (+ its loss)
+    loss_upcast: bool = True  # the loss casts the logits to fp32 before log-softmax
+    fp32_logits: bool = False  # the model returns fp32 logits (torchtune unembed `.float()`)
+    compile_loss: bool = False  # with per-block compile: the loss compiled apart (torchtune compile_loss)
+    shard_embeddings: bool = False  # FSDP2: embeddings and output head are FSDP units of their own
+    # FSDP1 with LoRA adapters inside the frozen base's flat parameter (use_orig_params=True, one unit per
+    # block): the flat parameter requires grad, so its gradient covers the frozen base as well
+    fsdp1_frozen_grads: bool = False
+    # gradient accumulation without reduce-scatter between micro-batches (FSDP1 no_sync(), FSDP2
+    # set_requires_gradient_sync(False): accelerate accumulate(), Lightning no_backward_sync): FSDP keeps the
+    # full unsharded gradients until the synchronising micro-batch
+    defer_grad_sync: bool = False
 
 
 @dataclass(frozen=True)
