@@ -39,23 +39,93 @@ def aliases() -> dict[str, dict]:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.endswith(".json") or "/" in name or name.startswith(".") or Path(name).is_dir()
+    try:
+        return name.endswith(".json") or "/" in name or name.startswith(".") or Path(name).is_dir()
+    except OSError:  # a name longer than the filesystem allows is not a folder
+        return False
+
+
+MAX_CONFIG_BYTES = 16 << 20  # config.json files are a few KiB; some carry long vocab lists
+MAX_CONFIG_DEPTH = 32  # config.json nests two or three levels (rope_scaling, quantization_config)
+MAX_INT_DIGITS = 100  # a count needs at most 20 digits; longer is a bad file, not a model
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_tree(node: object, where: Path, depth: int = 0) -> None:
+    """Nesting and text limits the JSON parser does not apply itself."""
+    if depth > MAX_CONFIG_DEPTH:
+        raise GpuprovError(f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep; not a model config")
+    if isinstance(node, str):
+        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in node):
+            raise GpuprovError(f"{where}: a string holds a lone surrogate ({node[:30]!r}); not valid Unicode")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            _check_tree(key, where, depth + 1)
+            _check_tree(value, where, depth + 1)
+    elif isinstance(node, list):
+        for value in node:
+            _check_tree(value, where, depth + 1)
+
+
+def read_config_json(p: Path) -> dict:
+    """A config.json as a dict, within the size, depth and number limits; one-line errors."""
+    try:
+        with open(p, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise GpuprovError(f"{p}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise GpuprovError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a model config")
+    try:
+        cfg = json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise GpuprovError(f"{p}: not UTF-8 text") from None
+    except RecursionError:
+        raise GpuprovError(f"{p}: nested too deeply; not a model config") from None
+    except ValueError as exc:  # JSONDecodeError included
+        raise GpuprovError(f"{p}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(cfg, dict):
+        raise GpuprovError(f"{p}: a config.json must hold a JSON object")
+    _check_tree(cfg, p)
+    return cfg
+
+
+def _display_name(cfg: dict, p: Path) -> str:
+    """config.json `_name_or_path`, else the folder's name: checked, since it reaches file comments."""
+    from gpuprov.validators import display_name
+
+    if "_name_or_path" in cfg and cfg["_name_or_path"] not in (None, ""):
+        value, what = cfg["_name_or_path"], f"{p}: _name_or_path"
+    else:
+        value, what = p.parent.name or str(p), f"{p}: folder name"
+    try:
+        return display_name(value, what)
+    except ValueError as exc:
+        raise GpuprovError(str(exc)) from None
 
 
 def load_config_json(path: str | Path) -> ModelArch:
     """Size a model from a local Hugging Face config.json (or a folder holding one)."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise GpuprovError(f"model config file not found: {p}")
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GpuprovError(f"{p}: not a readable JSON config ({exc.__class__.__name__}: {exc})") from None
-    if not isinstance(cfg, dict):
-        raise GpuprovError(f"{p}: a config.json must hold a JSON object")
-    return arch_from_hf_config(cfg, name=str(path), display_name=cfg.get("_name_or_path") or p.parent.name or str(p), source=str(p))
+        if p.is_dir():
+            p = p / "config.json"
+        found = p.is_file()
+    except OSError as exc:  # a name too long, a symlink loop
+        raise GpuprovError(f"model config {str(p)[:80]!r}: {exc.strerror or type(exc).__name__}") from None
+    if not found:
+        raise GpuprovError(f"model config file not found: {p}")
+    cfg = read_config_json(p)
+    return arch_from_hf_config(cfg, name=str(path), display_name=_display_name(cfg, p), source=str(p))
 
 
 def get_model(name_or_path: str) -> ModelArch:
