@@ -29,12 +29,14 @@ USER_VALUES: tuple[str, ...] = (
     "plan.spec", "plan.hosts", "plan.model.name", "plan.model.display_name", "plan.model.source",
     "plan.model.hf_config", "plan.cluster.region", "plan.instance.region", "plan.notes",
     # terraform context
-    "plan_summary", "region", "ssh_cidr", "capacity_reservation_id", "reservation_name", "tags", "name_prefix",
+    "plan_summary", "region", "ssh_cidr", "capacity_reservation_id", "reservation_name",
     # launch context
-    "run_id", "plan_hosts", "checkpoint_dir", "metrics_file", "lora_targets",
+    "plan_hosts", "checkpoint_dir", "metrics_file", "lora_targets",
     # ansible context
     "hosts_left_out", "host",
 )
+# context values built from user input but reduced to [a-z0-9-] by the renderer: safe anywhere
+SLUG_VALUES: tuple[str, ...] = ("run_id", "name_prefix", "tags")
 ESCAPING_FILTERS: frozenset[str] = frozenset({"hcl", "yaml", "y", "shq", "comment", "oneline", "md", "svg"})
 
 COMMENT_LIMIT = 200
