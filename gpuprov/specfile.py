@@ -334,6 +334,9 @@ def load_hosts(path: str | Path) -> list:
         if isinstance(data, dict):
             entries = []
             for name, value in data.items():
+                if not isinstance(name, str):  # `0777:` is the number 777 to YAML, not the host 0777
+                    raise GpuprovError(f"{path}: host name {name!r} reads as a {type(name).__name__} in YAML; "
+                                       "quote it (\"0777\": 10.0.0.1)")
                 if isinstance(value, dict):
                     entry = {"name": str(name), "address": value.get("ansible_host", value.get("address", name))}
                     if value.get("ansible_user") or value.get("user"):
