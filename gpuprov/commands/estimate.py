@@ -29,6 +29,8 @@ def build_setup(
         gpus_per_node = min(8, gpus)
     if gpus_per_node <= 0:
         raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
+    if gpus % gpus_per_node:
+        raise GpuprovError(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {gpus_per_node}")
     if sharding is None:
         sharding = "none" if gpus == 1 else "fsdp"
     if shard_group is not None and sharding != "hsdp":

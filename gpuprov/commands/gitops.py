@@ -41,7 +41,8 @@ def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
 
 @click.command()
 @click.argument("directory", metavar="DIR")
-@click.option("--diff-lines", default=30, show_default=True, help="Diff lines shown per file")
+@click.option("--diff-lines", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Diff lines shown per file")
 @click.pass_context
 def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
     """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error."""

@@ -97,6 +97,9 @@ def _azure(plan: Plan) -> dict:
 
 
 def _oci(plan: Plan) -> dict:
+    if plan.spec.ssh_cidr:  # the module launches into the user's subnet: its security list decides SSH
+        raise GpuprovError("--ssh-cidr has no effect on OCI (the nodes join your subnet_id); "
+                           "open SSH in that subnet's security list instead")
     return {"shape": plan.instance.name, "boot_volume_size_gb": 512}
 
 
