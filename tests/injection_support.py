@@ -91,11 +91,13 @@ def key_tree(node: object) -> object:
 
 
 def yaml_files(root: Path) -> dict[str, object]:
-    """Every .yml/.yaml file of a bundle, loaded by PyYAML (YAML 1.1, what Ansible reads)."""
+    """Every rendered .yml/.yaml file of a bundle (roles are copied as they are), loaded by PyYAML
+    (YAML 1.1, what Ansible reads)."""
     found = {}
     for path in sorted(root.rglob("*")):
-        if path.suffix in (".yml", ".yaml") and path.is_file():
-            found[path.relative_to(root).as_posix()] = yaml.safe_load(path.read_text(encoding="utf-8"))
+        rel = path.relative_to(root)
+        if path.suffix in (".yml", ".yaml") and path.is_file() and "roles" not in rel.parts:
+            found[rel.as_posix()] = yaml.safe_load(path.read_text(encoding="utf-8"))
     return found
 
 
@@ -110,13 +112,13 @@ def bash_n(script: Path) -> str:
     return proc.stderr if proc.returncode else ""
 
 
-def run_launch(root: Path) -> list[str]:
+def run_launch(root: Path, **extra_env: str) -> list[str]:
     """Run launch/env.sh and train.sh with a launcher that only prints its arguments: (argv lines).
 
     A value that escaped its quotes would run as a command; tests check for the PWNED file."""
     launch = root / "launch"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "TORCHRUN": "printf %s\\n",
-           "GPUPROV_INVENTORY": str(root / "no-inventory"), "GPUPROV_NODE_RANK": "0"}
+           "GPUPROV_INVENTORY": str(root / "no-inventory"), "GPUPROV_NODE_RANK": "0", **extra_env}
     proc = subprocess.run(["bash", str(launch / "train.sh")], cwd=root, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
