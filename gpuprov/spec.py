@@ -17,12 +17,13 @@ Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
 Objective = Literal["cost", "time", "gpus"]
 
 # Every string that can reach a rendered file is checked here (gpuprov/validators.py has the patterns)
-HostName = Annotated[str, AfterValidator(v.host_name)]
+# (the JSON Schema carries the pattern too, so editors flag a bad value before gpuprov runs)
+HostName = Annotated[str, AfterValidator(v.host_name), Field(json_schema_extra={"pattern": v.HOST_NAME_PATTERN})]
 Address = Annotated[str, AfterValidator(v.address)]
-UserName = Annotated[str, AfterValidator(v.user_name)]
+UserName = Annotated[str, AfterValidator(v.user_name), Field(json_schema_extra={"pattern": v.USER_PATTERN})]
 ModelRef = Annotated[str, AfterValidator(v.model_ref)]
-Region = Annotated[str, AfterValidator(v.region)]
-Slug = Annotated[str, AfterValidator(v.slug)]
+Region = Annotated[str, AfterValidator(v.region), Field(json_schema_extra={"pattern": v.REGION_PATTERN})]
+Slug = Annotated[str, AfterValidator(v.slug), Field(json_schema_extra={"pattern": v.SLUG_PATTERN})]
 Cidr = Annotated[str, AfterValidator(v.cidr)]
 AwsReservationId = Annotated[str, AfterValidator(v.aws_reservation_id)]
 GcpReservation = Annotated[str, AfterValidator(v.gcp_reservation)]

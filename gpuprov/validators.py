@@ -26,11 +26,15 @@ MAX_USD = 1e15
 MAX_PATH_BYTES = 4096  # PATH_MAX on Linux
 MAX_NAME_BYTES = 255  # NAME_MAX: one path component
 
+HOST_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+USER_PATTERN = "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+SLUG_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.,+ -]{0,127}$"
+REGION_PATTERN = "^[a-z][a-z0-9-]{0,48}[a-z0-9]$"
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_INVENTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
-_SLUG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+ -]{0,127}")
-_REGION_ANY = re.compile(r"[a-z][a-z0-9-]{0,48}[a-z0-9]")
+_INVENTORY_NAME = re.compile(HOST_NAME_PATTERN.strip("^$"))
+_USER = re.compile(USER_PATTERN.strip("^$"))
+_SLUG = re.compile(SLUG_PATTERN.strip("^$"))
+_REGION_ANY = re.compile(REGION_PATTERN.strip("^$"))
 
 
 @lru_cache(maxsize=1)
