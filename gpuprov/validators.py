@@ -105,13 +105,20 @@ def model_ref(value: str) -> str:
     return value
 
 
+_DISPLAY_PUNCTUATION = set(" ._-/@+:,()[]=~")
+
+
 def display_name(value: object, what: str) -> str:
-    """A model's display name (config.json `_name_or_path`, a folder name): printable, one line."""
+    """A model's display name (config.json `_name_or_path`, a folder name): letters, digits and
+    the punctuation model names and paths use; no quotes, `$`, braces, `<>`, `|`, `;`, `#`."""
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {type(value).__name__}")
     _safe_text(value, what)
-    if len(value) > MAX_PATH_BYTES:
-        raise ValueError(f"{what} is longer than {MAX_PATH_BYTES} characters")
+    bad = next((ch for ch in value if not (ch.isalnum() or ch in _DISPLAY_PUNCTUATION)), None)
+    if bad is not None:
+        raise ValueError(f"{what} {_show(value)} holds {bad!r}; use letters, digits and {''.join(sorted(_DISPLAY_PUNCTUATION))}")
+    if not value.strip() or len(value) > 256:
+        raise ValueError(f"{what} must be 1 to 256 characters")
     return value
 
 

@@ -65,3 +65,16 @@ def test_bad_addresses_fail(value: str) -> None:
                                           ("2001:db8::/32", "2001:db8::/32"), ("10.1.2.3/32", "10.1.2.3/32")])
 def test_cidrs_pass(value: str, normal: str) -> None:
     assert v.cidr(value) == normal
+
+
+def test_catalog_display_names_pass() -> None:
+    from gpuprov.catalog.models import list_models
+
+    for arch in list_models():
+        assert v.display_name(arch.display_name, arch.name) == arch.display_name
+
+
+@pytest.mark.parametrize("value", ['a"b', "x${y}", "a`b`", "a<b>", "a|b", "a;b", "a#b", "a\nb", "", " " * 3, 7])
+def test_bad_display_names_fail(value: object) -> None:
+    with pytest.raises(ValueError):
+        v.display_name(value, "_name_or_path")
