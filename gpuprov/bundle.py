@@ -158,7 +158,7 @@ def read_lock(directory: Path) -> dict:
         lock = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise GpuprovError(f"{directory}: not a gpuprov bundle (no {LOCK_NAME})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise GpuprovError(f"{path}: unreadable lock ({type(exc).__name__}); regenerate with --force") from None
     if (not isinstance(lock, dict) or not isinstance(lock.get("files"), dict)
             or not isinstance(lock.get("spec"), dict) or lock.get("lock_format") != LOCK_FORMAT):

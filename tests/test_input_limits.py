@@ -157,3 +157,9 @@ def test_config_json_within_limits_still_loads(tmp_path: Path) -> None:
     path.write_text(json.dumps({**TINY_LLAMA_CONFIG, "rope_scaling": {"type": "llama3", "factor": 8.0}}))
     code, out, err = cli("estimate", "--model", str(path), "--gpu", "h100-80gb", "--gpus", "1")
     assert code == 0, err
+
+
+def test_deeply_nested_lock_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "gpuprov.lock").write_text("[" * 100_000 + "]" * 100_000)
+    line = assert_one_line_error(*cli("check", str(tmp_path))[::2])
+    assert "unreadable lock" in line
