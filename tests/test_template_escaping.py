@@ -57,8 +57,11 @@ def _escaped(node: nodes.Node) -> bool:
 
 
 def _loop_sources(tree: nodes.Template) -> dict[str, str]:
-    """Loop variable -> the path it iterates (`for host in plan.hosts`: host -> plan.hosts)."""
+    """Loop or `set` variable -> the path it reads (`for host in plan.hosts`: host -> plan.hosts)."""
     sources = {}
+    for assign in tree.find_all(nodes.Assign):  # {% set r = region %}
+        if isinstance(assign.target, nodes.Name) and _reads(assign.node):
+            sources[assign.target.name] = _reads(assign.node)[0]
     for loop in tree.find_all(nodes.For):
         source = _path(loop.iter)
         for target in loop.target.find_all(nodes.Name) if not isinstance(loop.target, nodes.Name) else [loop.target]:
@@ -99,6 +102,7 @@ def test_the_check_fails_on_raw_interpolation() -> None:
     assert unescaped_user_values("x: {{ plan.spec.region | upper }}") == ["line 1: plan.spec.region"]
     assert unescaped_user_values("x: {{ plan.spec.region | yaml }} {{ plan.cluster.nodes }}") == []
     assert unescaped_user_values("# {{ plan.notes | comment | truncate(9) }}") == []
+    assert unescaped_user_values("{% set r = region %}x = {{ r }}") == ["line 1: region"]
 
 
 # ---- the list of user-derived values is complete ------------------------------------------------
