@@ -100,6 +100,19 @@ def test_read_only_previous_bundle_is_removed(tmp_path: Path) -> None:
     assert (proj / "infra" / "terraform" / ".terraform" / "x").is_file()
 
 
+def test_previous_bundle_that_cannot_be_removed_is_reported(tmp_path: Path, monkeypatch) -> None:
+    proj = _project(tmp_path)
+    assert _generate(proj, cwd=tmp_path)[0] == 0
+    monkeypatch.setattr(bundle.shutil, "rmtree", lambda path, **_: None)  # as a read-only tree would
+    code, err = _generate(proj, tmp_path, "--force")
+    assert code == 0, err
+    left = [p.name for p in proj.iterdir() if p.name.startswith(".infra.gpuprov-new-")]
+    assert len(left) == 1 and left[0] in err and "delete it by hand" in err
+    monkeypatch.undo()
+    assert _generate(proj, tmp_path)[0] == 0  # the next run cleans it
+    assert [p.name for p in proj.iterdir() if p.name.startswith(".infra")] == []
+
+
 # ---- 10: check ignored added files and followed symlinks -----------------------------------------
 
 def _checked(proj: Path) -> tuple[int, str]:
