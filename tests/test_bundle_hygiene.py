@@ -113,6 +113,26 @@ def test_previous_bundle_that_cannot_be_removed_is_reported(tmp_path: Path, monk
     assert [p.name for p in proj.iterdir() if p.name.startswith(".infra")] == []
 
 
+@pytest.mark.slow
+def test_killed_writes_leave_nothing_after_the_next_run(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proj = _project(tmp_path)
+    assert _generate(proj, cwd=tmp_path)[0] == 0
+    argv = [sys.executable, "-m", "gpuprov", "generate", "-f", str(proj / "gpuprov.yaml"), "-o", str(proj / "infra")]
+    for delay in (0.6, 0.9, 1.2, 1.5):
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert _generate(proj, cwd=tmp_path)[0] == 0
+    assert [p.name for p in proj.iterdir() if p.name.startswith(".infra")] == []
+    assert cli("check", str(proj / "infra"))[0] == 0
+
+
 # ---- 10: check ignored added files and followed symlinks -----------------------------------------
 
 def _checked(proj: Path) -> tuple[int, str]:
