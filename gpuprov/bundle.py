@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import fnmatch
 import hashlib
 import importlib
 import io
@@ -23,7 +24,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
@@ -35,6 +36,16 @@ PLAN_NAME = "plan.json"
 UP_STATE_NAME = ".gpuprov-up.json"  # written by `gpuprov up`; not generated, never drift
 LOCK_FORMAT = 1
 TAR_PREFIX = "infra"
+STAGING_MARK = "gpuprov-new-"  # .NAME.gpuprov-new-XXXX: a bundle being written beside NAME
+
+# Files the user (or `gpuprov up`, or Terraform) keeps inside the generated folders: not drift.
+# The lock lists them under "keep"; add patterns there for files of your own (fnmatch, `*` spans /).
+USER_FILES: tuple[str, ...] = (
+    "terraform/.terraform/*", "terraform/.terraform.lock.hcl", "terraform/terraform.tfstate",
+    "terraform/terraform.tfstate.*", "terraform/.terraform.tfstate.lock.info", "terraform/terraform.tfvars",
+    "ansible/inventory.yml", "ansible/*.retry",
+)
+CHECKED_FOLDERS = ("terraform", "ansible", "launch")  # where an added file changes what runs
 
 # (bundle folder, module, function): each renderer returns paths relative to its folder
 RENDERERS: tuple[tuple[str, str, str], ...] = (
@@ -99,8 +110,9 @@ def render_files(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = N
     return dict(sorted(files.items()))
 
 
-def lock_text(spec: Any, files: dict[str, str]) -> str:
-    """gpuprov.lock: the full input spec, versions and a hash of every generated file (JSON, sorted)."""
+def lock_text(spec: Any, files: dict[str, str], keep: Iterable[str] | None = None) -> str:
+    """gpuprov.lock: the full input spec, versions, a hash of every generated file and the patterns
+    of user files kept in the generated folders (JSON, sorted)."""
     from gpuprov import __version__
     from gpuprov.catalog import catalog_version
 
@@ -110,15 +122,31 @@ def lock_text(spec: Any, files: dict[str, str]) -> str:
         "catalog_version": catalog_version(),
         "spec": spec.model_dump(mode="json"),
         "files": {path: sha256_text(text) for path, text in sorted(files.items())},
+        "keep": list(USER_FILES if keep is None else keep),
     }
     return json.dumps(lock, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def build_bundle(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None) -> dict[str, str]:
+def build_bundle(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None,
+                 keep: Iterable[str] | None = None) -> dict[str, str]:
     """All files of the bundle, lock included, in memory (nothing touches the disk)."""
     files = render_files(plan, renderers)
-    files[LOCK_NAME] = lock_text(plan.spec, files)
+    files[LOCK_NAME] = lock_text(plan.spec, files, keep)
     return dict(sorted(files.items()))
+
+
+def lock_keep(lock: dict | None) -> list[str]:
+    """The lock's user-file patterns (older locks have none: the defaults)."""
+    keep = (lock or {}).get("keep")
+    if keep is None:
+        return list(USER_FILES)
+    if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
+        raise GpuprovError(f"{LOCK_NAME}: keep must be a list of file patterns")
+    return keep
+
+
+def is_kept(path: str, keep: Iterable[str]) -> bool:
+    return path == UP_STATE_NAME or any(fnmatch.fnmatchcase(path, pattern) for pattern in keep)
 
 
 # ---------------------------------------------------------------- reading an existing bundle
@@ -130,7 +158,7 @@ def read_lock(directory: Path) -> dict:
         lock = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise GpuprovError(f"{directory}: not a gpuprov bundle (no {LOCK_NAME})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise GpuprovError(f"{path}: unreadable lock ({type(exc).__name__}); regenerate with --force") from None
     if (not isinstance(lock, dict) or not isinstance(lock.get("files"), dict)
             or not isinstance(lock.get("spec"), dict) or lock.get("lock_format") != LOCK_FORMAT):
@@ -139,13 +167,17 @@ def read_lock(directory: Path) -> dict:
 
 
 def spec_from_lock(lock: dict, where: str = LOCK_NAME):
+    """The lock's spec; a relative model path (older locks) is relative to the lock's folder."""
     from pydantic import ValidationError
 
     from gpuprov.spec import TrainingSpec
-    from gpuprov.specfile import format_validation_error
+    from gpuprov.specfile import _resolve_model, format_validation_error
 
+    data = dict(lock["spec"])
+    if isinstance(data.get("model"), str) and data["model"].strip():
+        data["model"] = _resolve_model(data["model"], Path(where).absolute().parent)
     try:
-        return TrainingSpec.model_validate(lock["spec"])
+        return TrainingSpec.model_validate(data)
     except ValidationError as exc:
         raise GpuprovError(f"{where}: spec no longer valid: {format_validation_error(exc)}") from None
 
@@ -185,6 +217,8 @@ class WriteResult:
     files: int
     carried: list[str]
     replaced: bool
+    cleaned: list[str] = field(default_factory=list)  # stale staging folders removed
+    leftover: str | None = None  # why the previous bundle could not be removed
 
 
 def _write_tree(root: Path, files: dict[str, str]) -> None:
@@ -258,6 +292,52 @@ def _recover_parked(target: Path) -> None:
             os.rename(parked[-1], target)
 
 
+def _remove_tree(path: Path) -> str | None:
+    """rmtree that makes read-only folders writable first; why it failed, or None."""
+    def retry(function, name, _exc):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o700)
+            os.chmod(name, 0o700) if os.path.isdir(name) and not os.path.islink(name) else None
+            function(name)
+
+    shutil.rmtree(path, onerror=retry)
+    if os.path.lexists(path):
+        return f"could not remove {path}; delete it by hand"
+    return None
+
+
+def _hold(directory: Path) -> int:
+    """An exclusive flock on a staging folder while this process writes it (a crash releases it)."""
+    import fcntl
+
+    fd = os.open(directory, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def clean_stale_staging(target: Path) -> list[str]:
+    """Remove .NAME.gpuprov-new-* folders no running gpuprov holds (left by a killed write)."""
+    import fcntl
+
+    removed = []
+    for stale in sorted(target.parent.glob(f".{target.name}.{STAGING_MARK}*")):
+        try:
+            fd = os.open(stale, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another gpuprov is writing it
+            os.close(fd)
+            continue
+        try:
+            if _remove_tree(stale) is None:
+                removed.append(stale.name)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def _os_error(target: Path, exc: OSError) -> GpuprovError:
     where = exc.filename or target
     return GpuprovError(f"cannot write bundle {target}: {exc.strerror or exc} ({where})")
@@ -308,10 +388,14 @@ def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = Fal
                                f"(see `gpuprov check {target}`; --force overwrites them)")
         # without a readable lock (forced), nothing counts as generated: carry everything not regenerated
         carried = [p for p in existing if p not in files and p not in tracked and p != LOCK_NAME]
+    if old_lock is not None and old_lock.get("keep") is not None and LOCK_NAME in files:
+        files = {**files, LOCK_NAME: _with_keep(files[LOCK_NAME], lock_keep(old_lock))}  # the user's patterns stay
     parent = target.parent if str(target.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.gpuprov-new-", dir=parent))
+        cleaned = clean_stale_staging(target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.{STAGING_MARK}", dir=parent))
+        held = _hold(staging)
     except OSError as exc:
         raise _os_error(target, exc) from None
     try:
@@ -319,13 +403,22 @@ def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = Fal
         _carry(target, staging, carried)
         _swap_in(staging, target)
     except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_tree(staging)
         raise _os_error(target, exc) from None
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_tree(staging)
         raise
-    shutil.rmtree(staging, ignore_errors=True)  # now the previous bundle
-    return WriteResult(path=target, files=len(files), carried=carried, replaced=replaced)
+    finally:
+        os.close(held)
+    leftover = _remove_tree(staging)  # now the previous bundle
+    return WriteResult(path=target, files=len(files), carried=carried, replaced=replaced,
+                       cleaned=cleaned, leftover=leftover)
+
+
+def _with_keep(lock_json: str, keep: list[str]) -> str:
+    lock = json.loads(lock_json)
+    lock["keep"] = keep
+    return json.dumps(lock, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def tar_bytes(files: dict[str, str], prefix: str = TAR_PREFIX) -> bytes:
@@ -360,7 +453,7 @@ def write_tar(files: dict[str, str], stream: Any, prefix: str = TAR_PREFIX) -> N
 
 @dataclass
 class Difference:
-    status: str  # modified, missing, stale, mode
+    status: str  # modified, missing, stale, mode, added, symlink, unreadable
     path: str
     diff: str  # short unified diff ('' where it does not apply)
 
@@ -373,26 +466,56 @@ def _short_diff(path: str, old: str, new: str, limit: int) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
+def _linked(directory: Path, path: str) -> bool:
+    """A symlink anywhere on the way from the bundle's root to `path`."""
+    current = directory
+    for part in PurePosixPath(path).parts:
+        current = current / part
+        if current.is_symlink():
+            return True
+    return False
+
+
 def compare_bundle(directory: str | Path, files: dict[str, str], *, diff_lines: int = 30) -> list[Difference]:
-    """What `generate` would change in `directory`: generated files only (user files are not drift)."""
+    """What `generate` would change in `directory`: generated files, symlinks where they belong, and
+    files added to terraform/, ansible/ or launch/ that the lock's "keep" patterns do not cover."""
     directory = Path(directory)
     old_lock = None
     with contextlib.suppress(GpuprovError):
         old_lock = read_lock(directory)
     differences = []
     for path, text in files.items():
-        on_disk = directory / path
-        if not on_disk.is_file():
-            differences.append(Difference("missing", path, ""))
-            continue
-        data = on_disk.read_bytes()
-        if data != text.encode("utf-8"):
-            old = data.decode("utf-8", errors="replace")
-            differences.append(Difference("modified", path, _short_diff(path, old, text, diff_lines)))
-        elif stat.S_IMODE(on_disk.stat().st_mode) & 0o111 != file_mode(path) & 0o111:
-            differences.append(Difference("mode", path, ""))
+        differences.extend(_compare_one(directory, path, text, diff_lines))
     if old_lock is not None:
         for path in sorted(set(old_lock["files"]) - set(files)):
-            if (directory / path).exists():
+            if os.path.lexists(directory / path):
                 differences.append(Difference("stale", path, ""))
+    keep = lock_keep(old_lock)
+    known = set(files) | set(old_lock["files"] if old_lock else ())
+    for folder in CHECKED_FOLDERS:
+        if not (directory / folder).is_dir() or (directory / folder).is_symlink():
+            continue
+        for rel in _walk_files(directory / folder):
+            path = f"{folder}/{rel}"
+            if path not in known and not is_kept(path, keep):
+                differences.append(Difference("added", path, ""))
     return differences
+
+
+def _compare_one(directory: Path, path: str, text: str, diff_lines: int) -> list[Difference]:
+    on_disk = directory / path
+    if _linked(directory, path):
+        return [Difference("symlink", path, "")]  # never followed: it could point anywhere
+    if not on_disk.is_file():
+        return [Difference("missing", path, "")]
+    try:
+        data = on_disk.read_bytes()
+        mode = stat.S_IMODE(on_disk.stat().st_mode)
+    except OSError as exc:
+        return [Difference("unreadable", path, f"{exc.strerror or exc}\n")]
+    if data != text.encode("utf-8"):
+        old = data.decode("utf-8", errors="replace")
+        return [Difference("modified", path, _short_diff(path, old, text, diff_lines))]
+    if mode & 0o111 != file_mode(path) & 0o111:
+        return [Difference("mode", path, "")]
+    return []

@@ -4,6 +4,8 @@ Each subcommand lives in `gpuprov/commands/<name>.py` and is imported only when 
 `gpuprov plan` does not pay for what `gpuprov generate` imports (pipelines call it often).
 Known errors (GpuprovError) become one line on stderr and exit 2 (drift: 1), never a traceback;
 a command's ctx.exit(n) exits n; a closed stdout (`| head`) exits 141 quietly, as `cat` would.
+Anything else (a full disk, an unreadable file, a bug) is one line and exit 2 as well: exit 1 is
+reserved for drift and failed health checks. GPUPROV_TRACEBACK=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -140,4 +142,29 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("gpuprov: interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never exit 1
+        _unexpected(exc)
     sys.exit(_exit_code(rc))
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _unexpected(exc: Exception) -> None:
+    """An error no command turned into a GpuprovError: one line on stderr, exit 2."""
+    if os.environ.get("GPUPROV_TRACEBACK"):
+        raise exc
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        message = f"{exc.strerror or type(exc).__name__}{where}"
+    else:
+        message = f"unexpected {type(exc).__name__}: {exc}"
+    try:
+        sys.stderr.write(f"gpuprov: error: {_one_line(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    _silence_stdout()
+    sys.exit(2)

@@ -6,14 +6,27 @@ One pydantic model is the single definition: the CLI flags, the YAML file and `g
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
+from gpuprov import validators as v
 from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
 
 Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
 Objective = Literal["cost", "time", "gpus"]
+
+# Every string that can reach a rendered file is checked here (gpuprov/validators.py has the patterns)
+# (the JSON Schema carries the pattern too, so editors flag a bad value before gpuprov runs)
+HostName = Annotated[str, AfterValidator(v.host_name), Field(json_schema_extra={"pattern": v.HOST_NAME_PATTERN})]
+Address = Annotated[str, AfterValidator(v.address)]
+UserName = Annotated[str, AfterValidator(v.user_name), Field(json_schema_extra={"pattern": v.USER_PATTERN})]
+ModelRef = Annotated[str, AfterValidator(v.model_ref)]
+Region = Annotated[str, AfterValidator(v.region), Field(json_schema_extra={"pattern": v.REGION_PATTERN})]
+Slug = Annotated[str, AfterValidator(v.slug), Field(json_schema_extra={"pattern": v.SLUG_PATTERN})]
+Cidr = Annotated[str, AfterValidator(v.cidr)]
+AwsReservationId = Annotated[str, AfterValidator(v.aws_reservation_id)]
+GcpReservation = Annotated[str, AfterValidator(v.gcp_reservation)]
 
 
 class HostEntry(BaseModel):
@@ -21,9 +34,9 @@ class HostEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    address: str = Field(min_length=1)
-    user: str | None = None
+    name: HostName
+    address: Address
+    user: UserName | None = None
     # what the host holds (written by hand or by `gpuprov hosts probe`); gpu and gpus go together
     gpu: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$", description="GPU slug, e.g. a100-80gb")
     gpus: PositiveInt | None = Field(None, description="GPUs in this host")
@@ -46,31 +59,41 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id (ORG/NAME) or path to a config.json")
+    model: ModelRef = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id (ORG/NAME) or path to a config.json")
     task: Task = Field("full", description="full fine-tune / pre-train, LoRA or QLoRA")
-    seq_len: PositiveInt = Field(4096, description="Tokens per sample")
-    global_batch_tokens: PositiveInt = Field(4_194_304, description="Tokens per optimizer step, all GPUs")
-    tokens: PositiveInt = Field(10_000_000_000, description="Training tokens to process in the run")
-    deadline_hours: float | None = Field(None, gt=0, description="Finish within this many hours")
-    budget_usd: float | None = Field(None, gt=0, description="Spend at most this much")
+    seq_len: PositiveInt = Field(4096, le=v.MAX_SEQ_LEN, description="Tokens per sample")
+    global_batch_tokens: PositiveInt = Field(4_194_304, le=v.MAX_BATCH_TOKENS,
+                                             description="Tokens per optimizer step, all GPUs")
+    tokens: PositiveInt = Field(10_000_000_000, le=v.MAX_TOKENS, description="Training tokens to process in the run")
+    deadline_hours: float | None = Field(None, gt=0, le=v.MAX_HOURS, description="Finish within this many hours")
+    budget_usd: float | None = Field(None, gt=0, le=v.MAX_USD, description="Spend at most this much")
     cloud: Cloud = Field("any", description="Where to run; 'any' compares all clouds")
-    region: str | None = Field(None, description="Cloud region (default: the catalog's priced region)")
-    gpus: list[str] | None = Field(None, description="Allowed GPU types (slugs); default all")
-    max_nodes: PositiveInt = Field(32, description="Largest node count to consider")
+    region: Region | None = Field(None, description="Cloud region (default: the catalog's priced region)")
+    gpus: list[Slug] | None = Field(None, max_length=64, description="Allowed GPU types (slugs); default all")
+    max_nodes: PositiveInt = Field(32, le=v.MAX_NODES, description="Largest node count to consider")
     objective: Objective = Field("cost", description="Rank by cost to train, time, or GPU count")
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     offload: Offload = "none"
-    lora_rank: PositiveInt = 16
-    lora_targets: list[str] | str = Field("all-linear", description="qv, attention, all-linear or module names")
+    lora_rank: PositiveInt = Field(16, le=v.MAX_LORA_RANK)
+    lora_targets: list[Slug] | Slug = Field("all-linear", description="qv, attention, all-linear or module names")
     safety_margin: float = Field(0.10, ge=0, lt=0.9, description="Fraction of GPU memory kept free")
-    hosts: list[HostEntry] | None = Field(None, description="On-prem hosts (cloud: onprem)")
-    ssh_cidr: str | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
-    capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
-    reservation: str | None = Field(None, description="GCP reservation name")
+    hosts: list[HostEntry] | None = Field(None, max_length=v.MAX_HOSTS, description="On-prem hosts (cloud: onprem)")
+    ssh_cidr: Cidr | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
+    capacity_reservation_id: AwsReservationId | None = Field(None, description="AWS capacity reservation / Capacity Block id")
+    reservation: GcpReservation | None = Field(None, description="GCP reservation name")
+
     gpu_count: PositiveInt | None = Field(None, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
     framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
                            "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")
+
+    @field_validator("region")
+    @classmethod
+    def _region_of_cloud(cls, region: str | None, info: ValidationInfo) -> str | None:
+        problem = v.region_for(info.data.get("cloud", ""), region) if region else None
+        if problem:
+            raise ValueError(problem)
+        return region
 
     @field_validator("framework")
     @classmethod

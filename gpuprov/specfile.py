@@ -86,28 +86,66 @@ def _yaml_error_line(path: Path, exc: Exception) -> str:
     return f"{where}: invalid YAML: {problem}"
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Round-trip load (keeps line numbers for error messages); one-line errors."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
+MAX_FILE_BYTES = 1 << 20  # a spec or hosts file is a few KiB; a megabyte is already absurd
+MAX_DEPTH = 32  # nesting of mappings/lists a spec may have (it needs 3)
+MAX_VALUES = 100_000  # scalars after YAML aliases are expanded (an alias bomb expands to billions)
 
+
+def read_text(path: str | Path) -> str:
+    """A small UTF-8 text file, or one GpuprovError line saying why not."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise GpuprovError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise GpuprovError(f"{path}: is a directory, expected a YAML file") from None
+    except OSError as exc:
+        raise GpuprovError(f"{path}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise GpuprovError(f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; not a spec")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise GpuprovError(f"{path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise GpuprovError(f"{path}: cannot read: {exc.strerror}") from None
+    if "\0" in text:
+        raise GpuprovError(f"{path}: binary data (a NUL byte), expected text")
+    return text
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Round-trip load (keeps line numbers for error messages); one-line errors; bounded size."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    path = Path(path)
+    text = read_text(path)
     try:
-        return YAML(typ="rt").load(text)
+        tree = YAML(typ="rt").load(text)
     except YAMLError as exc:
         raise GpuprovError(_yaml_error_line(path, exc)) from None
     except (ValueError, TypeError, RecursionError) as exc:  # odd scalars the constructor rejects
         raise GpuprovError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    _check_size(tree, path)
+    return tree
+
+
+def _check_size(tree: Any, path: Path) -> None:
+    """Refuse deep nesting and alias expansion past the limits before anything walks the tree."""
+    budget = [MAX_VALUES]
+
+    def walk(node: Any, depth: int) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise GpuprovError(f"{path}: more than {MAX_VALUES:,} values once YAML aliases are expanded")
+        if depth > MAX_DEPTH:
+            raise GpuprovError(f"{path}: nested more than {MAX_DEPTH} levels deep")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            walk(child, depth + 1)
+
+    walk(tree, 0)
 
 
 def _line_of(node: Any, loc: tuple) -> int | None:
@@ -167,7 +205,7 @@ def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
         field = ".".join(_show(p) for p in loc) or "spec"
         if names and loc and loc[0] in names:
             field = names[loc[0]] + "".join(f".{_show(p)}" for p in loc[1:])
-        message = error.get("msg", "invalid")
+        message = error.get("msg", "invalid").removeprefix("Value error, ")
         if error.get("type") == "extra_forbidden":
             message = "unknown key (see `gpuprov schema`)"
         line = _line_of(tree, loc) if tree is not None else None
@@ -206,6 +244,10 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     data = dict(file_data or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(overrides)
+    if isinstance(data.get("model"), str) and data["model"].strip():
+        # a path in a file is relative to that file; on the command line, to the current directory
+        base = Path.cwd() if "model" in overrides or not source else Path(source).absolute().parent
+        data["model"] = _resolve_model(data["model"], base)
     for key, value in data.items():
         # inf/nan pass pydantic's gt=0 checks but mean nothing as a budget or margin (and are not JSON)
         if isinstance(value, float) and not math.isfinite(value):
@@ -222,6 +264,14 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         if key in overrides:
             raise GpuprovError(format_validation_error(exc, names=flag_names)) from None
         raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
+
+
+def _resolve_model(model: str, base: Path) -> str:
+    from gpuprov.catalog.models import resolve_model_ref
+
+    if any(ord(ch) < 32 for ch in model) or len(model.encode("utf-8", "surrogatepass")) > 4096:
+        return model  # left for the validator's one-line error
+    return resolve_model_ref(model, base)
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None):
@@ -263,8 +313,8 @@ def _looks_like_ini(path: Path) -> bool:
     if path.suffix in (".ini", ".cfg"):
         return True
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_text(path)
+    except GpuprovError:
         return False  # load_yaml reports it
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", ";"))]
     return bool(lines) and (re.match(r"^\[[A-Za-z0-9_:-]+\]$", lines[0]) is not None
@@ -280,10 +330,10 @@ def load_hosts(path: str | Path) -> list:
 
     path = Path(path)
     if _looks_like_ini(path):
-        entries = _hosts_from_ini(path, path.read_text(encoding="utf-8"))
+        entries = _hosts_from_ini(path, read_text(path))
         tree = None
     elif isinstance(tree := load_yaml(path), str) or tree is None:
-        entries = _hosts_from_ini(path, path.read_text(encoding="utf-8"))
+        entries = _hosts_from_ini(path, read_text(path))
         tree = None
     else:
         data = _plain(tree)
@@ -296,6 +346,9 @@ def load_hosts(path: str | Path) -> list:
         if isinstance(data, dict):
             entries = []
             for name, value in data.items():
+                if not isinstance(name, str):  # `0777:` is the number 777 to YAML, not the host 0777
+                    raise GpuprovError(f"{path}: host name {name!r} reads as a {type(name).__name__} in YAML; "
+                                       "quote it (\"0777\": 10.0.0.1)")
                 if isinstance(value, dict):
                     entry = {"name": str(name), "address": value.get("ansible_host", value.get("address", name))}
                     if value.get("ansible_user") or value.get("user"):

@@ -195,9 +195,13 @@ def test_every_priced_region_of_the_instance_catalog_is_a_known_region():
 
 
 def test_unknown_region_is_refused_with_the_regions_that_price_the_types():
-    r = run("plan", "--model", "llama-3.1-8b", "--cloud", "gcp", "--region", "mars-1")
+    # a name of the right shape that is no region: the catalog says where the types are priced
+    r = run("plan", "--model", "llama-3.1-8b", "--cloud", "gcp", "--region", "mars-central1")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "mars-1 is not a gcp region" in r.stderr and "us-central1: a2-ultragpu-8g" in r.stderr
+    assert "mars-central1 is not a gcp region" in r.stderr and "us-central1: a2-ultragpu-8g" in r.stderr
+    # a name of the wrong shape never gets that far (parse-time validator)
+    r = run("plan", "--model", "llama-3.1-8b", "--cloud", "gcp", "--region", "mars-1")
+    assert r.returncode == 2 and "is not a gcp region name" in r.stderr
     r = run("plan", "--model", "llama-3.1-8b", "--cloud", "aws", "--region", "us-east-7")
     assert "did you mean" in r.stderr and "us-east-1" in r.stderr
     assert ok("plan", "--model", "llama-3.1-8b", "--cloud", "gcp", "--region", "europe-west4").count("europe-west4")

@@ -41,33 +41,123 @@ def aliases() -> dict[str, dict]:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.endswith(".json") or "/" in name or name.startswith(".") or Path(name).is_dir()
+    try:
+        return name.endswith(".json") or "/" in name or name.startswith(".") or Path(name).is_dir()
+    except OSError:  # a name longer than the filesystem allows is not a folder
+        return False
+
+
+MAX_CONFIG_BYTES = 16 << 20  # config.json files are a few KiB; some carry long vocab lists
+MAX_CONFIG_DEPTH = 32  # config.json nests two or three levels (rope_scaling, quantization_config)
+MAX_INT_DIGITS = 100  # a count needs at most 20 digits; longer is a bad file, not a model
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_tree(node: object, where: Path, depth: int = 0) -> None:
+    """Nesting and text limits the JSON parser does not apply itself."""
+    if depth > MAX_CONFIG_DEPTH:
+        raise GpuprovError(f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep; not a model config")
+    if isinstance(node, str):
+        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in node):
+            raise GpuprovError(f"{where}: a string holds a lone surrogate ({node[:30]!r}); not valid Unicode")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            _check_tree(key, where, depth + 1)
+            _check_tree(value, where, depth + 1)
+    elif isinstance(node, list):
+        for value in node:
+            _check_tree(value, where, depth + 1)
+
+
+def read_config_json(p: Path) -> dict:
+    """A config.json as a dict, within the size, depth and number limits; one-line errors."""
+    try:
+        with open(p, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise GpuprovError(f"{p}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise GpuprovError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a model config")
+    try:
+        cfg = json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise GpuprovError(f"{p}: not UTF-8 text") from None
+    except RecursionError:
+        raise GpuprovError(f"{p}: nested too deeply; not a model config") from None
+    except ValueError as exc:  # JSONDecodeError included
+        raise GpuprovError(f"{p}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(cfg, dict):
+        raise GpuprovError(f"{p}: a config.json must hold a JSON object")
+    _check_tree(cfg, p)
+    return cfg
+
+
+def _display_name(cfg: dict, p: Path) -> str | None:
+    """config.json `_name_or_path` (None when absent): checked, since it reaches file comments."""
+    from gpuprov.validators import display_name
+
+    if "_name_or_path" not in cfg or cfg["_name_or_path"] in (None, ""):
+        return None
+    value, what = cfg["_name_or_path"], f"{p}: _name_or_path"
+    try:
+        return display_name(value, what)
+    except ValueError as exc:
+        raise GpuprovError(str(exc)) from None
 
 
 def load_config_json(path: str | Path) -> ModelArch:
     """Size a model from a local Hugging Face config.json (or a folder holding one)."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise GpuprovError(f"model config file not found: {p}")
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GpuprovError(f"{p}: not a readable JSON config ({exc.__class__.__name__}: {exc})") from None
-    if not isinstance(cfg, dict):
-        raise GpuprovError(f"{p}: a config.json must hold a JSON object")
-    return _from_config(cfg, name=str(path), source=str(p))
+        if p.is_dir():
+            p = p / "config.json"
+        found = p.is_file()
+    except OSError as exc:  # a name too long, a symlink loop
+        raise GpuprovError(f"model config {str(p)[:80]!r}: {exc.strerror or type(exc).__name__}") from None
+    if not found:
+        raise GpuprovError(f"model config file not found: {p}")
+    cfg = read_config_json(p)
+    display = _display_name(cfg, p)
+    if display is None:  # named from what the config says (type and size), never from its folder
+        kind = _display_name({"_name_or_path": _config_kind(cfg)}, p)
+        size = arch_from_hf_config(cfg, name=str(path), display_name=kind, source=str(p)).params / 1e9
+        display = f"{kind} {size:.1f}B"
+    return arch_from_hf_config(cfg, name=str(path), display_name=display, source=str(p))
 
 
-def _from_config(cfg: dict, *, name: str, source: str, display_name: str | None = None) -> ModelArch:
-    """A ModelArch named from what the config says (its _name_or_path, else type and size), not its folder."""
-    arch = arch_from_hf_config(cfg, name=name, display_name=display_name or cfg.get("_name_or_path") or None,
-                               source=source)
-    if display_name or cfg.get("_name_or_path"):
-        return arch
-    kind = (cfg.get("architectures") or [None])[0] or cfg.get("model_type") or "model"
-    return arch_from_hf_config(cfg, name=name, display_name=f"{kind} {arch.params / 1e9:.1f}B", source=source)
+def _config_kind(cfg: dict) -> str:
+    archs = cfg.get("architectures")
+    first = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    kind = first or cfg.get("model_type")
+    return kind if isinstance(kind, str) and kind else "model"
+
+
+def resolve_model_ref(name: str, base: Path) -> str:
+    """A relative config.json path as an absolute one, resolved against `base` (the spec file's
+    folder, or the current directory for a flag); preset names as they are. The lock then holds a
+    path that works from any directory."""
+    key = name.strip().lower()
+    if key in _catalog()["models"] or key in _aliases():
+        return name
+    path = Path(name).expanduser()
+    try:
+        if HF_ID.match(name) and not (base / path).exists():
+            return name  # a Hugging Face model id, read from the cache or the hub
+        looks = name.endswith(".json") or "/" in name or name.startswith(".") or (base / path).is_dir()
+        if path.is_absolute() or not looks:
+            return name
+    except (OSError, ValueError):
+        return name  # the validators report what is wrong with it
+    return os.path.normpath(os.path.abspath(base / path))
 
 
 HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -112,13 +202,9 @@ def load_hf_model(repo_id: str) -> ModelArch | None:
     path = _cached_config(repo_id) or _downloaded_config(repo_id)
     if path is None:
         return None
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GpuprovError(f"{path}: not a readable JSON config ({exc.__class__.__name__}: {exc})") from None
-    if not isinstance(cfg, dict):
-        raise GpuprovError(f"{path}: a config.json must hold a JSON object")
-    return _from_config(cfg, name=repo_id, display_name=repo_id, source=f"huggingface.co/{repo_id} config.json ({path})")
+    cfg = read_config_json(path)
+    return arch_from_hf_config(cfg, name=repo_id, display_name=repo_id,
+                               source=f"huggingface.co/{repo_id} config.json ({path})")
 
 
 def get_model(name_or_path: str) -> ModelArch:

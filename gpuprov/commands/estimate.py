@@ -54,6 +54,8 @@ def build_setup(
                         ("--lora-rank", lora_rank), ("--grad-accumulation", grad_accumulation)):
         if value <= 0:
             raise GpuprovError(f"{flag} must be a positive integer, got {value}")
+    if gpus_per_node is not None and gpus_per_node > 0 and gpus % gpus_per_node:
+        raise GpuprovError(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {gpus_per_node}")
     if gpus_per_node is None:
         gpus_per_node = min(8, gpus)
     if gpus_per_node <= 0:

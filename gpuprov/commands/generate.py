@@ -58,6 +58,10 @@ def generate(spec, output: str | None, force: bool) -> None:
     result = bundle.write_bundle(output, files, force=force)
     kept = f"; kept {len(result.carried)} of your files" if result.carried else ""
     click.echo(_summary(plan, output, result.files) + kept, err=True)
+    if result.cleaned:
+        click.echo(f"note: removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left", err=True)
+    if result.leftover:
+        click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
     click.echo(f"next: gpuprov validate {output} && gpuprov up {output} --dry-run", err=True)
 
 

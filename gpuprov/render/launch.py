@@ -6,15 +6,14 @@ trainer (templates/launch/train.py) is copied as is and reads train.yaml at run 
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shlex
 
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
 from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
+from gpuprov.render.escape import FILTERS, yaml_scalar, yaml_string
 from gpuprov.resources import templates_dir
 
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
@@ -39,7 +38,7 @@ def yaml_value(value, indent: int = 0) -> str:
         if not value:
             return "{}"
         pad = " " * indent
-        lines = [f"{pad}{json.dumps(str(k))}: {yaml_value(v, indent + 2)}" for k, v in value.items()]
+        lines = [f"{pad}{yaml_string(str(k))}: {yaml_value(v, indent + 2)}" for k, v in value.items()]
         return "\n" + "\n".join(lines)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(yaml_value(v) for v in value) + "]"
@@ -51,7 +50,7 @@ def yaml_value(value, indent: int = 0) -> str:
         if "." not in mantissa:
             mantissa += ".0"
         return mantissa + (e + exponent if e else "")
-    return json.dumps(value)  # str, int, bool, None
+    return yaml_scalar(value)  # str, int, bool, None
 
 
 def _run_id(plan: Plan) -> str:
@@ -102,7 +101,7 @@ def render_launch(plan: Plan) -> RenderedFiles:
                              autoescape=False,
                              # bash's ${#array[@]} would open a Jinja comment
                              comment_start_string="<#-", comment_end_string="-#>")
-    env.filters["shq"] = lambda v: shlex.quote(str(v))
+    env.filters.update(FILTERS)
     env.filters["y"] = yaml_value
     ctx = _context(plan)
     files = {}

@@ -8,13 +8,12 @@ On-prem plans get no Terraform: the inventory comes from the user's host list.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 
 from gpuprov.errors import GpuprovError
 from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
+from gpuprov.render.escape import FILTERS, hcl  # noqa: F401 - hcl: the renderer's filter, re-exported
 from gpuprov.resources import templates_dir
 
 CLOUDS = ("aws", "gcp", "azure", "oci")
@@ -25,29 +24,6 @@ AZURE_SINGLE_PLACEMENT_GROUP_MAX = 100
 
 # GCP machine families that accept a compact (COLLOCATED) placement policy.
 GCP_COMPACT_FAMILIES = ("a2-", "a3-", "a4-")
-
-
-def hcl(value: object) -> str:
-    """A Python value as an HCL literal (strings escaped so `${` / `%{` stay literal)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else "null"
-    if isinstance(value, str):
-        return json.dumps(value).replace("${", "$${").replace("%{", "%%{")
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(hcl(v) for v in value) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        width = max(len(json.dumps(str(k))) for k in value)
-        rows = "".join(f"\n    {json.dumps(str(k)).ljust(width)} = {hcl(v)}" for k, v in value.items())
-        return "{" + rows + "\n  }"
-    raise TypeError(f"no HCL literal for {type(value).__name__}")
 
 
 def _slug(text: str, limit: int) -> str:
@@ -121,6 +97,9 @@ def _azure(plan: Plan) -> dict:
 
 
 def _oci(plan: Plan) -> dict:
+    if plan.spec.ssh_cidr:  # the module launches into the user's subnet: its security list decides SSH
+        raise GpuprovError("--ssh-cidr has no effect on OCI (the nodes join your subnet_id); "
+                           "open SSH in that subnet's security list instead")
     return {"shape": plan.instance.name, "boot_volume_size_gb": 512}
 
 
@@ -140,7 +119,7 @@ def render_terraform(plan: Plan) -> RenderedFiles:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(source)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              autoescape=False)
-    env.filters["hcl"] = hcl
+    env.filters.update(FILTERS)
     context = {**_common(plan), **_PER_CLOUD[cloud](plan)}
     files: RenderedFiles = {}
     for path in sorted(p for p in source.rglob("*") if p.is_file()):

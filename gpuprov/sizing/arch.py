@@ -193,6 +193,20 @@ def _req(cfg: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+def _flag(cfg: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    """A JSON boolean (a string "false" would read as true)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise GpuprovError(f"{where}: field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _opt_count(cfg: dict[str, Any], key: str, where: str) -> int | None:
+    return None if cfg.get(key) is None else _req(cfg, key, where)
+
+
 def arch_from_hf_config(
     cfg: dict[str, Any], *, name: str, display_name: str | None = None, source: str = ""
 ) -> ModelArch:
@@ -210,9 +224,10 @@ def arch_from_hf_config(
     layers = _req(cfg, "num_hidden_layers", where)
     inter = _req(cfg, "intermediate_size", where)
     vocab = _req(cfg, "vocab_size", where)
-    kv = cfg.get("num_key_value_heads") or heads
+    kv = heads if cfg.get("num_key_value_heads") is None else cfg["num_key_value_heads"]
     if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or heads % kv:
-        raise GpuprovError(f"{where}: num_key_value_heads {kv!r} must be a positive divisor of {heads} heads")
+        raise GpuprovError(f"{where}: field 'num_key_value_heads' must be a positive divisor of "
+                           f"{heads} heads, got {kv!r}")
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         if hidden % heads:
@@ -228,7 +243,7 @@ def arch_from_hf_config(
             raise GpuprovError(f"{where}: num_experts_per_tok {topk} exceeds num_local_experts {experts}")
     # HF defaults per model_type where config.json omits the key.
     tie_default = model_type == "gemma2"
-    tie = bool(cfg.get("tie_word_embeddings", tie_default))
+    tie = _flag(cfg, "tie_word_embeddings", tie_default, where)
     return ModelArch(
         name=name,
         display_name=display_name or name,
@@ -243,10 +258,10 @@ def arch_from_hf_config(
         num_experts=experts,
         experts_per_token=topk,
         tie_word_embeddings=tie,
-        attention_bias=bool(cfg.get("attention_bias", False)) and model_type in ("llama", "gemma2"),
+        attention_bias=_flag(cfg, "attention_bias", False, where) and model_type in ("llama", "gemma2"),
         qkv_bias=model_type == "qwen2",
-        mlp_bias=bool(cfg.get("mlp_bias", False)) and model_type == "llama",
-        max_position_embeddings=cfg.get("max_position_embeddings"),
+        mlp_bias=_flag(cfg, "mlp_bias", False, where) and model_type == "llama",
+        max_position_embeddings=_opt_count(cfg, "max_position_embeddings", where),
         hf_config=copy.deepcopy(dict(cfg)),
         source=source,
     )

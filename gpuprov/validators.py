@@ -1,0 +1,166 @@
+"""Parse-time checks for every user string that can reach a rendered file, and the input limits.
+
+Used by gpuprov/spec.py (pydantic AfterValidators: a ValueError becomes the field's one-line
+error). Cloud name shapes are catalog data (catalog/data/input_patterns.yaml, with sources);
+host addresses are IPs or RFC 1123 host names; CIDRs are parsed. The renderers still escape every
+value for its target language (gpuprov/render/escape.py): validators keep output tidy, escaping
+keeps it safe.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import unicodedata
+from functools import lru_cache
+
+# Sanity bounds: far past any real run, low enough that arithmetic on them stays exact and fast
+MAX_SEQ_LEN = 2**24  # 16M-token samples
+MAX_BATCH_TOKENS = 2**36  # 64 Gi tokens per optimizer step (Llama 3 405B used 16M)
+MAX_TOKENS = 10**16  # 10 quadrillion training tokens (Llama 3: 15.6T)
+MAX_NODES = 100_000
+MAX_HOSTS = 100_000
+MAX_LORA_RANK = 2**16
+MAX_HOURS = 24 * 365 * 100  # a century
+MAX_USD = 1e15
+MAX_PATH_BYTES = 4096  # PATH_MAX on Linux
+MAX_NAME_BYTES = 255  # NAME_MAX: one path component
+
+HOST_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+USER_PATTERN = "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+SLUG_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.,+ -]{0,127}$"
+REGION_PATTERN = "^[a-z][a-z0-9-]{0,48}[a-z0-9]$"
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_INVENTORY_NAME = re.compile(HOST_NAME_PATTERN.strip("^$"))
+_USER = re.compile(USER_PATTERN.strip("^$"))
+_SLUG = re.compile(SLUG_PATTERN.strip("^$"))
+_REGION_ANY = re.compile(REGION_PATTERN.strip("^$"))
+
+
+@lru_cache(maxsize=1)
+def patterns() -> dict:
+    from gpuprov.catalog import load_data
+
+    return load_data("input_patterns.yaml")
+
+
+def _show(value: str) -> str:
+    return repr(value[:60] + ("..." if len(value) > 60 else ""))
+
+
+def _fullmatch(pattern: str, value: str) -> bool:
+    return re.fullmatch(pattern, value) is not None
+
+
+def host_name(value: str) -> str:
+    """An inventory name: letters, digits, '.', '_', '-' (Ansible's hostname characters), <= 253."""
+    if not _INVENTORY_NAME.fullmatch(value):
+        raise ValueError(f"host name {_show(value)} must be letters, digits, '.', '_' or '-' "
+                         "(starting with a letter or digit, at most 253)")
+    return value
+
+
+def address(value: str) -> str:
+    """An IPv4/IPv6 address or an RFC 1123 host name."""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    labels = value.removesuffix(".").split(".")
+    if len(value) <= 253 and labels and all(_HOST_LABEL.fullmatch(label) for label in labels) \
+            and not labels[-1].isdigit():
+        return value
+    raise ValueError(f"address {_show(value)} is neither an IP address nor an RFC 1123 host name")
+
+
+def user_name(value: str) -> str:
+    if not _USER.fullmatch(value):
+        raise ValueError(f"user {_show(value)} is not a login name (letters, digits, '_', '.', '-'; at most 32)")
+    return value
+
+
+def slug(value: str) -> str:
+    """A catalog name or comma list of names (GPU slugs, LoRA targets)."""
+    if not _SLUG.fullmatch(value):
+        raise ValueError(f"{_show(value)} is not a name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def _safe_text(value: str, what: str) -> None:
+    bad = next((ch for ch in value if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ValueError(f"{what} {_show(value)} holds the control character U+{ord(bad):04X}")
+
+
+def model_ref(value: str) -> str:
+    """A preset name or a config.json path: printable, within the filesystem's limits."""
+    if not value.strip():
+        raise ValueError("model is empty; give a preset name (see `gpuprov models`) or a config.json path")
+    _safe_text(value, "model")
+    if len(value.encode("utf-8")) > MAX_PATH_BYTES:
+        raise ValueError(f"model path is longer than {MAX_PATH_BYTES} bytes")
+    long = next((part for part in value.split("/") if len(part.encode("utf-8")) > MAX_NAME_BYTES), None)
+    if long is not None:
+        raise ValueError(f"model path component {_show(long)} is longer than {MAX_NAME_BYTES} bytes")
+    return value
+
+
+_DISPLAY_PUNCTUATION = set(" ._-/@+:,()[]=~")
+
+
+def display_name(value: object, what: str) -> str:
+    """A model's display name (config.json `_name_or_path`, a folder name): letters, digits and
+    the punctuation model names and paths use; no quotes, `$`, braces, `<>`, `|`, `;`, `#`."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__}")
+    _safe_text(value, what)
+    bad = next((ch for ch in value if not (ch.isalnum() or ch in _DISPLAY_PUNCTUATION)), None)
+    if bad is not None:
+        raise ValueError(f"{what} {_show(value)} holds {bad!r}; use letters, digits and {''.join(sorted(_DISPLAY_PUNCTUATION))}")
+    if not value.strip() or len(value) > 256:
+        raise ValueError(f"{what} must be 1 to 256 characters")
+    return value
+
+
+def region(value: str) -> str:
+    """Lowercase letters, digits and '-': what every cloud's region names share (per cloud: region_for)."""
+    if not _REGION_ANY.fullmatch(value):
+        raise ValueError(f"region {_show(value)} is not a region name (lowercase letters, digits, '-')")
+    return value
+
+
+def region_for(cloud: str, value: str) -> str | None:
+    """Why `value` is not a region of `cloud` (None: it has the cloud's shape)."""
+    entry = (patterns().get("regions") or {}).get(cloud)
+    if entry is None or _fullmatch(entry["pattern"], value):
+        return None
+    return f"region {_show(value)} is not {'an' if cloud[0] in 'aeio' else 'a'} {cloud} region name (e.g. {entry['example']})"
+
+
+def cidr(value: str) -> str:
+    """An IPv4/IPv6 network; host bits set is an error (the cloud would reject or widen it)."""
+    if "/" not in value:
+        raise ValueError(f"ssh_cidr {_show(value)} needs a prefix length, e.g. 203.0.113.0/24 (a /32 for one address)")
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError as exc:
+        message = str(exc)
+        if "host bits set" in message:
+            network = ipaddress.ip_network(value, strict=False)
+            raise ValueError(f"ssh_cidr {_show(value)} has host bits set; did you mean {network}?") from None
+        raise ValueError(f"ssh_cidr {_show(value)} is not a CIDR block such as 203.0.113.0/24") from None
+
+
+def _catalog_pattern(key: str, value: str, what: str) -> str:
+    entry = patterns()[key]
+    if not _fullmatch(entry["pattern"], value):
+        raise ValueError(f"{what} {_show(value)} does not look like one (e.g. {entry['example']})")
+    return value
+
+
+def aws_reservation_id(value: str) -> str:
+    return _catalog_pattern("aws_capacity_reservation_id", value, "capacity reservation id")
+
+
+def gcp_reservation(value: str) -> str:
+    return _catalog_pattern("gcp_reservation", value, "GCP reservation name")
