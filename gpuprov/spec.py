@@ -53,3 +53,8 @@ class TrainingSpec(BaseModel):
     ssh_cidr: str | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
     capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
     reservation: str | None = Field(None, description="GCP reservation name")
+    purchase: list[Literal["on-demand", "spot", "capacity-block", "reservation", "flex-start"]] | None = Field(
+        None, description="Purchase options allowed (default: on-demand, flex-start, plus the reservation "
+                          "or Capacity Block given)")
+    placement_group: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$",
+                                        description="AWS: launch into this existing placement group")
