@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from gpuprov.render.terraform import render_terraform
-from plan_fixtures import sample_plan
+from plan_fixtures import sample_plan, with_bringup
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "data" / "provider_schemas"
 PROVIDER_OF = {"aws": "aws", "gcp": "google", "azure": "azurerm", "oci": "oci"}
@@ -27,11 +27,11 @@ def _variant(plan, **instance):
     if fabric:
         update["fabric"] = plan.fabric.model_copy(
             update={"name": fabric.get("fabric_name", plan.fabric.name), "mtu": fabric.get("mtu", plan.fabric.mtu)})
-    return plan.model_copy(update=update)
+    return with_bringup(plan.model_copy(update=update))
 
 
 def _with_spec(plan, **spec):
-    return plan.model_copy(update={"spec": plan.spec.model_copy(update=spec)})
+    return with_bringup(plan.model_copy(update={"spec": plan.spec.model_copy(update=spec)}))
 
 
 def plans() -> dict[str, object]:
@@ -154,8 +154,9 @@ def traversals(node: object) -> Iterator[list[str | None]]:
             tail = [s.get("Name") if "Name" in s else None for s in each.get("Traversal") or []]
             yield head + [None] + tail
             return
-        for value in node.values():
-            yield from traversals(value)
+        for key, value in node.items():
+            if key not in ("IgnoreChanges", "ignore_changes"):  # names the resource's own attributes
+                yield from traversals(value)
     elif isinstance(node, list):
         for item in node:
             yield from traversals(item)
@@ -282,8 +283,8 @@ def schema_problems(module: dict, schema: dict) -> list[str]:
 
 # Values for the variables that have no default (what a user puts in terraform.tfvars).
 REQUIRED_INPUTS = {
-    "aws": {"subnet_id": "subnet-0123456789abcdef0"},
-    "gcp": {"project_id": "my-project", "zone": "us-central1-a"},
+    "aws": {"subnet_id": "subnet-0123456789abcdef0", "key_name": "my-keypair"},
+    "gcp": {"project_id": "my-project", "zone": "us-central1-a", "ssh_user": "you_example_com"},
     "azure": {"ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample test@example"},
     "oci": {"compartment_ocid": "ocid1.compartment.oc1..aaaaexample",
             "availability_domain": "Uocm:US-ASHBURN-AD-1", "subnet_id": "ocid1.subnet.oc1.iad.aaaaexample",

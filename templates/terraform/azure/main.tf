@@ -29,6 +29,7 @@ resource "azurerm_proximity_placement_group" "this" {
 ################################################################################
 
 resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
+  #checkov:skip=CKV_AZURE_97:Encryption at host needs the EncryptionAtHost feature registered on the subscription, or creation fails; managed disks stay encrypted at rest by the platform. Set encryption_at_host = true once it is registered.
   name                 = "${var.name_prefix}-vmss"
   location             = azurerm_resource_group.this.location
   resource_group_name  = azurerm_resource_group.this.name
@@ -46,8 +47,13 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
   admin_username                  = var.admin_username
   disable_password_authentication = true
   encryption_at_host_enabled      = var.encryption_at_host
-  provision_vm_agent              = true
-  extension_operations_enabled    = true
+
+  # Spot VMs are deleted when Azure reclaims them (the run resumes from its checkpoint).
+  priority                     = var.purchase_option == "spot" ? "Spot" : "Regular"
+  eviction_policy              = var.purchase_option == "spot" ? "Delete" : null
+  max_bid_price                = var.purchase_option == "spot" ? -1 : null
+  provision_vm_agent           = true
+  extension_operations_enabled = true
 
   admin_ssh_key {
     username   = var.admin_username

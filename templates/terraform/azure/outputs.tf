@@ -22,9 +22,14 @@ output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
     all = {
+      vars = {
+        ansible_user            = var.admin_username
+        ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
+        shared_storage          = null
+      }
       children = {
         gpu_nodes = {
-          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = vm.private_ip_address } }
+          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = vm.private_ip_address, private_ip = vm.private_ip_address } }
         }
       }
     }

@@ -5,6 +5,10 @@ provider "oci" {
   region = var.region
 }
 
+data "oci_core_subnet" "nodes" {
+  subnet_id = var.subnet_id
+}
+
 locals {
   # Oracle Cloud Agent plugins that authenticate and configure the RDMA NICs of a cluster network,
   # plus the GPU/RDMA health monitor.
@@ -13,6 +17,8 @@ locals {
     "Compute HPC RDMA Auto-Configuration",
     "Compute RDMA GPU Monitoring",
   ]
+
+  node_names = [for i in range(var.node_count) : format("%s-node-%02d", var.name_prefix, i)]
 }
 
 ################################################################################
@@ -31,7 +37,6 @@ resource "oci_core_instance_configuration" "node" {
       availability_domain                 = var.availability_domain
       compartment_id                      = var.compartment_ocid
       shape                               = var.shape
-      display_name                        = "${var.name_prefix}-node"
       is_pv_encryption_in_transit_enabled = true
       freeform_tags                       = var.freeform_tags
 
@@ -43,6 +48,7 @@ resource "oci_core_instance_configuration" "node" {
       create_vnic_details {
         subnet_id        = var.subnet_id
         assign_public_ip = false
+        nsg_ids          = [oci_core_network_security_group.nodes.id]
       }
 
       source_details {

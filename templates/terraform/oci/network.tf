@@ -4,6 +4,38 @@
 # The front-end subnet is the user's (subnet_id); OCI wires the RDMA NICs of every instance in
 # the cluster network to one non-blocking RDMA fabric.
 
+# The front-end subnet's default security list allows SSH and ICMP only: NCCL bootstrap, torchrun's
+# rendezvous and the shared filesystem need all traffic between the nodes (an NSG self rule,
+# stateless both ways: no connection tracking on the nodes' own traffic).
+resource "oci_core_network_security_group" "nodes" {
+  compartment_id = var.compartment_ocid
+  vcn_id         = data.oci_core_subnet.nodes.vcn_id
+  display_name   = "${var.name_prefix}-nodes"
+  freeform_tags  = var.freeform_tags
+}
+
+resource "oci_core_network_security_group_security_rule" "self_ingress" {
+  #checkov:skip=CKV2_OCI_2:The source is the nodes' own NSG, not the internet: RDP (like every port) is open only between the cluster's nodes, which NCCL and the rendezvous need.
+  network_security_group_id = oci_core_network_security_group.nodes.id
+  direction                 = "INGRESS"
+  protocol                  = "all"
+  stateless                 = true
+  source_type               = "NETWORK_SECURITY_GROUP"
+  source                    = oci_core_network_security_group.nodes.id
+  description               = "All traffic from the other nodes (NCCL, rendezvous, NFS)"
+}
+
+resource "oci_core_network_security_group_security_rule" "self_egress" {
+  #checkov:skip=CKV2_OCI_2:The destination is the nodes' own NSG: all ports are open only between the cluster's nodes, which NCCL and the rendezvous need.
+  network_security_group_id = oci_core_network_security_group.nodes.id
+  direction                 = "EGRESS"
+  protocol                  = "all"
+  stateless                 = true
+  destination_type          = "NETWORK_SECURITY_GROUP"
+  destination               = oci_core_network_security_group.nodes.id
+  description               = "All traffic to the other nodes (NCCL, rendezvous, NFS)"
+}
+
 resource "oci_core_cluster_network" "this" {
   compartment_id = var.compartment_ocid
   display_name   = "${var.name_prefix}-cluster"
