@@ -295,9 +295,25 @@ REQUIRED_INPUTS = {
 
 def source_text(directory: Path, expr: dict) -> str:
     """The exact source text of a loaded expression (from its byte range)."""
-    rng = expr["SrcRange"]
+    rng = expr.get("SrcRange")
+    if rng is None:  # a function call has NameRange ... CloseParenRange: span every range inside
+        ranges = list(_ranges(expr))
+        rng = {"Filename": ranges[0]["Filename"], "Start": min((r["Start"] for r in ranges), key=lambda p: p["Byte"]),
+               "End": max((r["End"] for r in ranges), key=lambda p: p["Byte"])}
     data = Path(rng["Filename"]).read_bytes()
     return data[rng["Start"]["Byte"]:rng["End"]["Byte"]].decode()
+
+
+def _ranges(node: object) -> Iterator[dict]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key.endswith("Range") and isinstance(value, dict) and "Start" in value:
+                yield value
+            else:
+                yield from _ranges(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _ranges(item)
 
 
 def evaluate(workdir: Path, rendered: Path, outputs: dict[str, str], tfvars: dict | str,
