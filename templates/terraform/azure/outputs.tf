@@ -25,7 +25,7 @@ output "ansible_inventory" {
       vars = {
         ansible_user            = var.admin_username
         ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
-        shared_storage          = null
+        shared_storage_mount    = null
       }
       children = {
         gpu_nodes = {

@@ -30,7 +30,7 @@ output "ansible_inventory" {
       vars = {
         ansible_user            = var.ssh_user
         ansible_ssh_common_args = "-o ProxyCommand=\"${local.ssh_proxy}\""
-        shared_storage          = local.shared_storage
+        shared_storage_mount    = local.shared_storage
       }
       children = {
         gpu_nodes = {

@@ -25,7 +25,7 @@ output "ansible_inventory" {
       vars = {
         ansible_user            = var.ssh_user
         ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
-        shared_storage          = local.shared_storage
+        shared_storage_mount    = local.shared_storage
       }
       children = {
         gpu_nodes = {
