@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("gpuprov.commands.gitops", "check", "Regenerate a bundle from its lock and report drift (exit 1)."),
     "validate": ("gpuprov.commands.gitops", "validate", "Run Terraform, Ansible and shell checks on a bundle."),
     "up": ("gpuprov.commands.up", "up", "Bring a bundle's cluster up: terraform, inventory, ansible, health check."),
+    "down": ("gpuprov.commands.up", "down", "Destroy a bundle's cluster (terraform destroy; --dry-run prints it)."),
 }
 
 
