@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.errors import GpuprovError
 
 
 def priced_pool(pool: list[Any], spec: Any) -> tuple[list[Any], list[Any]]:
@@ -28,6 +29,20 @@ def priced_pool(pool: list[Any], spec: Any) -> tuple[list[Any], list[Any]]:
         kept.append(dataclasses.replace(inst, purchase=offer.option, price_per_hour_usd=offer.price_per_hour_usd,
                                         price_date=offer.price_date, price_source=offer.price_source))
     return kept, unbuyable
+
+
+def check_region(spec: Any) -> None:
+    """Refuse a region the cloud does not publish (a typo would otherwise reach terraform apply)."""
+    if not spec.region or spec.cloud in ("any", "onprem"):
+        return
+    names, source = cat.known_regions(spec.cloud)
+    if names and spec.region not in names:
+        import difflib
+
+        close = difflib.get_close_matches(spec.region, names, n=2)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise GpuprovError(f"--region {spec.region}: not a region of {spec.cloud}{hint} (known regions: {source}; "
+                           "a new region goes into gpuprov/catalog/data/bringup.yaml)")
 
 
 def unbuyable_hint(spec: Any, unbuyable: list[Any]) -> str:

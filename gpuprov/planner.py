@@ -640,6 +640,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     if spec.gpus:
         for g in spec.gpus:
             get_gpu(g)  # unknown slug -> GpuprovError with suggestions
+    bringup_plan.check_region(spec)
     # each type priced at the purchase option it would be bought with; unbuyable types drop out
     pool, unbuyable = bringup_plan.priced_pool(pool, spec)
     result = search(spec, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)

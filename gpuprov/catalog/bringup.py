@@ -159,3 +159,13 @@ def shared_size_gib(entry: dict, need_bytes: int) -> int:
     if entry["kind"] == "fsx-lustre":  # 1200, 2400, then multiples of 2400
         return max(2400, math.ceil(need / step) * step)
     return low + math.ceil((need - low) / step) * step
+
+
+def known_regions(cloud: str) -> tuple[tuple[str, ...], str]:
+    entry = _bringup()["regions"].get(cloud)
+    return (tuple(entry["names"]), entry["source"]) if entry else ((), "")
+
+
+def quota(cloud: str) -> dict | None:
+    entry = _bringup()["quotas"].get(cloud)
+    return dict(entry) if entry else None

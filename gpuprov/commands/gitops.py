@@ -242,12 +242,33 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
 )
 
 
+def _preflight(root: Path, live: bool) -> int:
+    """Print the pre-flight checks (cloud rules; live ones when the CLI is logged in); failures."""
+    from gpuprov import bundle
+    from gpuprov.plan import Plan
+    from gpuprov.preflight import preflight
+
+    try:
+        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0  # "plan fits" has reported it
+    failed = 0
+    for check in preflight(plan, root, live=live):
+        click.echo(f"{check.status:4s}  {check.name:17s} {check.detail}")
+        if check.fix:
+            click.echo(f"      {'':17s} fix: {check.fix}")
+        failed += check.status == "fail"
+    return failed
+
+
 @click.command()
 @click.argument("directory", metavar="DIR")
 @click.option("--strict", is_flag=True, help="A check that cannot run (tool missing) counts as a failure")
+@click.option("--offline", is_flag=True, help="Skip the live cloud checks (aws/gcloud) even when logged in")
 @click.pass_context
-def validate(ctx: click.Context, directory: str, strict: bool) -> None:
-    """Run Terraform, Ansible and shell checks on a bundle, and re-check the plan still fits."""
+def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) -> None:
+    """Run Terraform, Ansible and shell checks on a bundle, re-check the plan still fits, and the
+    cloud's pre-flight rules (purchase option, region, reservation zone, quota; live with the CLI)."""
     from gpuprov import bundle
 
     root = _bundle_dir(directory)
@@ -260,5 +281,6 @@ def validate(ctx: click.Context, directory: str, strict: bool) -> None:
             status, detail = "fail", f"{exc.strerror or exc}"
         click.echo(f"{status:4s}  {name:17s} {detail}")
         failed += status == "fail" or (strict and status == "skip")
+    failed += _preflight(root, live=not offline)
     if failed:
         raise DriftError(f"{root}: {failed} check(s) failed")
