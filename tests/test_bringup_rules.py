@@ -283,3 +283,26 @@ def test_names_are_unique_per_bundle():
         assert re.fullmatch(r'"[a-z][a-z0-9-]{1,23}"', value), value
     azure = render_terraform(sample_plan("azure"))
     assert sample_plan("azure").bundle_id in default_of(azure, "resource_group_name")
+
+
+TAGS_LOCAL = {"aws": "tags", "gcp": "labels", "azure": "tags", "oci": "freeform_tags"}
+BACKEND = {"aws": "s3", "gcp": "gcs", "azure": "azurerm", "oci": "oci"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "oci"])
+def test_owner_and_expiry_tag_every_resource_and_state_has_a_backend_example(cloud, tmp_path):
+    inst = next(i for i in CLOUD_TYPES if i.cloud == cloud and i.gpus == 8 and i.fabric != "ethernet")
+    directory = render_to(tmp_path / "tf", plan_for(inst, cat.offered_options(inst)[0]))
+    module = load_module(directory)
+    name = TAGS_LOCAL[cloud]
+    expr = source_text(directory, module["Locals"][name]["Expr"])
+    tfvars = {**REQUIRED_INPUTS[cloud], "owner": "ml-team", "expires_on": "2026-12-31"}
+    code, values, error = evaluate(tmp_path / "eval", directory, {"t": f"local.{name}"}, tfvars, locals_={name: expr})
+    assert code == 0, error
+    assert values["t"]["owner"] == "ml-team" and values["t"]["expires-on"] == "2026-12-31"
+    assert values["t"]["managed-by"] == "gpuprov"
+    text = "\n".join((directory / f).read_text() for f in ("main.tf", "network.tf", "storage.tf", "outputs.tf")
+                     if (directory / f).exists())
+    assert f"var.{name}" not in text.replace(f"merge(var.{name}", "")  # every resource takes the merged map
+    assert f'# backend "{BACKEND[cloud]}" {{' in (directory / "versions.tf").read_text()

@@ -6,8 +6,13 @@ provider "aws" {
   region = var.region
 
   default_tags {
-    tags = var.tags
+    tags = local.tags
   }
+}
+
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  tags = merge(var.tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
 }
 
 ################################################################################
@@ -185,7 +190,7 @@ resource "aws_launch_template" "node" {
 
   tag_specifications {
     resource_type = "volume"
-    tags          = var.tags
+    tags          = local.tags
   }
 
   lifecycle {

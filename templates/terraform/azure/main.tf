@@ -6,6 +6,11 @@ provider "azurerm" {
   features {}
 }
 
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  tags = merge(var.tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
+}
+
 ################################################################################
 # Resource group
 ################################################################################
@@ -13,7 +18,7 @@ provider "azurerm" {
 resource "azurerm_resource_group" "this" {
   name     = var.resource_group_name
   location = var.location
-  tags     = var.tags
+  tags     = local.tags
 }
 
 resource "azurerm_proximity_placement_group" "this" {
@@ -21,7 +26,7 @@ resource "azurerm_proximity_placement_group" "this" {
   location            = azurerm_resource_group.this.location
   resource_group_name = azurerm_resource_group.this.name
   allowed_vm_sizes    = [var.vm_size]
-  tags                = var.tags
+  tags                = local.tags
 }
 
 ################################################################################
@@ -87,7 +92,7 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
 
   boot_diagnostics {}
 
-  tags = var.tags
+  tags = local.tags
 
   depends_on = [azurerm_subnet_nat_gateway_association.nodes]
 }

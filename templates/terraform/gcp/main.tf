@@ -6,7 +6,12 @@ provider "google" {
   project        = var.project_id
   region         = var.region
   zone           = var.zone
-  default_labels = var.labels
+  default_labels = local.labels
+}
+
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  labels = merge(var.labels, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
 }
 
 locals {
@@ -65,7 +70,7 @@ resource "google_compute_instance" "node" {
   machine_type      = var.machine_type
   zone              = var.zone
   resource_policies = google_compute_resource_policy.placement[*].id
-  labels            = var.labels
+  labels            = local.labels
 
   boot_disk {
     initialize_params {

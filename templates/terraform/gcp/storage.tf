@@ -9,7 +9,7 @@ resource "google_filestore_instance" "shared" {
   name     = "${var.name_prefix}-shared"
   location = var.zone
   tier     = var.shared_storage_tier
-  labels   = var.labels
+  labels   = local.labels
 
   file_shares {
     name        = "shared"

@@ -5,6 +5,11 @@ provider "oci" {
   region = var.region
 }
 
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  freeform_tags = merge(var.freeform_tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
+}
+
 data "oci_core_subnet" "nodes" {
   subnet_id = var.subnet_id
 }
@@ -28,7 +33,7 @@ locals {
 resource "oci_core_instance_configuration" "node" {
   compartment_id = var.compartment_ocid
   display_name   = "${var.name_prefix}-node"
-  freeform_tags  = var.freeform_tags
+  freeform_tags  = local.freeform_tags
 
   instance_details {
     instance_type = "compute"
@@ -38,7 +43,7 @@ resource "oci_core_instance_configuration" "node" {
       compartment_id                      = var.compartment_ocid
       shape                               = var.shape
       is_pv_encryption_in_transit_enabled = true
-      freeform_tags                       = var.freeform_tags
+      freeform_tags                       = local.freeform_tags
 
       metadata = {
         ssh_authorized_keys = var.ssh_public_key

@@ -11,7 +11,7 @@ resource "oci_core_network_security_group" "nodes" {
   compartment_id = var.compartment_ocid
   vcn_id         = data.oci_core_subnet.nodes.vcn_id
   display_name   = "${var.name_prefix}-nodes"
-  freeform_tags  = var.freeform_tags
+  freeform_tags  = local.freeform_tags
 }
 
 resource "oci_core_network_security_group_security_rule" "self_ingress" {
@@ -39,7 +39,7 @@ resource "oci_core_network_security_group_security_rule" "self_egress" {
 resource "oci_core_cluster_network" "this" {
   compartment_id = var.compartment_ocid
   display_name   = "${var.name_prefix}-cluster"
-  freeform_tags  = var.freeform_tags
+  freeform_tags  = local.freeform_tags
 
   instance_pools {
     instance_configuration_id = oci_core_instance_configuration.node.id

@@ -12,7 +12,7 @@ resource "oci_file_storage_file_system" "shared" {
   availability_domain = var.availability_domain
   compartment_id      = var.compartment_ocid
   display_name        = "${var.name_prefix}-shared"
-  freeform_tags       = var.freeform_tags
+  freeform_tags       = local.freeform_tags
 }
 
 resource "oci_file_storage_mount_target" "shared" {
@@ -23,7 +23,7 @@ resource "oci_file_storage_mount_target" "shared" {
   subnet_id           = var.subnet_id
   display_name        = "${var.name_prefix}-shared"
   nsg_ids             = [oci_core_network_security_group.nodes.id]
-  freeform_tags       = var.freeform_tags
+  freeform_tags       = local.freeform_tags
 }
 
 resource "oci_file_storage_export" "shared" {
