@@ -107,7 +107,7 @@ def test_planner_default_70b_is_buyable_and_p5e_only_with_a_block():
 # ---- the modules' decisions, evaluated by Terraform --------------------------------------------
 
 DECISIONS = {"aws": ("market_type", "create_placement_group"),
-             "gcp": ("provisioning_model", "standard_model", "termination_action", "reservation_affinity",
+             "gcp": ("reserved_model", "provisioning_model", "standard_model", "termination_action", "reservation_affinity",
                      "compact_placement")}
 
 

@@ -26,9 +26,9 @@ locals {
   )
 
   # The purchase option as provisioning model. a3-ultra/a4 consume a reservation RESERVATION_BOUND.
-  provisioning_model = lookup({ spot = "SPOT", "flex-start" = "FLEX_START" }, var.purchase_option,
-  var.purchase_option == "reservation" && var.reservation_bound ? "RESERVATION_BOUND" : "STANDARD")
-  standard_model = contains(["STANDARD", "RESERVATION_BOUND"], local.provisioning_model)
+  reserved_model     = var.reservation_bound ? "RESERVATION_BOUND" : "STANDARD"
+  provisioning_model = lookup({ spot = "SPOT", "flex-start" = "FLEX_START", reservation = local.reserved_model }, var.purchase_option, "STANDARD")
+  standard_model     = contains(["STANDARD", "RESERVATION_BOUND"], local.provisioning_model)
   # Spot and flex-start VMs are deleted when reclaimed or at the end of their run; Terraform recreates them.
   termination_action = local.standard_model ? null : "DELETE"
   # Flex-start VMs take no reservation; a named reservation is consumed specifically.
