@@ -231,7 +231,7 @@ class Access(_Strict):
 class SharedStorage(_Strict):
     """The shared filesystem multi-node checkpoints land on (node-local RAID0 stays scratch)."""
 
-    kind: Literal["fsx-lustre", "filestore", "oci-fss", "nfs"]
+    kind: Literal["fsx-lustre", "filestore", "amlfs", "oci-fss", "nfs"]
     size_gib: int  # 0: elastic (no size to provision)
     need_bytes: int  # checkpoints kept + dataset share it was sized for
     mount_point: str = SHARED_MOUNT

@@ -57,7 +57,7 @@ RESOURCES = {
                      "azurerm_subnet_network_security_group_association", "azurerm_proximity_placement_group",
                      "azurerm_public_ip", "azurerm_nat_gateway", "azurerm_nat_gateway_public_ip_association",
                      "azurerm_subnet_nat_gateway_association",
-                     "azurerm_linux_virtual_machine_scale_set"],
+                     "azurerm_linux_virtual_machine_scale_set", "azurerm_managed_lustre_file_system"],
         "data": ["azurerm_virtual_machine_scale_set"],
     },
     "oci": {

@@ -4,9 +4,10 @@ anything (ansible-playbook, connection local, check mode)."""
 
 from __future__ import annotations
 
-import yaml
+from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_helpers import ANSIBLE_PLAYBOOK, playbook, private_dir, recap, write_files, write_local_inventory
 from gpuprov.catalog import bringup as cat
@@ -17,7 +18,7 @@ from plan_fixtures import sample_plan
 pytestmark = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 
 
-@pytest.mark.parametrize("cloud", ["aws", "gcp", "oci"])
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "oci"])
 def test_multi_node_plans_get_shared_storage_sized_from_the_catalog(cloud):
     plan = sample_plan(cloud, nodes=4)
     entry = cat.shared_storage(cloud)
@@ -68,3 +69,8 @@ def test_role_does_nothing_without_a_filesystem_and_refuses_a_bad_one():
         assert bad.returncode != 0
         assert "shared_storage_mount must be" in bad.stdout
         assert recap(bad.stdout)["changed"] == 0
+        if not Path("/sbin/mount.lustre").exists():  # Azure's case: the client must come with the image
+            lustre = _run(root, {"fstype": "lustre", "client": "image", "source": "10.0.0.4@tcp:/lustrefs",
+                                 "mount_point": "/shared", "options": "noatime,flock"})
+            assert lustre.returncode != 0 and "/sbin/mount.lustre is missing" in lustre.stdout
+            assert recap(lustre.stdout)["changed"] == 0

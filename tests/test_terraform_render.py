@@ -17,7 +17,7 @@ from terraform_support import (
 PLANS = plans()
 MODULE_FILES = {"versions.tf", "main.tf", "network.tf", "variables.tf", "outputs.tf", "terraform.tfvars.example",
                 "storage.tf"}
-NO_STORAGE_FILE = {"azure"}  # no managed shared filesystem rendered there yet
+NO_STORAGE_FILE: set[str] = set()  # every cloud renders its shared filesystem
 PROVIDER_SOURCE = {"aws": "hashicorp/aws", "gcp": "hashicorp/google", "azure": "hashicorp/azurerm", "oci": "oracle/oci"}
 # Variables that carry the plan's instance type, per cloud.
 INSTANCE_VARIABLE = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}

@@ -150,7 +150,11 @@ def _azure(plan: Plan) -> dict:
         raise GpuprovError(
             f"Azure: {plan.cluster.nodes} nodes exceed the {AZURE_SINGLE_PLACEMENT_GROUP_MAX}-VM limit of one "
             "InfiniBand scale set (single_placement_group); plan at most 100 nodes")
-    return {"vm_size": plan.instance.name, "os_disk_size_gb": 512, "image_ref": dict(plan.image.ref)}
+    shared = plan.shared_storage
+    return {"vm_size": plan.instance.name, "os_disk_size_gb": 512, "image_ref": dict(plan.image.ref),
+            "shared_storage_tib": shared.size_gib // 1024 if shared else 0,
+            "shared_storage_sku": shared.options.get("sku", "AMLFS-Durable-Premium-500") if shared
+            else "AMLFS-Durable-Premium-500"}
 
 
 def _oci(plan: Plan) -> dict:

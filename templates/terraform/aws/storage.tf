@@ -25,6 +25,7 @@ locals {
   # What the shared_storage role mounts (null: no shared filesystem in this bundle).
   shared_storage = var.shared_storage_gib > 0 ? {
     fstype      = "lustre"
+    client      = "fsx"
     source      = "${one(aws_fsx_lustre_file_system.shared[*].dns_name)}@tcp:/${one(aws_fsx_lustre_file_system.shared[*].mount_name)}"
     mount_point = var.shared_mount_point
     options     = "noatime,flock"

@@ -18,6 +18,11 @@ output "scale_set_id" {
   value       = azurerm_linux_virtual_machine_scale_set.nodes.id
 }
 
+output "shared_storage" {
+  description = "The shared filesystem for checkpoints (null: none)"
+  value       = local.shared_storage
+}
+
 output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
@@ -25,7 +30,7 @@ output "ansible_inventory" {
       vars = {
         ansible_user            = var.admin_username
         ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
-        shared_storage_mount    = null
+        shared_storage_mount    = local.shared_storage
       }
       children = {
         gpu_nodes = {
