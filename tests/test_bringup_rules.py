@@ -306,3 +306,19 @@ def test_owner_and_expiry_tag_every_resource_and_state_has_a_backend_example(clo
                      if (directory / f).exists())
     assert f"var.{name}" not in text.replace(f"merge(var.{name}", "")  # every resource takes the merged map
     assert f'# backend "{BACKEND[cloud]}" {{' in (directory / "versions.tf").read_text()
+
+
+def test_purchase_flag_end_to_end():
+    """--purchase reaches the plan (and its risk note); a bad option is one line, exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "gpuprov", "plan", "--model", "8b", "--cloud", "aws", "--objective", "time"]
+    ok = subprocess.run(run + ["--purchase", "spot", "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    plan = json.loads(ok.stdout)
+    assert plan["purchase"]["option"] == "spot" and plan["purchase"]["preemptible"] is True
+    assert any("checkpoint/resume" in n for n in plan["notes"])
+    bad = subprocess.run(run + ["--purchase", "spot,bogus"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
