@@ -58,8 +58,11 @@ def unbuyable_hint(spec: Any, unbuyable: list[Any]) -> str:
 
 
 def bundle_id(spec: Any) -> str:
-    """Six hex digits from the spec: the same spec gives the same names, another spec other names."""
-    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:6]
+    """Six hex digits from the spec: the same spec gives the same names, another spec other names.
+
+    Only the values the user set count: a gpuprov release that adds a spec field (with a default)
+    must not rename, and so replace, a running cluster's resources."""
+    return hashlib.sha256(spec.model_dump_json(exclude_defaults=True).encode()).hexdigest()[:6]
 
 
 def _purchase(spec: Any, inst: Any) -> Any:

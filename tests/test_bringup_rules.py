@@ -322,3 +322,13 @@ def test_purchase_flag_end_to_end():
     assert any("checkpoint/resume" in n for n in plan["notes"])
     bad = subprocess.run(run + ["--purchase", "spot,bogus"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_bundle_id_ignores_fields_left_at_their_default():
+    """A release that adds a spec field must not rename (and so replace) running resources."""
+    from gpuprov.bringup_plan import bundle_id
+    from gpuprov.spec import TrainingSpec
+
+    spec = TrainingSpec(model="70b", cloud="aws")
+    assert bundle_id(spec) == bundle_id(TrainingSpec(model="70b", cloud="aws", purchase=None))
+    assert bundle_id(spec) != bundle_id(TrainingSpec(model="70b", cloud="aws", tokens=20 * 10**9))
