@@ -57,12 +57,17 @@ def unbuyable_hint(spec: Any, unbuyable: list[Any]) -> str:
             f"--capacity-reservation-id")
 
 
-def bundle_id(spec: Any) -> str:
-    """Six hex digits from the spec: the same spec gives the same names, another spec other names.
+# What names a deployment: changing the token count, the deadline or the batch must not rename
+# (and so replace) running resources; a second bundle for the same model, task and place sets
+# name_prefix in terraform.tfvars.
+IDENTITY_FIELDS = {"model", "task", "cloud", "region", "gpus"}
 
-    Only the values the user set count: a gpuprov release that adds a spec field (with a default)
-    must not rename, and so replace, a running cluster's resources."""
-    return hashlib.sha256(spec.model_dump_json(exclude_defaults=True).encode()).hexdigest()[:6]
+
+def bundle_id(spec: Any) -> str:
+    """Six hex digits from the spec fields that name the deployment (only those the user set, so a
+    release that adds a spec field renames nothing)."""
+    identity = spec.model_dump_json(include=IDENTITY_FIELDS, exclude_defaults=True)
+    return hashlib.sha256(identity.encode()).hexdigest()[:6]
 
 
 def _purchase(spec: Any, inst: Any) -> Any:

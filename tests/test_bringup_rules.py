@@ -331,4 +331,7 @@ def test_bundle_id_ignores_fields_left_at_their_default():
 
     spec = TrainingSpec(model="70b", cloud="aws")
     assert bundle_id(spec) == bundle_id(TrainingSpec(model="70b", cloud="aws", purchase=None))
-    assert bundle_id(spec) != bundle_id(TrainingSpec(model="70b", cloud="aws", tokens=20 * 10**9))
+    # retuning the run (tokens, deadline) keeps the names; another model or region gets its own
+    assert bundle_id(spec) == bundle_id(TrainingSpec(model="70b", cloud="aws", tokens=20 * 10**9, deadline_hours=48))
+    assert bundle_id(spec) != bundle_id(TrainingSpec(model="70b", cloud="aws", region="us-west-2"))
+    assert bundle_id(spec) != bundle_id(TrainingSpec(model="8b", cloud="aws"))
