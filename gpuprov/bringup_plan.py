@@ -92,11 +92,14 @@ def _image(cloud: str) -> Any:
                  source=entry["source"])
 
 
-def _access(cloud: str, image_user: str | None, hosts: Any) -> Any:
+def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
     from gpuprov.plan import Access
 
     entry = cat.access(cloud)
     user = image_user if cloud != "onprem" else None  # on-prem: per host, from the hosts file
+    if entry["method"] == "bastion" and spec.ssh_cidr:
+        # the alternative to a bastion: public node addresses, SSH from that CIDR only
+        return Access(method="ssh", user=user, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
     return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), source=entry["source"])
 
 
@@ -120,7 +123,7 @@ def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, An
     return {
         "purchase": _purchase(spec, inst),
         "image": image,
-        "access": _access(cloud, image.user if image else None, spec.hosts),
+        "access": _access(cloud, image.user if image else None, spec),
         "shared_storage": _shared(cloud, nodes, needs, spec.tokens),
         "bundle_id": bundle_id(spec),
     }

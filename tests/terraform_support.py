@@ -56,6 +56,9 @@ def plans() -> dict[str, object]:
         "azure-100": sample_plan("azure", nodes=100, sharding="fsdp"),
         "oci-2": sample_plan("oci", nodes=2),
         "oci-8-lora": sample_plan("oci", nodes=8, task="lora"),
+        # public node addresses, SSH from one CIDR only (no bastion needed)
+        "azure-2-ssh": _with_spec(sample_plan("azure", nodes=2), ssh_cidr="203.0.113.0/24"),
+        "oci-2-ssh": _with_spec(sample_plan("oci", nodes=2), ssh_cidr="203.0.113.0/24"),
     }
 
 

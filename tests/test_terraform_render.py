@@ -219,6 +219,13 @@ INVENTORY_VARS = {
      '[{ display_name = "same", private_ip = "10.0.0.5" }, { display_name = "same", private_ip = "10.0.0.6" }]',
      {"NAME-node-00": {"ansible_host": "10.0.0.5", "private_ip": "10.0.0.5"},
       "NAME-node-01": {"ansible_host": "10.0.0.6", "private_ip": "10.0.0.6"}}),
+    # with ssh_cidr the nodes have public addresses and Ansible uses them
+    ("azure-2-ssh", "data.azurerm_virtual_machine_scale_set.nodes.instances",
+     '[{ computer_name = "n-00", private_ip_address = "10.0.0.5", public_ip_address = "198.51.100.5" }]',
+     {"n-00": {"ansible_host": "198.51.100.5", "private_ip": "10.0.0.5"}}),
+    ("oci-2-ssh", "data.oci_core_instance.nodes",
+     '[{ display_name = "x", private_ip = "10.0.0.5", public_ip = "198.51.100.5" }]',
+     {"NAME-node-00": {"ansible_host": "198.51.100.5", "private_ip": "10.0.0.5"}}),
 ])
 def test_ansible_inventory_output_shape(name, resource, fake, hosts, loaded, tmp_path):
     """The output evaluates to the inventory `gpuprov up` writes: every node keyed by a distinct name

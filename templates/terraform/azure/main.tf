@@ -87,6 +87,15 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
       name      = "internal"
       primary   = true
       subnet_id = azurerm_subnet.nodes.id
+
+      # With ssh_cidr every node gets a public address that only that CIDR may SSH to (the NSG
+      # rule in network.tf); without it the nodes stay private, reached through bastion_host.
+      dynamic "public_ip_address" {
+        for_each = var.ssh_cidr == null ? [] : ["${var.name_prefix}-pip"]
+        content {
+          name = public_ip_address.value
+        }
+      }
     }
   }
 

@@ -34,7 +34,7 @@ output "ansible_inventory" {
       }
       children = {
         gpu_nodes = {
-          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = vm.private_ip_address, private_ip = vm.private_ip_address } }
+          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = var.ssh_cidr == null ? vm.private_ip_address : vm.public_ip_address, private_ip = vm.private_ip_address } }
         }
       }
     }

@@ -49,10 +49,11 @@ resource "oci_core_instance_configuration" "node" {
         ssh_authorized_keys = var.ssh_public_key
       }
 
-      # Nodes stay private; the subnet's NAT gateway serves package downloads.
+      # Nodes stay private (the subnet's NAT gateway serves package downloads) unless ssh_cidr is
+      # given: then each gets a public address that only that CIDR may SSH to (network.tf).
       create_vnic_details {
         subnet_id        = var.subnet_id
-        assign_public_ip = false
+        assign_public_ip = var.ssh_cidr != null
         nsg_ids          = [oci_core_network_security_group.nodes.id]
       }
 

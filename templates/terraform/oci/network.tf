@@ -36,6 +36,25 @@ resource "oci_core_network_security_group_security_rule" "self_egress" {
   description               = "All traffic to the other nodes (NCCL, rendezvous, NFS)"
 }
 
+resource "oci_core_network_security_group_security_rule" "ssh" {
+  #checkov:skip=CKV_OCI_21:SSH from the operator's CIDR is stateful on purpose: a stateless rule would need an egress rule for the replies to that CIDR, and connection tracking of one operator's sessions costs nothing.
+  count = var.ssh_cidr == null ? 0 : 1
+
+  network_security_group_id = oci_core_network_security_group.nodes.id
+  direction                 = "INGRESS"
+  protocol                  = "6"
+  source_type               = "CIDR_BLOCK"
+  source                    = var.ssh_cidr
+  description               = "SSH from the operator's network"
+
+  tcp_options {
+    destination_port_range {
+      min = 22
+      max = 22
+    }
+  }
+}
+
 resource "oci_core_cluster_network" "this" {
   compartment_id = var.compartment_ocid
   display_name   = "${var.name_prefix}-cluster"

@@ -30,7 +30,7 @@ output "ansible_inventory" {
       children = {
         gpu_nodes = {
           # Keyed by position: pool instances do not get distinct display names of our choosing.
-          hosts = { for i, node in data.oci_core_instance.nodes : local.node_names[i] => { ansible_host = node.private_ip, private_ip = node.private_ip } }
+          hosts = { for i, node in data.oci_core_instance.nodes : local.node_names[i] => { ansible_host = var.ssh_cidr == null ? node.private_ip : node.public_ip, private_ip = node.private_ip } }
         }
       }
     }
