@@ -261,7 +261,9 @@ def test_oci_nodes_allow_all_traffic_between_themselves(tmp_path):
     """Finding 7: an NSG with all-protocol self rules both ways, attached to every node's VNIC."""
     directory = render_to(tmp_path / "oci", sample_plan("oci"))
     module = load_module(directory)
-    rules = [r for r in module["ManagedResources"].values() if r["Type"] == "oci_core_network_security_group_security_rule"]
+    rules = [r for r in module["ManagedResources"].values()
+             if r["Type"] == "oci_core_network_security_group_security_rule" and r["Name"].startswith("self")]
+    assert len(rules) == 2
     sides = {}
     for rule in rules:
         attrs = rule["Config"]["Attributes"]
