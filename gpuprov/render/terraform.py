@@ -137,12 +137,20 @@ def _gcp(plan: Plan) -> dict:
         "reservation_bound": plan.purchase.reservation_bound,
         "max_run_hours": min(168, plan.purchase.max_run_hours or 168),
         "compact_placement_supported": machine.startswith(GCP_COMPACT_FAMILIES),
-        "image": plan.image.ref["image"],
+        **_gcp_image(plan.image.ref["image"]),
         "secure_boot": plan.image.secure_boot,
         "shared_storage_tier": plan.shared_storage.options.get("tier", "ZONAL") if plan.shared_storage else "ZONAL",
         "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
         "boot_disk_size_gb": 500,
     }
+
+
+def _gcp_image(path: str) -> dict:
+    """projects/P/global/images/family/F -> image_project P, image_family F."""
+    match = re.fullmatch(r"projects/([^/]+)/global/images/family/([^/]+)", path)
+    if match is None:
+        raise GpuprovError(f"GCP image {path!r} is not projects/P/global/images/family/F")
+    return {"image_project": match.group(1), "image_family": match.group(2)}
 
 
 def _azure(plan: Plan) -> dict:

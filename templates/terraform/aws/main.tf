@@ -26,12 +26,21 @@ data "aws_subnet" "nodes" {
 }
 
 # The GPU image (AWS Deep Learning Base OSS Nvidia Driver AMI: driver, EFA, NCCL installed), read
-# from its public SSM parameter only when no ami_id is given. Nodes ignore later image changes
-# (lifecycle below): a newer AMI reaches new nodes only, never replaces running ones.
+# from its public SSM parameter only when no ami_id is given.
 data "aws_ssm_parameter" "ami" {
   count = var.ami_id == null ? 1 : 0
 
   name = var.ami_ssm_parameter
+}
+
+# The first apply pins the AMI the parameter named then: a newer release changes nothing, so nodes
+# added later boot the same driver and EFA stack as the running ones. Set ami_id to move on.
+resource "terraform_data" "ami" {
+  input = one(data.aws_ssm_parameter.ami[*].insecure_value)
+
+  lifecycle {
+    ignore_changes = [input]
+  }
 }
 
 data "aws_ami" "node" {
@@ -46,7 +55,7 @@ data "aws_vpc" "nodes" {
 }
 
 locals {
-  ami_id = var.ami_id != null ? var.ami_id : data.aws_ssm_parameter.ami[0].insecure_value
+  ami_id = var.ami_id != null ? var.ami_id : terraform_data.ami.output
 
   # The purchase option as EC2 market type: spot and Capacity Blocks are market types, on-demand and
   # an ODCR (a capacity reservation target) are not.

@@ -14,8 +14,26 @@ locals {
   labels = merge(var.labels, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
 }
 
+# The image family's current image, read only when no explicit image is given; the first apply
+# pins it, so VMs added later boot the same driver as the running ones. Set image to move on.
+data "google_compute_image" "family" {
+  count = var.image == null ? 1 : 0
+
+  family  = var.image_family
+  project = var.image_project
+}
+
+resource "terraform_data" "image" {
+  input = one(data.google_compute_image.family[*].self_link)
+
+  lifecycle {
+    ignore_changes = [input]
+  }
+}
+
 locals {
   node_names = [for i in range(var.node_count) : format("%s-node-%02d", var.name_prefix, i)]
+  image      = var.image != null ? var.image : terraform_data.image.output
 
   # NIC order matters to the guest: nic0 is the primary gVNIC, then the gVNIC data networks
   # (TCPX/TCPXO, or the second host network on RoCE machines), then one MRDMA NIC per RoCE subnet.
@@ -74,7 +92,7 @@ resource "google_compute_instance" "node" {
 
   boot_disk {
     initialize_params {
-      image = var.image
+      image = local.image
       size  = var.boot_disk_size_gb
       type  = var.boot_disk_type
     }
@@ -142,8 +160,8 @@ resource "google_compute_instance" "node" {
   }
 
   lifecycle {
-    # The image family resolves at the first apply; a newer image must not replace running nodes
-    # (and wipe their local SSD scratch).
+    # Changing image (set on purpose) must not replace running nodes and wipe their local SSD
+    # scratch: it applies to VMs created afterwards.
     ignore_changes = [boot_disk[0].initialize_params[0].image]
 
     precondition {
