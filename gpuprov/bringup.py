@@ -67,11 +67,21 @@ def terraform_steps(root: Path) -> list[Step]:
     ]
 
 
+# New nodes take minutes to boot and start sshd (or the SSM agent): Ansible starts only when every
+# node answers.
+NODE_WAIT_S = 900
+
+
 def ansible_steps(root: Path, ansible_playbook: str = "ansible-playbook") -> list[Step]:
     ansible = root / "ansible"
     # a separate health playbook where the bundle has one, else the health-tagged roles of site.yml
     health = (["health.yml"] if (ansible / "health.yml").is_file() else ["site.yml", "--tags", "health"])
     return [
+        Step("wait-nodes", f"wait until every node answers (up to {NODE_WAIT_S // 60} min)",
+             ["ansible", "gpu_nodes", "-i", INVENTORY, "-m", "ansible.builtin.wait_for_connection",
+              "-a", f"timeout={NODE_WAIT_S}"], ansible,
+             "a node did not answer: check it booted (cloud console), the SSM agent / IAP / bastion access "
+             "and the key (ansible -i ansible/inventory.yml gpu_nodes -m ping)"),
         Step("ansible-site", "ansible-playbook site.yml (driver, fabric, NCCL, storage)",
              [ansible_playbook, "-i", INVENTORY, "site.yml", "--skip-tags", "health"], ansible,
              "fix the failing task shown above (SSH access: ansible -i ansible/inventory.yml gpu_nodes -m ping)"),
@@ -84,6 +94,41 @@ def ansible_steps(root: Path, ansible_playbook: str = "ansible-playbook") -> lis
 def build_steps(root: Path, cloud: str) -> list[Step]:
     steps = [] if cloud == "onprem" else terraform_steps(root)
     return steps + ansible_steps(root)
+
+
+def destroy_step(root: Path) -> Step:
+    """`terraform destroy` with the arguments `up` gave plan and apply (no prompt: `down` asks)."""
+    return Step("terraform-destroy", "terraform destroy (deletes every resource of the bundle; billing stops)",
+                ["terraform", "destroy", "-input=false", "-no-color", "-auto-approve"], root / "terraform",
+                "read the error above; a resource created outside Terraform inside the network (an ENI, a "
+                "disk) can block deletion: delete it, then re-run `gpuprov down`", "terraform")
+
+
+def cost_per_hour(plan) -> str:
+    """The cluster's running cost as the plan prices it ('' when it has no price)."""
+    price = plan.purchase.price_per_hour_usd if plan.purchase.price_per_hour_usd is not None \
+        else plan.instance.price_per_hour_usd
+    if price is None or plan.cluster.cloud == "onprem":
+        return ""
+    return (f"running cost: ${price * plan.cluster.nodes:,.2f}/h ({plan.cluster.nodes} x ${price:,.2f}/h, "
+            f"{plan.purchase.option}); `gpuprov down` stops it")
+
+
+def tear_down(root: Path, plan, *, dry_run: bool = False, echo: Callable[[str], None] = print) -> None:
+    if plan.cluster.cloud == "onprem":
+        echo("on-prem bundle: nothing to destroy (the hosts are yours)")
+        return
+    step = destroy_step(root)
+    if dry_run:
+        echo(f"1. {display(step, root)}")
+        return
+    echo(f"[1/1] {step.title}")
+    echo(f"  $ {display(step, root)}")
+    code = run_step(root, step, echo)
+    if code != 0:
+        raise StepFailed(f"'{step.name}' failed (exit {code}). Next: {step.hint}")
+    (root / UP_STATE_NAME).unlink(missing_ok=True)  # a later `up` starts from the first step
+    echo("destroyed: no resource of this bundle is left running")
 
 
 def training_command(root: Path, plan) -> str:
@@ -257,6 +302,8 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
             suffix = f"  > ansible/{INVENTORY}" if step.kind == "inventory" else ""
             echo(f"{number}. {display(step, root)}{suffix}")
         echo(f"{len(steps) + 1}. start training:\n{training_command(root, plan)}")
+        if cost_per_hour(plan):
+            echo(cost_per_hour(plan))
         return
     digest = lock_digest(root)
     state = read_state(root)
@@ -285,3 +332,5 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         write_state(root, {"lock_sha256": digest, "completed": done})
     echo(f"cluster ready ({plan.cluster.nodes} node(s), {plan.cluster.total_gpus} GPUs). Start training:")
     echo(training_command(root, plan))
+    if cost_per_hour(plan):
+        echo(cost_per_hour(plan))

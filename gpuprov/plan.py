@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuprov.spec import HostEntry, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
+SHARED_MOUNT = "/shared"  # shared filesystem of multi-node plans; checkpoints under /shared/checkpoints
 
 FabricName = Literal["efa", "infiniband", "roce", "tcpxo", "ethernet", "none"]
 CloudName = Literal["aws", "gcp", "azure", "oci", "onprem"]
+PurchaseOption = Literal["on-demand", "spot", "capacity-block", "reservation", "flex-start"]
 
 
 class _Strict(BaseModel):
@@ -190,6 +192,52 @@ class Alternative(_Strict):
     time_hours: float | None
     cost_usd: float | None
     reason: str  # why it lost: too small, slower, dearer, over deadline
+    purchase: PurchaseOption | None = None  # None: on-prem
+
+
+class Purchase(_Strict):
+    """How the nodes are bought (catalog purchase.yaml); Terraform renders exactly this option."""
+
+    option: PurchaseOption = "on-demand"
+    price_per_hour_usd: float | None = None
+    preemptible: bool = False
+    reservation_bound: bool = False  # GCP a3-ultra/a4: consumed with provisioning model RESERVATION_BOUND
+    max_run_hours: float | None = None  # flex-start: the VM is deleted after this long
+    held: str | None = None  # the reservation / Capacity Block id the user holds
+    risk: str | None = None
+    source: str = ""
+
+
+class Image(_Strict):
+    """The GPU-ready image the nodes boot (catalog bringup.yaml), pinned in Terraform at first apply."""
+
+    name: str
+    ref: dict[str, str]  # aws: ssm_parameter; gcp: image; azure: publisher/offer/sku/version; oci: {}
+    user: str | None  # login user of the image; None: the operator's own (GCP OS Login)
+    secure_boot: bool
+    driver_preinstalled: bool
+    source: str
+
+
+class Access(_Strict):
+    """How Ansible reaches the nodes from outside their network."""
+
+    method: Literal["ssm", "iap", "bastion", "ssh"]
+    user: str | None
+    proxy: str | None = None  # ProxyCommand template (%h host, %p port)
+    source: str
+
+
+class SharedStorage(_Strict):
+    """The shared filesystem multi-node checkpoints land on (node-local RAID0 stays scratch)."""
+
+    kind: Literal["fsx-lustre", "filestore", "amlfs", "oci-fss", "nfs"]
+    size_gib: int  # 0: elastic (no size to provision)
+    need_bytes: int  # checkpoints kept + dataset share it was sized for
+    mount_point: str = SHARED_MOUNT
+    checkpoint_dir: str = SHARED_MOUNT + "/checkpoints"
+    options: dict[str, str | int] = Field(default_factory=dict)  # tier / deployment type / throughput
+    source: str
 
 
 class CandidateRow(_Strict):
@@ -237,3 +285,8 @@ class Plan(_Strict):
     notes: list[str] = Field(default_factory=list)  # e.g. where the rule of thumb is wrong
     candidates: list[CandidateRow] = Field(default_factory=list)  # best per (cloud, GPU type), ranked
     warnings: list[str] = Field(default_factory=list)  # the chosen run looks pathological, and why
+    purchase: Purchase = Field(default_factory=Purchase)
+    image: Image | None = None  # None: on-prem
+    access: Access | None = None
+    shared_storage: SharedStorage | None = None  # None: one node, or a cloud without one
+    bundle_id: str = ""  # short hash of the spec: makes resource names unique per bundle

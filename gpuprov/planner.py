@@ -742,9 +742,6 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
     if spec.region and best.instance.region and spec.region != best.instance.region:
         notes.append(f"Price is the {best.instance.region} list price ({best.instance.price_date}); "
                      f"{spec.region} may differ and the instance type may not be offered there")
-    if best.instance.name.startswith("p5e."):
-        notes.append("p5e.48xlarge is sold through EC2 Capacity Blocks only (its price here is the block rate): "
-                     "reserve a block and pass --capacity-reservation-id")
     for name in sorted({i.name for i in instances if not i.onprem and i.price_per_hour_usd is None
                         and spec.cloud in ("any", i.cloud)}):
         if spec.objective == "cost":
@@ -762,7 +759,7 @@ def _nominal_gb(gpu: Any) -> float:
 
 def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Iterable[Any] | None = None) -> Any:
     """The cheapest (or fastest / fewest-GPU) configuration that fits, as a complete Plan."""
-    from gpuprov import __version__
+    from gpuprov import __version__, bringup_plan
     from gpuprov.catalog.fabrics import get_fabric, get_software
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.instances import list_instances, nvme_device_glob
@@ -782,9 +779,12 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     if spec.gpus:
         for g in spec.gpus:
             get_gpu(g)  # unknown slug -> GpuprovError with suggestions
+    # each type priced at the purchase option it would be bought with; unbuyable types drop out
+    pool, unbuyable = bringup_plan.priced_pool(pool, spec)
     result = search(spec, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)
     if result.best is None:
-        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn))
+        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn)
+                           + bringup_plan.unbuyable_hint(spec, unbuyable))
     best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
 
     inst, gpu = best.instance, best.gpu
@@ -820,7 +820,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
             cloud=cand.instance.cloud, instance_type=cand.instance.name, gpu=slug, nodes=cand.nodes,
             total_gpus=cand.total_gpus, sharding=cand.sharding, time_hours=round(cand.time_hours, 3),
             cost_usd=None if cand.cost_usd is None else round(cand.cost_usd, 2),
-            reason=loss_reason(cand, best, spec.objective)))
+            reason=loss_reason(cand, best, spec.objective), purchase=cand.instance.purchase))
     for slug, cand in sorted(result.constrained_by_gpu.items()):
         limits = []
         if spec.deadline_hours is not None and cand.time_hours > spec.deadline_hours:
@@ -830,13 +830,17 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         alternatives.append(Alternative(
             cloud=cand.instance.cloud, instance_type=cand.instance.name, gpu=slug, nodes=cand.nodes,
             total_gpus=cand.total_gpus, sharding=cand.sharding, time_hours=round(cand.time_hours, 3),
-            cost_usd=None if cand.cost_usd is None else round(cand.cost_usd, 2), reason="; ".join(limits)))
+            cost_usd=None if cand.cost_usd is None else round(cand.cost_usd, 2), reason="; ".join(limits),
+            purchase=cand.instance.purchase))
     for slug, miss in sorted(result.unfit_gpus.items()):
         alternatives.append(Alternative(
             cloud=miss.instance.cloud, instance_type=miss.instance.name, gpu=slug, nodes=miss.nodes,
             total_gpus=miss.nodes * miss.instance.gpus, sharding=miss.sharding, time_hours=None, cost_usd=None,
             reason=f"too small: needs {miss.per_gpu_bytes / GiB:,.1f} GiB per GPU, {miss.usable_bytes / GiB:,.1f} GiB "
                    f"usable at best (x{miss.nodes} nodes, {miss.sharding})"))
+
+    alternatives += bringup_plan.purchase_alternatives(spec, best)
+    bringup = bringup_plan.bringup_fields(spec, best.instance, best.nodes, needs)
 
     rot = rule_of_thumb_bytes_per_param() * arch.params
     plan = Plan(
@@ -885,7 +889,10 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=alternatives,
         notes=_notes(spec, arch, best, mem, pool, get_gpu)
-        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n],
+        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
+        + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
+                                      bringup["shared_storage"]),
+        **bringup,
     )
     return _with_table(plan, spec, arch, result, best, est_fn)
 

@@ -81,8 +81,13 @@ class TrainingSpec(BaseModel):
     hosts: list[HostEntry] | None = Field(None, max_length=v.MAX_HOSTS, description="On-prem hosts (cloud: onprem)")
     ssh_cidr: Cidr | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
     capacity_reservation_id: AwsReservationId | None = Field(None, description="AWS capacity reservation / Capacity Block id")
-    reservation: GcpReservation | None = Field(None, description="GCP reservation name")
+    reservation: GcpReservation | None = Field(None, description="GCP reservation name (or projects/P/reservations/R)")
 
+    purchase: list[Literal["on-demand", "spot", "capacity-block", "reservation", "flex-start"]] | None = Field(
+        None, description="Purchase options allowed (default: on-demand, flex-start, plus the reservation "
+                          "or Capacity Block given)")
+    placement_group: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$",
+                                        description="AWS: launch into this existing placement group")
     gpu_count: PositiveInt | None = Field(None, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
     framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
                            "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")

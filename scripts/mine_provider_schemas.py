@@ -40,14 +40,16 @@ RESOURCES = {
     "aws": {
         "resource": ["aws_placement_group", "aws_security_group", "aws_vpc_security_group_ingress_rule",
                      "aws_vpc_security_group_egress_rule", "aws_iam_role", "aws_iam_role_policy_attachment",
-                     "aws_iam_instance_profile", "aws_launch_template", "aws_instance"],
-        "data": ["aws_subnet", "aws_ssm_parameter", "aws_partition", "aws_iam_policy_document"],
+                     "aws_iam_instance_profile", "aws_launch_template", "aws_instance",
+                     "aws_fsx_lustre_file_system"],
+        "data": ["aws_subnet", "aws_ssm_parameter", "aws_partition", "aws_iam_policy_document", "aws_vpc",
+                 "aws_ami"],
     },
     "google": {
         "resource": ["google_compute_network", "google_compute_subnetwork", "google_compute_router",
                      "google_compute_router_nat", "google_compute_firewall", "google_compute_resource_policy",
-                     "google_compute_instance"],
-        "data": [],
+                     "google_compute_instance", "google_filestore_instance"],
+        "data": ["google_compute_image"],
     },
     "azurerm": {
         "resource": ["azurerm_resource_group", "azurerm_virtual_network", "azurerm_subnet",
@@ -55,12 +57,14 @@ RESOURCES = {
                      "azurerm_subnet_network_security_group_association", "azurerm_proximity_placement_group",
                      "azurerm_public_ip", "azurerm_nat_gateway", "azurerm_nat_gateway_public_ip_association",
                      "azurerm_subnet_nat_gateway_association",
-                     "azurerm_linux_virtual_machine_scale_set"],
+                     "azurerm_linux_virtual_machine_scale_set", "azurerm_managed_lustre_file_system"],
         "data": ["azurerm_virtual_machine_scale_set"],
     },
     "oci": {
-        "resource": ["oci_core_instance_configuration", "oci_core_cluster_network"],
-        "data": ["oci_core_instance_pool_instances", "oci_core_instance"],
+        "resource": ["oci_core_instance_configuration", "oci_core_cluster_network",
+                     "oci_core_network_security_group", "oci_core_network_security_group_security_rule",
+                     "oci_file_storage_file_system", "oci_file_storage_mount_target", "oci_file_storage_export"],
+        "data": ["oci_core_instance_pool_instances", "oci_core_instance", "oci_core_subnet"],
     },
 }
 

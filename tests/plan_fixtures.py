@@ -61,7 +61,7 @@ def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task
     spec = TrainingSpec(model="llama-3.1-8b", task=task, cloud=cloud,
                         hosts=[HostEntry(name=f"gpu{i}", address=f"10.0.0.{10 + i}") for i in range(nodes)]
                         if cloud == "onprem" else None)
-    return Plan(
+    return with_bringup(Plan(
         gpuprov_version=__version__,
         spec=spec,
         model=ModelInfo(name="tiny-llama", display_name="Tiny Llama (test)", hf_model_type="llama",
@@ -112,4 +112,27 @@ def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task
                         devices=nvme_n, expected_bytes=nvme_n * nvme_b),
         health=Health(nccl_allreduce_busbw_gbytes_per_s=460.0, source="test fixture"),
         hosts=spec.hosts,
-    )
+    ))
+
+
+def with_bringup(plan: Plan, instance: str | None = None) -> Plan:
+    """The plan with purchase, image, access, shared storage and bundle id as the planner fills them
+    for its spec and instance type (the catalog's facts, as in a real plan)."""
+    from types import SimpleNamespace
+
+    from gpuprov import bringup_plan
+    from gpuprov.catalog.instances import get_instance
+    from gpuprov.errors import GpuprovError
+
+    try:
+        inst = get_instance(instance or plan.instance.name)
+    except GpuprovError:  # a made-up variant: buy it the way its cloud's sample type is bought
+        inst = get_instance(_SHAPES[plan.instance.cloud][0])
+    if plan.instance.cloud != "onprem":
+        priced, _ = bringup_plan.priced_pool([inst], plan.spec)
+        if not priced:
+            raise ValueError(f"{plan.instance.name}: no purchase option of {plan.spec} buys it")
+        inst = priced[0]
+    needs = SimpleNamespace(checkpoint_bytes=plan.host.checkpoint_bytes, checkpoints_kept=plan.host.checkpoints_kept)
+    fields = bringup_plan.bringup_fields(plan.spec, inst, plan.cluster.nodes, needs)
+    return plan.model_copy(update=fields)

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from gpuprov.render.terraform import render_terraform
-from plan_fixtures import sample_plan
+from plan_fixtures import sample_plan, with_bringup
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "data" / "provider_schemas"
 PROVIDER_OF = {"aws": "aws", "gcp": "google", "azure": "azurerm", "oci": "oci"}
@@ -27,11 +27,11 @@ def _variant(plan, **instance):
     if fabric:
         update["fabric"] = plan.fabric.model_copy(
             update={"name": fabric.get("fabric_name", plan.fabric.name), "mtu": fabric.get("mtu", plan.fabric.mtu)})
-    return plan.model_copy(update=update)
+    return with_bringup(plan.model_copy(update=update))
 
 
 def _with_spec(plan, **spec):
-    return plan.model_copy(update={"spec": plan.spec.model_copy(update=spec)})
+    return with_bringup(plan.model_copy(update={"spec": plan.spec.model_copy(update=spec)}))
 
 
 def plans() -> dict[str, object]:
@@ -56,6 +56,9 @@ def plans() -> dict[str, object]:
         "azure-100": sample_plan("azure", nodes=100, sharding="fsdp"),
         "oci-2": sample_plan("oci", nodes=2),
         "oci-8-lora": sample_plan("oci", nodes=8, task="lora"),
+        # public node addresses, SSH from one CIDR only (no bastion needed)
+        "azure-2-ssh": _with_spec(sample_plan("azure", nodes=2), ssh_cidr="203.0.113.0/24"),
+        "oci-2-ssh": _with_spec(sample_plan("oci", nodes=2), ssh_cidr="203.0.113.0/24"),
     }
 
 
@@ -78,6 +81,7 @@ def fmt_check(directory: Path) -> tuple[int, str]:
 
 
 PROVIDER_STANDIN = "gpuprov_provider_"
+TERRAFORM_BUILTIN = {"terraform_data"}  # Terraform's own resource types (terraform.io/builtin/terraform)
 
 
 def load_module(directory: Path) -> dict:
@@ -154,8 +158,9 @@ def traversals(node: object) -> Iterator[list[str | None]]:
             tail = [s.get("Name") if "Name" in s else None for s in each.get("Traversal") or []]
             yield head + [None] + tail
             return
-        for value in node.values():
-            yield from traversals(value)
+        for key, value in node.items():
+            if key not in ("IgnoreChanges", "ignore_changes"):  # names the resource's own attributes
+                yield from traversals(value)
     elif isinstance(node, list):
         for item in node:
             yield from traversals(item)
@@ -255,6 +260,8 @@ def schema_problems(module: dict, schema: dict) -> list[str]:
                 check_body(f"provider {res['Type'].removeprefix(PROVIDER_STANDIN)}", res["Config"],
                            schema["provider_config"], top=True)
                 continue
+            if res["Type"] in TERRAFORM_BUILTIN:
+                continue
             spec = schema[kind].get(res["Type"])
             if spec is None:
                 problems.append(f"{address}: {kind} type not in the mined {schema['provider']} schema")
@@ -282,8 +289,8 @@ def schema_problems(module: dict, schema: dict) -> list[str]:
 
 # Values for the variables that have no default (what a user puts in terraform.tfvars).
 REQUIRED_INPUTS = {
-    "aws": {"subnet_id": "subnet-0123456789abcdef0"},
-    "gcp": {"project_id": "my-project", "zone": "us-central1-a"},
+    "aws": {"subnet_id": "subnet-0123456789abcdef0", "key_name": "my-keypair"},
+    "gcp": {"project_id": "my-project", "zone": "us-central1-a", "ssh_user": "you_example_com"},
     "azure": {"ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample test@example"},
     "oci": {"compartment_ocid": "ocid1.compartment.oc1..aaaaexample",
             "availability_domain": "Uocm:US-ASHBURN-AD-1", "subnet_id": "ocid1.subnet.oc1.iad.aaaaexample",
@@ -294,9 +301,25 @@ REQUIRED_INPUTS = {
 
 def source_text(directory: Path, expr: dict) -> str:
     """The exact source text of a loaded expression (from its byte range)."""
-    rng = expr["SrcRange"]
+    rng = expr.get("SrcRange")
+    if rng is None:  # a function call has NameRange ... CloseParenRange: span every range inside
+        ranges = list(_ranges(expr))
+        rng = {"Filename": ranges[0]["Filename"], "Start": min((r["Start"] for r in ranges), key=lambda p: p["Byte"]),
+               "End": max((r["End"] for r in ranges), key=lambda p: p["Byte"])}
     data = Path(rng["Filename"]).read_bytes()
     return data[rng["Start"]["Byte"]:rng["End"]["Byte"]].decode()
+
+
+def _ranges(node: object) -> Iterator[dict]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key.endswith("Range") and isinstance(value, dict) and "Start" in value:
+                yield value
+            else:
+                yield from _ranges(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _ranges(item)
 
 
 def evaluate(workdir: Path, rendered: Path, outputs: dict[str, str], tfvars: dict | str,

@@ -35,7 +35,8 @@ def test_glue_carries_the_plan(cloud):
     site = yaml.safe_load(files["site.yml"])
     assert all(play.get("hosts", "gpu_nodes") == "gpu_nodes" for play in site)
     roles = _roles_in(site)
-    assert roles == ["nvme_raid", "nvidia_driver", EXPECTED_FABRIC_ROLE[cloud], "nccl", "gds"]
+    # two nodes: the shared filesystem for checkpoints is mounted too (test_shared_storage.py)
+    assert roles == ["nvme_raid", "shared_storage", "nvidia_driver", EXPECTED_FABRIC_ROLE[cloud], "nccl", "gds"]
     tags = _tags(site)
     assert tags["nvme_raid"] == ["storage"] and tags["nvidia_driver"] == ["gpu"]
     assert tags[EXPECTED_FABRIC_ROLE[cloud]] == ["fabric"] and tags["nccl"] == ["nccl"] and tags["gds"] == ["gds"]

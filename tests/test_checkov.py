@@ -20,7 +20,8 @@ from terraform_support import plans, render_to
 REPO = Path(__file__).resolve().parent.parent
 CHECKOV = REPO / ".checkov-venv" / "bin" / "checkov"
 # One plan per fabric layout (checkov expands count, so each layout's NICs and networks are scanned).
-SCANNED = ["aws-p5-16-cr", "aws-g6e-noefa", "gcp-a3mega-2", "gcp-a3ultra-4", "azure-2", "oci-2"]
+SCANNED = ["aws-p5-16-cr", "aws-g6e-noefa", "gcp-a3mega-2", "gcp-a3ultra-4", "azure-2", "azure-2-ssh", "oci-2",
+           "oci-2-ssh"]
 
 pytestmark = pytest.mark.skipif(
     not CHECKOV.exists(),

@@ -96,11 +96,10 @@ BENIGN = {"region": "us-east-1", "ssh_cidr": "203.0.113.0/24", "cr": "cr-0123456
 
 def _inject(plan, values: dict[str, str]):
     """Every user-string field of the plan set from `values` (validation bypassed on purpose)."""
-    cloud = plan.instance.cloud
     hosts = [h.model_copy(update={"address": values["address"], "name": values["name"]} if i == 0 else {})
              .model_copy(update={"user": values["user"]}) for i, h in enumerate(plan.hosts or [])] or None
     spec = plan.spec.model_copy(update={
-        "region": values["region"], "ssh_cidr": None if cloud == "oci" else values["ssh_cidr"],
+        "region": values["region"], "ssh_cidr": values["ssh_cidr"],
         "capacity_reservation_id": values["cr"], "reservation": values["reservation"], "model": values["model"],
         "hosts": hosts})
     model = plan.model.model_copy(update={

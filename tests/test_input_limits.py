@@ -137,11 +137,6 @@ def test_estimate_gpus_fewer_than_per_node() -> None:
     assert "--gpus" in line and "--gpus-per-node" in line
 
 
-def test_ssh_cidr_on_oci_is_refused() -> None:
-    line = assert_one_line_error(*cli("generate", "--cloud", "oci", "--ssh-cidr", "203.0.113.0/24", "-o", "-")[::2])
-    assert "ssh" in line.lower() and "oci" in line.lower()
-
-
 def test_check_diff_lines_must_not_be_negative(tmp_path: Path) -> None:
     line = assert_one_line_error(*cli("check", str(tmp_path), "--diff-lines", "-5")[::2])
     assert "--diff-lines" in line

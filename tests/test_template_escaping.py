@@ -111,7 +111,7 @@ def _marked_plan(cloud: str):
     """The sample plan with a marker in every user-string field (validators bypassed on purpose)."""
     plan = sample_plan(cloud, nodes=2)
     spec = plan.spec.model_copy(update={
-        "region": f"r{MARK}", "ssh_cidr": None if cloud == "oci" else f"c{MARK}",  # OCI refuses ssh_cidr "capacity_reservation_id": f"cr{MARK}",
+        "region": f"r{MARK}", "ssh_cidr": f"c{MARK}", "capacity_reservation_id": f"cr{MARK}",
         "reservation": f"g{MARK}", "model": f"/m/{MARK}/config.json"})
     hosts = [h.model_copy(update={"name": f"n{MARK}{i}", "address": f"a{MARK}{i}", "user": f"u{MARK}"})
              for i, h in enumerate(plan.hosts or [])]

@@ -15,7 +15,9 @@ from terraform_support import (
 )
 
 PLANS = plans()
-MODULE_FILES = {"versions.tf", "main.tf", "network.tf", "variables.tf", "outputs.tf", "terraform.tfvars.example"}
+MODULE_FILES = {"versions.tf", "main.tf", "network.tf", "variables.tf", "outputs.tf", "terraform.tfvars.example",
+                "storage.tf"}
+NO_STORAGE_FILE: set[str] = set()  # every cloud renders its shared filesystem
 PROVIDER_SOURCE = {"aws": "hashicorp/aws", "gcp": "hashicorp/google", "azure": "hashicorp/azurerm", "oci": "oracle/oci"}
 # Variables that carry the plan's instance type, per cloud.
 INSTANCE_VARIABLE = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}
@@ -51,7 +53,7 @@ def test_azure_over_one_placement_group_is_refused():
 def test_module_is_formatted_loads_and_references_resolve(name, loaded):
     plan = PLANS[name]
     files = render_terraform(plan)
-    assert set(files) == MODULE_FILES
+    assert set(files) == MODULE_FILES - ({"storage.tf"} if plan.instance.cloud in NO_STORAGE_FILE else set())
     directory, module = loaded(name)
     code, diff = fmt_check(directory)
     assert code == 0, f"terraform fmt -check failed for {name}:\n{diff}"
@@ -113,12 +115,13 @@ def test_plan_values_are_the_defaults(name, loaded, tmp_path):
     if name == "gcp-a3ultra-4":  # RoCE: one more gVNIC network and 8 MRDMA NICs
         assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (1, 8)
         assert values["gpu_network_mtu"] == 8896
-        assert values["compact_placement"] is True
+        assert values["compact_placement_supported"] is True
+        assert values["purchase_option"] == "flex-start"  # a3-ultragpu has no on-demand
         assert "reservation_name" not in values  # null outputs are left out
     if name == "gcp-a3mega-2":  # TCPXO: 8 gVNIC data networks
         assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (8, 0)
         assert values["reservation_name"] == "my-a3-reservation"
-        assert values["compact_placement"] is False  # the reservation's own placement applies
+        assert values["purchase_option"] == "reservation"
 
 
 @pytest.mark.slow
@@ -183,29 +186,74 @@ def test_aws_efa_interface_layout(loaded, tmp_path):
     assert _efa_layout(directory, module, tmp_path / "g6e", {}) == [(0, 0, "interface")]
 
 
+INVENTORY_VARS = {
+    "aws": {"ansible_user": "ubuntu", "ansible_ssh_common_args":
+            '-o ProxyCommand="aws ssm start-session --target %h --document-name AWS-StartSSHSession '
+            '--parameters portNumber=%p --region us-east-1"'},
+    "gcp": {"ansible_user": "you_example_com", "ansible_ssh_common_args":
+            '-o ProxyCommand="gcloud compute start-iap-tunnel %h %p --listen-on-stdin --verbosity=warning '
+            '--project=my-project --zone=us-central1-a"'},
+    "azure": {"ansible_user": "azureuser", "ansible_ssh_common_args": ""},
+    "oci": {"ansible_user": "ubuntu", "ansible_ssh_common_args": ""},
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name, resource, fake", [
+@pytest.mark.parametrize("name, resource, fake, hosts", [
     ("aws-p5-2", "aws_instance.node",
-     '[{ tags = { Name = "n-00" }, private_ip = "10.0.0.5" }, { tags = { Name = "n-01" }, private_ip = "10.0.0.6" }]'),
+     '[{ id = "i-0a", tags = { Name = "n-00" }, private_ip = "10.0.0.5" }, '
+     '{ id = "i-0b", tags = { Name = "n-01" }, private_ip = "10.0.0.6" }]',
+     {"n-00": {"ansible_host": "i-0a", "private_ip": "10.0.0.5"},
+      "n-01": {"ansible_host": "i-0b", "private_ip": "10.0.0.6"}}),
     ("gcp-a3mega-2", "google_compute_instance.node",
      '[{ name = "n-00", network_interface = [{ network_ip = "10.0.0.5" }] }, '
-     '{ name = "n-01", network_interface = [{ network_ip = "10.0.0.6" }] }]'),
+     '{ name = "n-01", network_interface = [{ network_ip = "10.0.0.6" }] }]',
+     {"n-00": {"ansible_host": "n-00", "private_ip": "10.0.0.5"},
+      "n-01": {"ansible_host": "n-01", "private_ip": "10.0.0.6"}}),
     ("azure-2", "data.azurerm_virtual_machine_scale_set.nodes.instances",
      '[{ computer_name = "n-00", private_ip_address = "10.0.0.5" }, '
-     '{ computer_name = "n-01", private_ip_address = "10.0.0.6" }]'),
+     '{ computer_name = "n-01", private_ip_address = "10.0.0.6" }]',
+     {"n-00": {"ansible_host": "10.0.0.5", "private_ip": "10.0.0.5"},
+      "n-01": {"ansible_host": "10.0.0.6", "private_ip": "10.0.0.6"}}),
     ("oci-2", "data.oci_core_instance.nodes",
-     '[{ display_name = "n-00", private_ip = "10.0.0.5" }, { display_name = "n-01", private_ip = "10.0.0.6" }]'),
+     '[{ display_name = "same", private_ip = "10.0.0.5" }, { display_name = "same", private_ip = "10.0.0.6" }]',
+     {"NAME-node-00": {"ansible_host": "10.0.0.5", "private_ip": "10.0.0.5"},
+      "NAME-node-01": {"ansible_host": "10.0.0.6", "private_ip": "10.0.0.6"}}),
+    # with ssh_cidr the nodes have public addresses and Ansible uses them
+    ("azure-2-ssh", "data.azurerm_virtual_machine_scale_set.nodes.instances",
+     '[{ computer_name = "n-00", private_ip_address = "10.0.0.5", public_ip_address = "198.51.100.5" }]',
+     {"n-00": {"ansible_host": "198.51.100.5", "private_ip": "10.0.0.5"}}),
+    ("oci-2-ssh", "data.oci_core_instance.nodes",
+     '[{ display_name = "x", private_ip = "10.0.0.5", public_ip = "198.51.100.5" }]',
+     {"NAME-node-00": {"ansible_host": "198.51.100.5", "private_ip": "10.0.0.5"}}),
 ])
-def test_ansible_inventory_output_shape(name, resource, fake, loaded, tmp_path):
-    """The output evaluates to exactly TEAM.md's inventory map (fake nodes stand in for the resources)."""
+def test_ansible_inventory_output_shape(name, resource, fake, hosts, loaded, tmp_path):
+    """The output evaluates to the inventory `gpuprov up` writes: every node keyed by a distinct name
+    (OCI pool instances share a display name: finding 7), with the user and the connection that
+    reach it from outside the network (SSM on AWS, IAP on GCP: finding 5). Fake nodes stand in for
+    the resources; the module's own locals are evaluated with them."""
     directory, module = loaded(name)
+    cloud = PLANS[name].instance.cloud
     expr = source_text(directory, module["Outputs"]["ansible_inventory"]["Expr"])
     assert expr.count(resource) == 1, expr
+    locals_ = {"fake_nodes": fake, "shared_storage": "null"}
+    for local in ("ssh_proxy", "node_names"):
+        if local in module["Locals"]:
+            locals_[local] = source_text(directory, module["Locals"][local]["Expr"])
     code, values, error = evaluate(tmp_path, directory, {"inventory": expr.replace(resource, "local.fake_nodes")},
-                                   REQUIRED_INPUTS[PLANS[name].instance.cloud], locals_={"fake_nodes": fake})
+                                   REQUIRED_INPUTS[cloud], locals_=locals_)
     assert code == 0, error
-    assert values["inventory"] == {"all": {"children": {"gpu_nodes": {"hosts": {
-        "n-00": {"ansible_host": "10.0.0.5"}, "n-01": {"ansible_host": "10.0.0.6"}}}}}}
+    want = {k.replace("NAME", _name_prefix(directory)): v for k, v in hosts.items()}
+    assert values["inventory"]["all"]["children"] == {"gpu_nodes": {"hosts": want}}
+    got_vars = values["inventory"]["all"]["vars"]
+    assert {k: got_vars[k] for k in INVENTORY_VARS[cloud]} == INVENTORY_VARS[cloud]
+
+
+def _name_prefix(directory) -> str:
+    import re
+
+    text = (directory / "variables.tf").read_text()
+    return re.search(r'variable "name_prefix" \{[^}]*?default\s*=\s*"([^"]+)"', text, re.S).group(1)
 
 
 # ---- real planner output -------------------------------------------------------------------------

@@ -40,6 +40,8 @@ CLOUD_COMMANDS = [
     (["terraform", "plan", "-input=false", "-no-color", "-out=tfplan"], "terraform"),
     (["terraform", "apply", "-input=false", "-no-color", "tfplan"], "terraform"),
     (["terraform", "output", "-no-color", "-json", "ansible_inventory"], "terraform"),
+    (["ansible", "gpu_nodes", "-i", "inventory.yml", "-m", "ansible.builtin.wait_for_connection", "-a", "timeout=900"],
+     "ansible"),
     (["ansible-playbook", "-i", "inventory.yml", "site.yml", "--skip-tags", "health"], "ansible"),
     (["ansible-playbook", "-i", "inventory.yml", "site.yml", "--tags", "health"], "ansible"),
 ]
@@ -49,7 +51,7 @@ CLOUD_COMMANDS = [
 def fakes(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("terraform", "ansible-playbook"):
+    for name in ("terraform", "ansible", "ansible-playbook"):
         path = bin_dir / name
         path.write_text(FAKE.format(python=sys.executable))
         path.chmod(0o755)
@@ -100,9 +102,11 @@ def test_dry_run_prints_every_command_in_order_and_runs_nothing(tmp_path: Path, 
     lines = [ln for ln in result.stdout.splitlines() if ln[:1].isdigit()]
     expected = [f"{n}. (cd {cwd} && {' '.join(argv)})" for n, (argv, cwd) in enumerate(CLOUD_COMMANDS, 1)]
     expected[3] += "  > ansible/inventory.yml"
-    assert lines[:6] == expected
-    assert lines[6].startswith("7. start training")
+    assert lines[:7] == expected
+    assert lines[7].startswith("8. start training")
     assert "train.sh" in result.stdout
+    price = sample_plan("aws", nodes=2).purchase.price_per_hour_usd
+    assert f"running cost: ${2 * price:,.2f}/h (2 x ${price:,.2f}/h, on-demand)" in result.stdout
     assert _calls(fakes["log"], root) == []
     assert not (root / bundle.UP_STATE_NAME).exists()
 
@@ -115,11 +119,11 @@ def test_full_run_exact_commands_inventory_and_training_command(tmp_path: Path, 
     from ruamel.yaml import YAML
 
     assert YAML(typ="safe").load((root / "ansible" / "inventory.yml").read_text()) == INVENTORY
-    assert "[6/6] health check" in result.stdout and "cluster ready" in result.stdout
+    assert "[7/7] health check" in result.stdout and "cluster ready" in result.stdout
     assert "launch/train.sh" in result.stdout
     state = json.loads((root / bundle.UP_STATE_NAME).read_text())
     assert state["completed"] == ["terraform-init", "terraform-plan", "terraform-apply", "inventory",
-                                  "ansible-site", "health"]
+                                  "wait-nodes", "ansible-site", "health"]
     # the state file and the written inventory are not drift
     assert bundle.compare_bundle(root, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers())) == []
 
@@ -129,7 +133,7 @@ def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict
     failed = _up(root, fakes["env"], fail="terraform apply")
     assert failed.returncode == 1
     assert "Traceback" not in failed.stderr
-    assert "step 3/6 'terraform-apply' failed (exit 3)" in failed.stderr
+    assert "step 3/7 'terraform-apply' failed (exit 3)" in failed.stderr
     assert "quota" in failed.stderr and "re-run `gpuprov up" in failed.stderr
     assert [argv[1] for argv, _ in _calls(fakes["log"], root)] == ["init", "plan", "apply"]
     fakes["log"].unlink()
@@ -141,7 +145,7 @@ def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict
     again = _up(root, fakes["env"])  # everything done: nothing runs
     assert again.returncode == 0 and _calls(fakes["log"], root) == []
     restarted = _up(root, fakes["env"], "--restart")
-    assert restarted.returncode == 0 and len(_calls(fakes["log"], root)) == 6
+    assert restarted.returncode == 0 and len(_calls(fakes["log"], root)) == 7
 
 
 def test_health_failure_exit_1(tmp_path: Path, fakes: dict) -> None:
@@ -168,7 +172,7 @@ def test_regenerated_bundle_starts_over(tmp_path: Path, fakes: dict) -> None:
     result = _up(root, fakes["env"])
     assert result.returncode == 0, result.stderr
     assert "starting from the first step" in result.stdout
-    assert len(_calls(fakes["log"], root)) == 6
+    assert len(_calls(fakes["log"], root)) == 7
 
 
 def test_onprem_skips_terraform(tmp_path: Path, fakes: dict) -> None:
@@ -229,3 +233,54 @@ def test_hand_edits_are_noted_before_bring_up(tmp_path: Path, fakes: dict) -> No
     (root / "ansible" / "site.yml").write_text((root / "ansible" / "site.yml").read_text() + "# mine\n")
     result = _up(root, fakes["env"], "--dry-run")
     assert result.returncode == 0 and "1 file(s) changed since `gpuprov generate` (ansible/site.yml)" in result.stderr
+
+
+DESTROY = (["terraform", "destroy", "-input=false", "-no-color", "-auto-approve"], "terraform")
+
+
+def _down(root: Path, env: dict, *args: str, fail: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(env, **({"FAKE_FAIL": fail} if fail else {}))
+    return subprocess.run([sys.executable, "-m", "gpuprov", "down", str(root), *args], capture_output=True,
+                          text=True, env=env, timeout=60, input="")
+
+
+def test_down_dry_run_prints_the_destroy_and_runs_nothing(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    result = _down(root, fakes["env"], "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"1. (cd terraform && {' '.join(DESTROY[0])})"]
+    assert _calls(fakes["log"], root) == []
+
+
+def test_down_destroys_with_ups_arguments_and_resets_progress(tmp_path: Path, fakes: dict) -> None:
+    from python_terraform import Terraform
+
+    from gpuprov.bringup import destroy_step
+
+    root = _bundle(tmp_path)
+    assert _up(root, fakes["env"]).returncode == 0
+    fakes["log"].unlink()
+    refused = _down(root, fakes["env"])  # no --yes, no answer: nothing is destroyed
+    assert refused.returncode != 0 and _calls(fakes["log"], root) == []
+    result = _down(root, fakes["env"], "--yes")
+    assert result.returncode == 0, result.stderr
+    assert _calls(fakes["log"], root) == [DESTROY]
+    assert not (root / bundle.UP_STATE_NAME).exists()
+    # the flags up gives plan and apply, and nothing python-terraform would add
+    step = destroy_step(root)
+    assert step.argv[2:4] == CLOUD_COMMANDS[1][0][2:4]
+    assert Terraform(working_dir=str(root)).generate_cmd_string("destroy", *step.argv[2:]) == step.argv
+
+
+def test_down_failure_is_exit_1_with_advice(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path)
+    result = _down(root, fakes["env"], "--yes", fail="terraform destroy")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "'terraform-destroy' failed (exit 3)" in result.stderr
+
+
+def test_down_on_prem_has_nothing_to_destroy(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path, cloud="onprem")
+    result = _down(root, fakes["env"], "--yes")
+    assert result.returncode == 0 and "nothing to destroy" in result.stdout
+    assert _calls(fakes["log"], root) == []

@@ -43,6 +43,7 @@ class InstanceType:
     nccl_busbw_gbytes_per_s: float | None = None
     busbw_source: str = ""
     description: str = ""
+    purchase: str | None = None  # the purchase option price_per_hour_usd is for (the planner sets it)
 
     @property
     def onprem(self) -> bool:

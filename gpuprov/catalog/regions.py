@@ -15,6 +15,10 @@ def _regions() -> dict[str, Any]:
     return load_data("regions.yaml")
 
 
+def region_entry(cloud: str) -> dict | None:
+    return _regions().get(cloud)
+
+
 def regions(cloud: str) -> list[str]:
     entry = _regions().get(cloud)
     return list(entry["regions"]) if entry else []

@@ -175,12 +175,13 @@ def check_terraform_config(root: Path) -> Result:
 
 
 def _declared_providers(tf: Path) -> set[str]:
-    """Provider names in versions.tf's required_providers (`source = "hashicorp/aws"` -> aws)."""
+    """Provider names in versions.tf's required_providers (`source = "hashicorp/aws"` -> aws), and
+    Terraform's built-in `terraform` provider (terraform_data), which needs no declaration."""
     try:
         text = (tf / "versions.tf").read_text(encoding="utf-8")
     except OSError:
         return set()
-    return {source.rsplit("/", 1)[-1] for source in re.findall(r'source\s*=\s*"([^"]+)"', text)}
+    return {"terraform"} | {source.rsplit("/", 1)[-1] for source in re.findall(r'source\s*=\s*"([^"]+)"', text)}
 
 
 def check_ansible(root: Path) -> Result:
@@ -295,15 +296,37 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
 )
 
 
+def _preflight(root: Path, live: bool) -> int:
+    """Print the pre-flight checks (cloud rules; live ones when the CLI is logged in); failures."""
+    from gpuprov import bundle
+    from gpuprov.plan import Plan
+    from gpuprov.preflight import preflight
+
+    try:
+        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0  # "plan fits" has reported it
+    failed = 0
+    for check in preflight(plan, root, live=live):
+        click.echo(f"{check.status:4s}  {check.name:17s} {check.detail}")
+        if check.fix:
+            click.echo(f"      {'':17s} fix: {check.fix}")
+        failed += check.status == "fail"
+    return failed
+
+
 @click.command()
 @click.argument("directory", metavar="DIR")
 @click.option("--strict", is_flag=True, help="A check that cannot run (tool missing) counts as a failure")
+@click.option("--offline", is_flag=True, help="Skip the live cloud checks (aws/gcloud) even when logged in")
 @click.pass_context
-def validate(ctx: click.Context, directory: str, strict: bool) -> None:
-    """Run Terraform, Ansible and shell checks on a bundle, and re-check the plan still fits.
+def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) -> None:
+    """Run Terraform, Ansible and shell checks on a bundle, re-check the plan still fits, and the
+    cloud's pre-flight rules (purchase option, region, reservation zone, quota; live with the CLI).
 
     \b
     gpuprov validate infra/
+    gpuprov validate infra/ --offline      # no cloud CLI calls
     """
     from gpuprov import bundle
 
@@ -318,5 +341,6 @@ def validate(ctx: click.Context, directory: str, strict: bool) -> None:
             status, detail = "fail", f"{exc.strerror or exc}"
         click.echo(f"{status:4s}  {name:17s} {detail}")
         failed += status == "fail" or (strict and status == "skip")
+    failed += _preflight(root, live=not offline)
     if failed:
         raise DriftError(f"{root}: {failed} check(s) failed")

@@ -111,7 +111,7 @@ def render_plan(plan) -> str:
     out.append(f"{plan.model.display_name} ({plan.model.params / 1e9:.2f}B params, {plan.model.trainable_params:,} "
                f"trainable), {task}, {s.tokens / 1e9:,.2f}B tokens, seq {s.seq_len}, objective: {s.objective}")
     out.append("")
-    where = f"{i.cloud}" + (f" {c.region}" if c.region else "")
+    where = f"{i.cloud}" + (f" {c.region}" if c.region else "") + (f", {plan.purchase.option}" if i.cloud != "onprem" else "")
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
     sg = f"shard group {c.shard_group}, {c.replicate} replica(s)" if c.sharding in ("fsdp", "hsdp", "zero2") else \
         f"{c.replicate} replica(s)"

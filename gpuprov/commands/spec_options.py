@@ -45,9 +45,12 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "safety_margin": (("--safety-margin",), float, "Fraction of GPU memory kept free"),
     "ssh_cidr": (("--ssh-cidr",), str, "CIDR allowed to SSH to the nodes (default: SSM only)"),
     "capacity_reservation_id": (("--capacity-reservation-id",), str, "AWS capacity reservation / block id"),
-    "reservation": (("--reservation",), str, "GCP reservation name"),
+    "reservation": (("--reservation",), str, "GCP reservation name (or projects/P/reservations/R)"),
     "framework": (("--framework",), str, "Size memory for this training stack (see `gpuprov estimate --help`); "
                   "the bundle runs gpuprov's own trainer"),
+    "purchase": (("--purchase",), str, "Allowed purchase options, comma-separated: on-demand, spot, "
+                 "capacity-block, reservation, flex-start"),
+    "placement_group": (("--placement-group",), str, "AWS: an existing placement group to launch into"),
 }
 
 FLAG_NAMES = {field: decls[0] for field, (decls, _, _) in _FLAGS.items()}
@@ -73,6 +76,8 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
             continue
         if field == "gpus":
             overrides[field] = [g.strip() for item in value for g in item.split(",") if g.strip()]
+        elif field == "purchase":
+            overrides[field] = [p.strip() for p in value.split(",") if p.strip()]
         elif field == "lora_targets":
             parts = [t.strip() for t in value.split(",") if t.strip()]
             overrides[field] = parts if len(parts) > 1 else (parts[0] if parts else value)

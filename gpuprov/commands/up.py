@@ -9,21 +9,9 @@ import click
 from gpuprov.errors import GpuprovError
 
 
-@click.command()
-@click.argument("directory", metavar="DIR")
-@click.option("--dry-run", is_flag=True, help="Print every command, in order, and run nothing")
-@click.option("--restart", is_flag=True, help="Ignore the progress of an earlier run and start from the first step")
-def up(directory: str, dry_run: bool, restart: bool) -> None:
-    """Create the cluster (terraform), configure it (ansible), health-check it, print the training command.
-
-    Re-running continues at the step that failed (progress in DIR/.gpuprov-up.json).
-
-    \b
-    gpuprov up infra/ --dry-run
-    gpuprov up infra/
-    """
+def _load(directory: str):
+    """(bundle root, its plan); notes hand edits on stderr."""
     from gpuprov import bundle
-    from gpuprov.bringup import bring_up
     from gpuprov.plan import Plan
 
     root = Path(directory)
@@ -40,4 +28,43 @@ def up(directory: str, dry_run: bool, restart: bool) -> None:
         raise GpuprovError(f"{root / bundle.PLAN_NAME} is missing: regenerate the bundle") from None
     except ValueError as exc:
         raise GpuprovError(f"{root / bundle.PLAN_NAME} does not load: {str(exc).splitlines()[0]}") from None
+    return root, plan
+
+
+@click.command()
+@click.argument("directory", metavar="DIR")
+@click.option("--dry-run", is_flag=True, help="Print every command, in order, and run nothing")
+@click.option("--restart", is_flag=True, help="Ignore the progress of an earlier run and start from the first step")
+def up(directory: str, dry_run: bool, restart: bool) -> None:
+    """Create the cluster (terraform), configure it (ansible), health-check it, print the training command.
+
+    Re-running continues at the step that failed (progress in DIR/.gpuprov-up.json).
+
+    \b
+    gpuprov up infra/ --dry-run
+    gpuprov up infra/
+    """
+    from gpuprov.bringup import bring_up
+
+    root, plan = _load(directory)
     bring_up(root, plan, dry_run=dry_run, restart=restart, echo=lambda line: click.echo(line))
+
+
+@click.command()
+@click.argument("directory", metavar="DIR")
+@click.option("--dry-run", is_flag=True, help="Print the destroy command and run nothing")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation")
+def down(directory: str, dry_run: bool, yes: bool) -> None:
+    """Destroy the cluster of a bundle: terraform destroy, with the arguments `up` used.
+
+    \b
+    gpuprov down infra/ --dry-run
+    gpuprov down infra/ --yes
+    """
+    from gpuprov.bringup import tear_down
+
+    root, plan = _load(directory)
+    if not dry_run and not yes and plan.cluster.cloud != "onprem":
+        click.confirm(f"Destroy every resource of {root} ({plan.cluster.nodes} x {plan.cluster.instance_type})?",
+                      abort=True)
+    tear_down(root, plan, dry_run=dry_run, echo=lambda line: click.echo(line))

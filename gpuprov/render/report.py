@@ -174,7 +174,7 @@ def _stack(plan) -> list[str]:
         + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else ""),
         f"- Storage: RAID0 of {st.devices} local NVMe drives ({_tb(st.expected_bytes)}) as "
         f"/dev/md/{st.raid_name}, {st.filesystem} on {st.mount_point}",
-    ]
+    ] + _bringup(plan)
     if f.nccl_env or f.nccl_env_profile:
         out += ["", "NCCL environment (the Ansible nccl role and launch/env.sh both come from this):", "", "```sh"]
         exports = [f"export {k}={v}" for k, v in sorted(f.nccl_env.items())]
@@ -189,10 +189,30 @@ def _stack(plan) -> list[str]:
     return out + [""]
 
 
+def _bringup(plan) -> list[str]:
+    """Purchase option, image, access and shared storage (plan fields; on-prem: the shared export)."""
+    out = []
+    if plan.cluster.cloud != "onprem":
+        price = plan.purchase.price_per_hour_usd
+        out.append(f"- Purchase: {plan.purchase.option}" + (f", {_usd(price)}/h per node" if price is not None else "")
+                   + (f" (preemptible: {_md(plan.purchase.risk)})" if plan.purchase.preemptible else ""))
+    if plan.image is not None:
+        out.append(f"- Image: {_md(plan.image.name)} (login user {_md(plan.image.user or 'your OS Login name')})")
+    if plan.access is not None and plan.cluster.cloud != "onprem":
+        out.append(f"- Access: {plan.access.method} (Ansible connects from outside the network; see ansible/inventory.yml)")
+    shared = plan.shared_storage
+    if shared is not None:
+        size = f"{shared.size_gib:,} GiB" if shared.size_gib else "elastic"
+        out.append(f"- Checkpoints: {shared.checkpoint_dir} on {shared.kind} ({size}, for {_tb(shared.need_bytes)} "
+                   f"of checkpoints and data)")
+    return out
+
+
 def _apply(plan) -> list[str]:
     onprem = plan.cluster.cloud == "onprem"
     out = ["## How to apply", "", "```sh", "gpuprov validate .        # terraform fmt/config, ansible syntax, bash -n, plan sanity",
-           "gpuprov up . --dry-run   # every command, in order", "gpuprov up .             # run them; re-run resumes", "```",
+           "gpuprov up . --dry-run   # every command, in order", "gpuprov up .             # run them; re-run resumes",
+           "gpuprov down .           # terraform destroy when done (--dry-run prints it)", "```",
            "", "By hand:", "", "```sh"]
     if not onprem:
         out += ["(cd terraform && terraform init && terraform plan -out=tfplan && terraform apply tfplan)",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from gpuprov.errors import GpuprovError
-from gpuprov.plan import Plan
+from gpuprov.plan import SHARED_MOUNT, Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, hcl  # noqa: F401 - hcl: the renderer's filter, re-exported
 from gpuprov.resources import templates_dir
@@ -31,18 +31,43 @@ def _slug(text: str, limit: int) -> str:
     return slug[:limit].rstrip("-") or "model"
 
 
+def _name_prefix(model: str, bundle_id: str) -> str:
+    """gpuprov-<model>-<bundle id>, at most 24 characters: two bundles get different resource names."""
+    if not bundle_id:
+        return _slug(f"gpuprov-{model}", 24)
+    return f"{_slug(f'gpuprov-{model}', 24 - len(bundle_id) - 1)}-{bundle_id}"
+
+
+def _shared(plan: Plan) -> dict:
+    shared = plan.shared_storage
+    return {"shared_storage_gib": shared.size_gib if shared else 0,
+            "shared_mount_point": shared.mount_point if shared else SHARED_MOUNT,
+            "shared_options": dict(shared.options) if shared else {}, "shared_storage_on": shared is not None}
+
+
 def _common(plan: Plan) -> dict:
     model = _slug(plan.model.name.rsplit("/", 1)[-1].removesuffix(".json"), 16)
+    if plan.image is None or plan.access is None:
+        raise GpuprovError("the plan names no image or access method for the nodes: regenerate the plan")
+    tags = {"managed-by": "gpuprov", "gpuprov-model": model}
+    if plan.bundle_id:
+        tags["gpuprov-bundle"] = plan.bundle_id
     return {
         "plan_summary": (f"{plan.model.display_name}, {plan.task}, {plan.cluster.nodes} x "
-                         f"{plan.instance.name}, {plan.cluster.total_gpus} GPUs, fabric {plan.fabric.name}"),
-        "name_prefix": _slug(f"gpuprov-{model}", 24),
+                         f"{plan.instance.name}, {plan.cluster.total_gpus} GPUs, fabric {plan.fabric.name}, "
+                         f"{plan.purchase.option}"),
+        "name_prefix": _name_prefix(model, plan.bundle_id),
+        "purchase_option": plan.purchase.option,
+        "image_name": plan.image.name,
+        "ssh_user": plan.access.user,
+        "ssh_proxy_command": plan.access.proxy,
+        **_shared(plan),
         "node_count": plan.cluster.nodes,
         "gpus_per_node": plan.cluster.gpus_per_node,
         "instance_type": plan.instance.name,
         "region": plan.instance.region or plan.cluster.region,
         "ssh_cidr": plan.spec.ssh_cidr,
-        "tags": {"managed-by": "gpuprov", "gpuprov-model": model},
+        "tags": tags,
     }
 
 
@@ -53,9 +78,14 @@ def _aws(plan: Plan) -> dict:
     return {
         "efa_enabled": efa,
         "network_cards": max(1, plan.instance.network_cards),
-        "capacity_reservation_id": plan.spec.capacity_reservation_id,
-        "ami_ssm_parameter": "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp3/ami-id",
+        "capacity_reservation_id": plan.purchase.held,
+        "placement_group_name": plan.spec.placement_group,
+        "ami_ssm_parameter": plan.image.ref["ssm_parameter"],
         "root_volume_size_gib": 512,
+        "shared_storage_deployment_type": plan.shared_storage.options.get("deployment_type", "PERSISTENT_2")
+        if plan.shared_storage else "PERSISTENT_2",
+        "shared_storage_throughput_per_tib": plan.shared_storage.options.get("throughput_mb_per_tib", 125)
+        if plan.shared_storage else 125,
     }
 
 
@@ -79,13 +109,24 @@ def _gcp(plan: Plan) -> dict:
         "gpu_nic_count": gvnic,
         "rdma_nic_count": rdma,
         "gpu_network_mtu": plan.fabric.mtu or 8896,
-        "reservation_name": plan.spec.reservation,
-        # A named reservation carries its own placement policy; a second one on the VMs would clash.
-        "compact_placement": (plan.cluster.nodes > 1 and machine.startswith(GCP_COMPACT_FAMILIES)
-                              and plan.spec.reservation is None),
+        "reservation_name": plan.purchase.held,
+        "reservation_bound": plan.purchase.reservation_bound,
+        "max_run_hours": min(168, plan.purchase.max_run_hours or 168),
+        "compact_placement_supported": machine.startswith(GCP_COMPACT_FAMILIES),
+        **_gcp_image(plan.image.ref["image"]),
+        "secure_boot": plan.image.secure_boot,
+        "shared_storage_tier": plan.shared_storage.options.get("tier", "ZONAL") if plan.shared_storage else "ZONAL",
         "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
         "boot_disk_size_gb": 500,
     }
+
+
+def _gcp_image(path: str) -> dict:
+    """projects/P/global/images/family/F -> image_project P, image_family F."""
+    match = re.fullmatch(r"projects/([^/]+)/global/images/family/([^/]+)", path)
+    if match is None:
+        raise GpuprovError(f"GCP image {path!r} is not projects/P/global/images/family/F")
+    return {"image_project": match.group(1), "image_family": match.group(2)}
 
 
 def _azure(plan: Plan) -> dict:
@@ -93,13 +134,14 @@ def _azure(plan: Plan) -> dict:
         raise GpuprovError(
             f"Azure: {plan.cluster.nodes} nodes exceed the {AZURE_SINGLE_PLACEMENT_GROUP_MAX}-VM limit of one "
             "InfiniBand scale set (single_placement_group); plan at most 100 nodes")
-    return {"vm_size": plan.instance.name, "os_disk_size_gb": 512}
+    shared = plan.shared_storage
+    return {"vm_size": plan.instance.name, "os_disk_size_gb": 512, "image_ref": dict(plan.image.ref),
+            "shared_storage_tib": shared.size_gib // 1024 if shared else 0,
+            "shared_storage_sku": shared.options.get("sku", "AMLFS-Durable-Premium-500") if shared
+            else "AMLFS-Durable-Premium-500"}
 
 
 def _oci(plan: Plan) -> dict:
-    if plan.spec.ssh_cidr:  # the module launches into the user's subnet: its security list decides SSH
-        raise GpuprovError("--ssh-cidr has no effect on OCI (the nodes join your subnet_id); "
-                           "open SSH in that subnet's security list instead")
     return {"shape": plan.instance.name, "boot_volume_size_gb": 512}
 
 

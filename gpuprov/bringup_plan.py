@@ -1,0 +1,165 @@
+"""The bring-up part of a Plan: purchase option, image, access, shared storage, bundle id.
+
+The planner calls `priced_pool` before its search (each instance type carries the price of the
+cheapest purchase option the user allows and can use; types nothing allowed can buy drop out) and
+`bringup_fields` / `purchase_alternatives` / `purchase_notes` when it builds the Plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+from gpuprov.catalog import bringup as cat
+from gpuprov.errors import GpuprovError
+
+
+def priced_pool(pool: list[Any], spec: Any) -> tuple[list[Any], list[Any]]:
+    """(instances priced at their best usable offer, cloud instances no allowed option can buy)."""
+    kept, unbuyable = [], []
+    for inst in pool:
+        if inst.onprem:
+            kept.append(inst)
+            continue
+        offer = cat.best_offer(spec, inst)
+        if offer is None:
+            unbuyable.append(inst)
+            continue
+        kept.append(dataclasses.replace(inst, purchase=offer.option, price_per_hour_usd=offer.price_per_hour_usd,
+                                        price_date=offer.price_date, price_source=offer.price_source))
+    return kept, unbuyable
+
+
+def unbuyable_hint(spec: Any, unbuyable: list[Any]) -> str:
+    """Why some instance types were not searched, and how to allow them (empty when none)."""
+    scope = [i for i in unbuyable if (spec.cloud in ("any", i.cloud))
+             and (not spec.gpus or i.gpu.lower() in {g.lower() for g in spec.gpus})]
+    if not scope:
+        return ""
+    named = ", ".join(f"{i.name} ({'/'.join(cat.offered_options(i))})" for i in scope[:4])
+    return (f"; not searched, no allowed purchase option buys them: {named}: allow one with --purchase "
+            f"(allowed now: {','.join(cat.allowed_options(spec))}), a reservation needs --reservation / "
+            f"--capacity-reservation-id")
+
+
+# What names a deployment: changing the token count, the deadline or the batch must not rename
+# (and so replace) running resources; a second bundle for the same model, task and place sets
+# name_prefix in terraform.tfvars.
+IDENTITY_FIELDS = {"model", "task", "cloud", "region", "gpus"}
+
+
+def bundle_id(spec: Any) -> str:
+    """Six hex digits from the spec fields that name the deployment (only those the user set, so a
+    release that adds a spec field renames nothing)."""
+    identity = spec.model_dump_json(include=IDENTITY_FIELDS, exclude_defaults=True)
+    return hashlib.sha256(identity.encode()).hexdigest()[:6]
+
+
+def _purchase(spec: Any, inst: Any) -> Any:
+    from gpuprov.plan import Purchase
+
+    if inst.onprem:
+        return Purchase()
+    offer = next(o for o in cat.offers(inst) if o.option == inst.purchase)
+    return Purchase(option=offer.option, price_per_hour_usd=inst.price_per_hour_usd, preemptible=offer.preemptible,
+                    reservation_bound=offer.reservation_bound, max_run_hours=offer.max_run_hours,
+                    held=cat.held(spec, offer, inst.cloud), risk=offer.risk, source=offer.source)
+
+
+def _image(cloud: str) -> Any:
+    from gpuprov.plan import Image
+
+    entry = cat.image(cloud)
+    ref_keys = {"aws": ("ssm_parameter",), "gcp": ("image",), "azure": ("publisher", "offer", "sku", "version"),
+                "oci": ()}[cloud]
+    return Image(name=entry["name"], ref={k: str(entry[k]) for k in ref_keys}, user=entry["user"],
+                 secure_boot=bool(entry["secure_boot"]), driver_preinstalled=bool(entry["driver_preinstalled"]),
+                 source=entry["source"])
+
+
+def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
+    from gpuprov.plan import Access
+
+    entry = cat.access(cloud)
+    user = image_user if cloud != "onprem" else None  # on-prem: per host, from the hosts file
+    if entry["method"] == "bastion" and spec.ssh_cidr:
+        # the issue's alternative to a bastion: public node addresses, SSH from that CIDR only
+        return Access(method="ssh", user=user, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
+    return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), source=entry["source"])
+
+
+def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
+    from gpuprov.host import rules
+    from gpuprov.plan import SharedStorage
+
+    entry = cat.shared_storage(cloud)
+    if nodes < 2 or entry is None:
+        return None
+    need = needs.checkpoint_bytes * needs.checkpoints_kept + tokens * rules()["nvme"]["bytes_per_token"]
+    options = {k: v for k, v in entry.items() if k not in ("kind", "min_gib", "step_gib", "source")}
+    return SharedStorage(kind=entry["kind"], size_gib=cat.shared_size_gib(entry, need), need_bytes=need,
+                         options=options, source=entry["source"])
+
+
+def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, Any]:
+    """Plan keyword arguments: purchase, image, access, shared_storage, bundle_id."""
+    cloud = inst.cloud
+    image = None if cloud == "onprem" else _image(cloud)
+    return {
+        "purchase": _purchase(spec, inst),
+        "image": image,
+        "access": _access(cloud, image.user if image else None, spec),
+        "shared_storage": _shared(cloud, nodes, needs, spec.tokens),
+        "bundle_id": bundle_id(spec),
+    }
+
+
+def purchase_alternatives(spec: Any, best: Any) -> list[Any]:
+    """What the chosen run would cost under the chosen type's other purchase options."""
+    from gpuprov.plan import Alternative
+
+    inst = best.instance
+    if inst.onprem:
+        return []
+    allowed = cat.allowed_options(spec)
+    out = []
+    for offer in cat.offers(inst):
+        if offer.option == inst.purchase:
+            continue
+        cost = None if offer.price_per_hour_usd is None else round(best.time_hours * best.nodes * offer.price_per_hour_usd, 2)
+        why = [f"{offer.option}: " + (f"${offer.price_per_hour_usd:,.2f}/h per node" if offer.price_per_hour_usd
+                                      is not None else "no public price")]
+        if offer.option not in allowed:
+            why.append(f"not allowed (add it to --purchase)")
+        elif offer.needs and cat.held(spec, offer, inst.cloud) is None:
+            why.append("needs " + ("--capacity-reservation-id" if inst.cloud == "aws" else "--reservation"))
+        if offer.preemptible:
+            why.append("preemptible: relies on checkpoint/resume")
+        out.append(Alternative(cloud=inst.cloud, instance_type=inst.name, gpu=inst.gpu, nodes=best.nodes,
+                               total_gpus=best.total_gpus, sharding=best.sharding,
+                               time_hours=round(best.time_hours, 3), cost_usd=cost, reason="; ".join(why),
+                               purchase=offer.option))
+    return out
+
+
+def purchase_notes(spec: Any, plan_purchase: Any, inst: Any, time_hours: float, nodes: int,
+                   shared: Any) -> list[str]:
+    """What the chosen purchase option and storage mean for the run."""
+    if inst.onprem:
+        return []
+    notes = [f"Purchase: {plan_purchase.option} ({inst.name}; options it is sold with: "
+             f"{', '.join(cat.offered_options(inst))})"]
+    if plan_purchase.risk:
+        notes.append(f"{plan_purchase.option}: {plan_purchase.risk}")
+    if plan_purchase.max_run_hours and time_hours > plan_purchase.max_run_hours:
+        notes.append(f"The run takes {time_hours:,.0f} h, longer than one {plan_purchase.option} lease of "
+                     f"{plan_purchase.max_run_hours:g} h: re-apply to get new VMs and resume from the last checkpoint")
+    if inst.cloud == "aws" and plan_purchase.option in ("reservation", "capacity-block"):
+        other = "capacity-block" if plan_purchase.option == "reservation" else "reservation"
+        notes.append(f"Launching into {plan_purchase.held} as a {plan_purchase.option}; if it is a "
+                     f"{other}, pass --purchase {other}")
+    if nodes > 1 and shared is None:
+        notes.append(f"No managed shared filesystem is rendered for {inst.cloud}: mount one at /shared "
+                     "before training, or checkpoints stay on node-local disks")
+    return notes

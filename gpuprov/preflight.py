@@ -1,0 +1,336 @@
+"""Pre-flight checks for `gpuprov validate`: will the cloud let this bundle come up?
+
+Offline rules read the plan, the catalog and the bundle's terraform.tfvars (the values `up` will
+use): the purchase option can buy the instance type, the region is the one the catalog knows the
+type in, a reservation names its zone, and the quota to request. Live checks run only when the
+cloud's CLI is on PATH and logged in: instance-type offerings per zone, the reservation exists and
+has room, the quota. Each check gives (status, name, detail, fix command); `run` is injectable so
+tests answer with recorded CLI JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gpuprov.catalog import bringup as cat
+
+Runner = Callable[[list[str]], tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # ok | fail | skip
+    name: str
+    detail: str
+    fix: str = ""
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """(exit code, stdout) of a cloud CLI; 127 when it is not on PATH."""
+    if shutil.which(argv[0]) is None:
+        return 127, ""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 1, ""
+    return proc.returncode, proc.stdout
+
+
+_TFVAR = re.compile(r'^\s*([a-z_][a-z0-9_]*)\s*=\s*(?:"([^"]*)"|([0-9]+|true|false|null))\s*(?:#.*)?$', re.M)
+
+
+def tfvars(root: Path) -> dict[str, Any]:
+    """Scalar values set in terraform/terraform.tfvars (what `up` passes over the plan defaults)."""
+    path = root / "terraform" / "terraform.tfvars"
+    if not path.is_file():
+        return {}
+    out: dict[str, Any] = {}
+    for key, text, bare in _TFVAR.findall(path.read_text(encoding="utf-8")):
+        out[key] = text if not bare else {"true": True, "false": False, "null": None}.get(bare, bare)
+        if bare.isdigit():
+            out[key] = int(bare)
+    return out
+
+
+def settings(plan: Any, root: Path) -> dict[str, Any]:
+    """The values the bundle will apply with: plan defaults, overridden by terraform.tfvars."""
+    given = tfvars(root)
+    cloud = plan.cluster.cloud
+    instance_key = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}[cloud]
+    region_key = "location" if cloud == "azure" else "region"
+    held_key = {"aws": "capacity_reservation_id", "gcp": "reservation_name"}.get(cloud, "")
+    return {
+        "instance": given.get(instance_key, plan.instance.name),
+        "region": given.get(region_key, plan.instance.region),
+        "nodes": int(given.get("node_count", plan.cluster.nodes)),
+        "purchase": given.get("purchase_option", plan.purchase.option),
+        "held": given.get(held_key, plan.purchase.held),
+        "zone": given.get("availability_zone" if cloud == "aws" else "zone"),
+        "project": given.get("project_id"),
+    }
+
+
+# ---------------------------------------------------------------- offline rules
+
+
+def offline_checks(plan: Any, root: Path) -> list[Check]:
+    from gpuprov.catalog.instances import get_instance
+    from gpuprov.errors import GpuprovError
+
+    s = settings(plan, root)
+    try:
+        inst = get_instance(s["instance"])
+    except GpuprovError as exc:
+        return [Check("fail", "instance type", str(exc), "gpuprov instances")]
+    checks = [_purchase_rule(inst, s), _region_rule(plan, inst, s), _reservation_zone_rule(plan, s)]
+    checks.append(_quota_rule(plan, inst, s))
+    return [c for c in checks if c is not None]
+
+
+def _purchase_rule(inst: Any, s: dict) -> Check:
+    offered = cat.offered_options(inst)
+    if s["purchase"] in offered:
+        return Check("ok", "purchase option", f"{inst.name} is sold {s['purchase']} ({', '.join(offered)})")
+    return Check("fail", "purchase option", f"{inst.name} cannot be bought {s['purchase']}: it is sold "
+                 f"{', '.join(offered)} only", f"gpuprov generate --purchase {offered[0]} ...")
+
+
+def _region_rule(plan: Any, inst: Any, s: dict) -> Check:
+    names, source = cat.known_regions(plan.cluster.cloud)
+    if names and s["region"] not in names:
+        return Check("fail", "region", f"{s['region']} is not a region of {plan.cluster.cloud} ({source})",
+                     "set region in terraform/terraform.tfvars")
+    if s["region"] == inst.region:
+        return Check("ok", "region", f"{inst.name} is offered in {s['region']} (catalog: {inst.price_source})")
+    return Check("skip", "region", f"the catalog knows {inst.name} in {inst.region} only; {s['region']} "
+                 "is checked live", _offerings_command(plan.cluster.cloud, inst.name, s["region"]))
+
+
+def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
+    if s["purchase"] not in ("reservation", "capacity-block"):
+        return None
+    if not s["held"]:
+        return Check("fail", "reservation", f"purchase option {s['purchase']} names no reservation",
+                     "set capacity_reservation_id / reservation_name in terraform/terraform.tfvars")
+    if plan.cluster.cloud == "aws" and not s["zone"]:
+        return Check("fail", "reservation zone", f"{s['held']} lives in one availability zone: "
+                     "availability_zone is not set", "aws ec2 describe-capacity-reservations --capacity-reservation-ids "
+                     f"{s['held']} --query 'CapacityReservations[0].AvailabilityZone'")
+    return Check("ok", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} (checked live)")
+
+
+def _family(cloud: str, name: str) -> str:
+    if cloud == "aws":
+        return name[:1]  # EC2 quotas are per family letter: p5en -> p, g6e -> g
+    return name.rsplit("-", 1)[0] if cloud == "gcp" else name
+
+
+def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
+    entry = cat.quota(plan.cluster.cloud)
+    spot = s["purchase"] in ("spot", "flex-start")
+    if entry is None:
+        return Check("skip", "quota", f"no quota names for {plan.cluster.cloud} in the catalog: "
+                     f"request {s['nodes'] * inst.gpus} GPUs ({s['nodes']} x {inst.name})")
+    if entry["unit"] == "vcpus":
+        code = entry["codes"].get(_family("aws", inst.name))
+        need = s["nodes"] * (inst.vcpus or 0)
+        if code is None:
+            return Check("skip", "quota", f"no quota code for {inst.name}: request {need} vCPUs")
+        quota_code = code["spot" if spot else "on-demand"]
+        if s["purchase"] in ("reservation", "capacity-block"):
+            return Check("ok", "quota", f"{s['purchase']}: the reservation's capacity counts, not {quota_code}")
+        return Check("ok", "quota", f"request {need} vCPUs of {quota_code} ({code['name']}) in {s['region']}",
+                     f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
+                     f"{quota_code} --desired-value {need} --region {s['region']}")
+    metric = entry["metrics"].get(_family("gcp", inst.name))
+    need = s["nodes"] * inst.gpus
+    if metric is None:
+        return Check("skip", "quota", f"no quota metric for {inst.name}: request {need} GPUs")
+    metric = (entry["preemptible_prefix"] if spot else "") + metric
+    return Check("ok", "quota", f"request {need} of {metric} in {s['region']}",
+                 f"gcloud compute regions describe {s['region']} --format=json  (quotas: {metric})")
+
+
+def _offerings_command(cloud: str, name: str, region: str) -> str:
+    if cloud == "aws":
+        return (f"aws ec2 describe-instance-type-offerings --location-type availability-zone "
+                f"--filters Name=instance-type,Values={name} --region {region}")
+    if cloud == "gcp":
+        return f"gcloud compute machine-types list --filter=name={name} --format=json"
+    return ""
+
+
+# ---------------------------------------------------------------- live checks
+
+
+def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
+    cloud = plan.cluster.cloud
+    if cloud not in ("aws", "gcp"):
+        return [Check("skip", "live checks", f"no live checks for {cloud} yet")]
+    s = settings(plan, root)
+    login = ["aws", "sts", "get-caller-identity", "--output", "json"] if cloud == "aws" else \
+        ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=json"]
+    code, out = run(login)
+    if code == 127:
+        return [Check("skip", "live checks", f"{login[0]} is not on PATH")]
+    if code != 0 or not _logged_in(cloud, out):
+        return [Check("skip", "live checks", f"{login[0]} is not logged in",
+                      "aws sso login" if cloud == "aws" else "gcloud auth login")]
+    checks = [_aws_offerings if cloud == "aws" else _gcp_offerings]
+    if s["purchase"] in ("reservation", "capacity-block") and s["held"]:
+        checks.append(_aws_reservation if cloud == "aws" else _gcp_reservation)
+    checks.append(_aws_quota if cloud == "aws" else _gcp_quota)
+    return [check(plan, s, run) for check in checks]
+
+
+def _logged_in(cloud: str, out: str) -> bool:
+    try:
+        data = json.loads(out or "null")
+    except ValueError:
+        return False
+    return bool(data.get("Account")) if cloud == "aws" and isinstance(data, dict) else bool(data)
+
+
+def _json(run: Runner, argv: list[str]) -> Any:
+    code, out = run(argv)
+    if code != 0:
+        return None
+    try:
+        return json.loads(out)
+    except ValueError:
+        return None
+
+
+def _aws_offerings(plan: Any, s: dict, run: Runner) -> Check:
+    argv = ["aws", "ec2", "describe-instance-type-offerings", "--location-type", "availability-zone",
+            "--filters", f"Name=instance-type,Values={s['instance']}", "--region", s["region"], "--output", "json"]
+    data = _json(run, argv)
+    if data is None:
+        return Check("fail", "offered (live)", "describe-instance-type-offerings failed", " ".join(argv))
+    zones = sorted(o["Location"] for o in data.get("InstanceTypeOfferings", []))
+    if not zones:
+        return Check("fail", "offered (live)", f"{s['instance']} is not offered in {s['region']}",
+                     "pick another region (--region) or instance type")
+    if s["zone"] and s["zone"] not in zones:
+        return Check("fail", "offered (live)", f"{s['instance']} is offered in {', '.join(zones)}, not {s['zone']}",
+                     "set availability_zone and a subnet_id in one of those zones")
+    return Check("ok", "offered (live)", f"{s['instance']} in {', '.join(zones)}")
+
+
+def _aws_reservation(plan: Any, s: dict, run: Runner) -> Check:
+    argv = ["aws", "ec2", "describe-capacity-reservations", "--capacity-reservation-ids", s["held"],
+            "--region", s["region"], "--output", "json"]
+    data = _json(run, argv)
+    found = (data or {}).get("CapacityReservations") or []
+    if not found:
+        return Check("fail", "reservation (live)", f"{s['held']} not found in {s['region']}", " ".join(argv))
+    r = found[0]
+    problems = []
+    if r.get("State") not in ("active", "scheduled"):
+        problems.append(f"state {r.get('State')}")
+    if r.get("InstanceType") != s["instance"]:
+        problems.append(f"it holds {r.get('InstanceType')}, not {s['instance']}")
+    if int(r.get("AvailableInstanceCount", 0)) < s["nodes"]:
+        problems.append(f"{r.get('AvailableInstanceCount', 0)} instances free, the plan needs {s['nodes']}")
+    if s["zone"] and r.get("AvailabilityZone") != s["zone"]:
+        problems.append(f"it is in {r.get('AvailabilityZone')}, availability_zone is {s['zone']}")
+    if problems:
+        return Check("fail", "reservation (live)", f"{s['held']}: " + "; ".join(problems),
+                     f"set availability_zone = \"{r.get('AvailabilityZone')}\" and node_count, or another reservation")
+    return Check("ok", "reservation (live)", f"{s['held']}: {r['AvailableInstanceCount']} x {s['instance']} free "
+                 f"in {r['AvailabilityZone']} ({r['State']})")
+
+
+def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
+    from gpuprov.catalog.instances import get_instance
+
+    inst = get_instance(s["instance"])
+    entry = cat.quota("aws")["codes"].get(_family("aws", inst.name))
+    if entry is None or s["purchase"] in ("reservation", "capacity-block"):
+        return Check("skip", "quota (live)", "no vCPU quota applies" if entry else f"no quota code for {inst.name}")
+    code = entry["spot" if s["purchase"] == "spot" else "on-demand"]
+    argv = ["aws", "service-quotas", "get-service-quota", "--service-code", "ec2", "--quota-code", code,
+            "--region", s["region"], "--output", "json"]
+    data = _json(run, argv)
+    if data is None:
+        return Check("fail", "quota (live)", f"get-service-quota {code} failed", " ".join(argv))
+    have, need = float(data["Quota"]["Value"]), s["nodes"] * (inst.vcpus or 0)
+    if have < need:
+        return Check("fail", "quota (live)", f"{code}: {have:.0f} vCPUs allowed, the plan needs {need}",
+                     f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+                     f"--desired-value {need} --region {s['region']}")
+    return Check("ok", "quota (live)", f"{code}: {have:.0f} vCPUs allowed >= {need} needed")
+
+
+def _gcp_offerings(plan: Any, s: dict, run: Runner) -> Check:
+    argv = ["gcloud", "compute", "machine-types", "list", f"--filter=name={s['instance']}", "--format=json"]
+    if s["project"]:
+        argv.append(f"--project={s['project']}")
+    data = _json(run, argv)
+    if data is None:
+        return Check("fail", "offered (live)", "machine-types list failed", " ".join(argv))
+    zones = sorted(m["zone"].rsplit("/", 1)[-1] for m in data if m["zone"].rsplit("/", 1)[-1].startswith(s["region"] + "-"))
+    if not zones:
+        return Check("fail", "offered (live)", f"{s['instance']} is not offered in {s['region']}",
+                     "pick another region (--region) or machine type")
+    if s["zone"] and s["zone"] not in zones:
+        return Check("fail", "offered (live)", f"{s['instance']} is offered in {', '.join(zones)}, not {s['zone']}",
+                     "set zone in terraform/terraform.tfvars to one of them")
+    return Check("ok", "offered (live)", f"{s['instance']} in {', '.join(zones)}")
+
+
+def _gcp_reservation(plan: Any, s: dict, run: Runner) -> Check:
+    name = s["held"].rsplit("/", 1)[-1]
+    argv = ["gcloud", "compute", "reservations", "describe", name, f"--zone={s['zone']}", "--format=json"]
+    data = _json(run, argv)
+    if not data:
+        return Check("fail", "reservation (live)", f"reservation {name} not found in {s['zone']}", " ".join(argv))
+    spec = data.get("specificReservation", {})
+    free = int(spec.get("count", 0)) - int(spec.get("inUseCount", 0))
+    machine = spec.get("instanceProperties", {}).get("machineType")
+    problems = []
+    if data.get("status") != "READY":
+        problems.append(f"status {data.get('status')}")
+    if machine and machine != s["instance"]:
+        problems.append(f"it holds {machine}, not {s['instance']}")
+    if free < s["nodes"]:
+        problems.append(f"{free} VMs free, the plan needs {s['nodes']}")
+    if problems:
+        return Check("fail", "reservation (live)", f"{name}: " + "; ".join(problems), " ".join(argv))
+    return Check("ok", "reservation (live)", f"{name}: {free} x {s['instance']} free in {s['zone']}")
+
+
+def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
+    from gpuprov.catalog.instances import get_instance
+
+    inst = get_instance(s["instance"])
+    entry = cat.quota("gcp")
+    metric = entry["metrics"].get(_family("gcp", inst.name))
+    if metric is None:
+        return Check("skip", "quota (live)", f"no quota metric for {inst.name}")
+    if s["purchase"] in ("spot", "flex-start"):
+        metric = entry["preemptible_prefix"] + metric
+    argv = ["gcloud", "compute", "regions", "describe", s["region"], "--format=json"]
+    data = _json(run, argv)
+    if data is None:
+        return Check("fail", "quota (live)", "regions describe failed", " ".join(argv))
+    row = next((q for q in data.get("quotas", []) if q.get("metric") == metric), None)
+    need = s["nodes"] * inst.gpus
+    if row is None or float(row["limit"]) - float(row.get("usage", 0)) < need:
+        have = 0 if row is None else float(row["limit"]) - float(row.get("usage", 0))
+        return Check("fail", "quota (live)", f"{metric}: {have:.0f} GPUs free in {s['region']}, the plan needs {need}",
+                     "request more at https://console.cloud.google.com/iam-admin/quotas "
+                     f"(metric {metric}, region {s['region']})")
+    return Check("ok", "quota (live)", f"{metric}: {float(row['limit']) - float(row.get('usage', 0)):.0f} free >= {need}")
+
+
+def preflight(plan: Any, root: Path, *, live: bool = True, run: Runner = run_cli) -> list[Check]:
+    if plan.cluster.cloud == "onprem":
+        return [Check("skip", "pre-flight", "on-prem: no cloud rules")]
+    return offline_checks(plan, root) + (live_checks(plan, root, run) if live else [])
