@@ -100,20 +100,26 @@ class SearchResult:
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
 
 
-def make_setup(*, grad_accum: int, **fields: Any) -> TrainSetup:
+def make_setup(*, grad_accum: int, stack: Any = None, **fields: Any) -> TrainSetup:
     """The estimator's setup for one candidate, as the bundle's trainer will run it.
 
     `grad_accum` (global batch / (micro-batch x seq-len x data-parallel ranks)) decides whether
     gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
-    FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it.
+    FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it. `stack` (the
+    Plan's Stack) carries the rest of what the trainer runs: loss, compile, optimizer step.
     """
     from gpuprov.sizing.memory import ExtendedSetup
+    from gpuprov.stack import choose_stack, setup_fields
 
-    return ExtendedSetup(
-        **fields,
-        grad_accumulation_steps=max(1, int(grad_accum)),
-        qlora_base_replicated=fields.get("task") == "qlora",
-    )
+    if stack is None:  # the stack any model of this task and precision gets (attention aside)
+        stack = choose_stack(fields.get("task", "full"), fields.get("precision", "bf16-mixed"), "")
+    return ExtendedSetup(**fields, grad_accumulation_steps=max(1, int(grad_accum)), **setup_fields(stack))
+
+
+def stack_for(spec: Any, arch: Any) -> Any:
+    from gpuprov.stack import choose_stack
+
+    return choose_stack(spec.task, spec.precision, arch.model_type)
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
@@ -188,6 +194,7 @@ def search(
     margin = spec.safety_margin
     objective = spec.objective
     flops_by_ac = {ac: flops_per_token(arch, seq, task, trainable, ac) for ac in AC_MODES}
+    stack = stack_for(spec, arch)
     insts = list(instances)
     if spec.gpus:
         wanted = {g.lower() for g in spec.gpus}
@@ -226,7 +233,7 @@ def search(
                 task=task, seq_len=seq, micro_batch=mb, gpus=total, gpus_per_node=gpn, sharding=sharding,
                 shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
                 precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
-                lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga,
+                lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga, stack=stack,
             )
             est = estimator(arch, setup)
             mem_calls += 1
@@ -558,7 +565,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum,
+        grad_accum=c.grad_accum, stack=stack_for(spec, arch),
     )
 
 
@@ -733,7 +740,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
                       gpu_memory_bytes=gpu.memory_bytes, safety_margin=spec.safety_margin, fits=True,
                       headroom_bytes=usable - mem.per_gpu_bytes, assumptions=list(mem.assumptions)),
         throughput=Throughput(tokens_per_s=step.tokens_per_s, mfu=step.mfu, mfu_assumed=util, mfu_source=util_src,
-                              flops_per_token=fl.model, step_time_s=step.step_time_s,
+                              flops_per_token=fl.model, attention_flops_per_token=fl.attention, step_time_s=step.step_time_s,
                               compute_time_s=step.compute_time_s, comm_time_s=step.exposed_comm_s,
                               bound=step.bound),
         time_hours=best.time_hours,
@@ -747,6 +754,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         alternatives=alternatives,
         notes=_notes(spec, arch, best, mem, pool, get_gpu)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu),) if n],
+        stack=stack_for(spec, arch),
     )
     return plan
 
