@@ -44,7 +44,7 @@ def with_fabric(plan, **update):
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_files_and_scripts_parse(cloud, tmp_path):
     files = render_launch(sample_plan(cloud))
-    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py"}
+    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py", "prepare_data.py"}
     launch = write(files, tmp_path)
     for name in ("env.sh", "train.sh", "slurm.sbatch"):
         subprocess.run([BASH, "-n", str(launch / name)], check=True)

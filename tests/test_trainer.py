@@ -57,7 +57,7 @@ def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, t
 
 
 def start(launch: Path, *args: str, port: int, **env: str) -> subprocess.Popen:
-    full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+    full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GPUPROV_MAX_RESTARTS="0",
                     GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"), **env)
     full_env.pop("TORCHRUN", None)
     # own session: a run that hangs is killed with its torchrun workers (see finish)

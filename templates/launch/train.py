@@ -113,7 +113,9 @@ def flight_recorder(rt_cfg: dict) -> None:
     """NCCL flight recorder: the last N collectives per rank, dumped when a collective times out."""
     entries = int(rt_cfg.get("flight_recorder_entries") or 0)
     if entries > 0:
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(entries))
+        # renamed TORCH_FR_BUFFER_SIZE in torch 2.8 (the old name still works, with a warning)
+        new = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE" if new else "TORCH_NCCL_TRACE_BUFFER_SIZE", str(entries))
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
         if rt_cfg.get("flight_recorder_dir"):
             Path(rt_cfg["flight_recorder_dir"]).mkdir(parents=True, exist_ok=True)
@@ -206,11 +208,11 @@ def build_model(cfg: dict, rt: Runtime) -> tuple[torch.nn.Module, bool]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     mcfg, task = cfg["model"], cfg["task"]["kind"]
-    path = pretrained_path(cfg)
     master = DTYPES[cfg["precision"]["master_dtype"]]
     check_attention(mcfg["attn_implementation"])
     if task == "qlora":
         return build_qlora_model(cfg, rt), False
+    path = pretrained_path(cfg)
     if path:
         config = AutoConfig.from_pretrained(path)
     else:
@@ -558,7 +560,9 @@ class TokenWindows:
         self.path, self.masks = d.get("path"), None
         if self.path:
             files = self._files(Path(self.path), split)
-            dtype = np.dtype(d.get("dtype", "uint16")).newbyteorder("<")
+            meta = Path(self.path, "meta.json")
+            dtype = json.loads(meta.read_text())["dtype"] if meta.is_file() else d.get("dtype", "uint16")
+            dtype = np.dtype(dtype).newbyteorder("<")
             self.shards = [np.memmap(f, dtype=dtype, mode="r") for f in files]
             if all(f.with_suffix(".mask").is_file() for f in files):
                 self.masks = [np.memmap(f.with_suffix(".mask"), dtype=np.uint8, mode="r") for f in files]
@@ -744,7 +748,9 @@ class Checkpointer:
         self.root, self.keep, self.rt = Path(ck["dir"]), int(ck["keep"]), rt
         self.use_async = bool(ck.get("async")) and rt.world > 1
         self.pending = None
-        self.group = dist.new_group(backend="gloo") if self.use_async and rt.is_cuda else None
+        # the background save runs its own collectives: on a group of its own, never the one the
+        # training step is using at the same time
+        self.group = dist.new_group(backend="gloo") if self.use_async else None
 
     def save(self, state: TrainState) -> Path:
         import torch.distributed.checkpoint as dcp
@@ -837,7 +843,10 @@ def write_hf_model(sd: dict, model: torch.nn.Module, cfg: dict, out: Path) -> No
         tensors.pop("lm_head.weight", None)  # save_pretrained drops the tied copy too
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config
-    config.torch_dtype = cfg["export"]["dtype"]
+    import transformers
+
+    setattr(config, "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype",
+            cfg["export"]["dtype"])
     config.use_cache = True
     config.save_pretrained(str(out))
 
