@@ -294,7 +294,6 @@ def build_qlora_model(cfg: dict, rt: Runtime) -> torch.nn.Module:
 def apply_lora(model: torch.nn.Module, cfg: dict) -> torch.nn.Module:
     from peft import get_peft_model
 
-    targets = lora["targets"]
     return get_peft_model(model, lora_config(cfg))
 
 
