@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -49,7 +50,10 @@ def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, t
     plan = plan.model_copy(update=dict(cluster=cluster, training=training, storage=storage))
     launch = root / "launch"
     launch.mkdir(parents=True)
-    for name, text in render_launch(plan).items():
+    # several "nodes" checkpoint to the shared mount: here a directory of this test's own
+    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
+        files = render_launch(plan)
+    for name, text in files.items():
         (launch / name).write_text(text)
         if name.endswith((".sh", ".sbatch")):
             (launch / name).chmod(0o755)
@@ -553,3 +557,17 @@ def test_readme_names_the_variables_train_sh_reads():
     assert {"GPUPROV_HEAD_ADDR", "GPUPROV_NODE_RANK"} <= named
     assert all(v in launch["train.sh"] for v in named), named
     assert "set `HEAD`" not in readme
+
+
+def test_compile_per_block_on_cuda_and_float8_refused_without_it(trainer_module):
+    train, yaml_path = trainer_module
+    torch = train.torch
+    blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+    cfg = train.load_config(str(yaml_path), ["efficiency.compile=true"])
+    train.apply_compile(blocks, cfg, train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0))
+    assert not any(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in blocks)  # CPU: eager
+    train.apply_compile(blocks, cfg, train.Runtime(0, 1, 0, torch.device("cuda"), None, 0, 1, 0))
+    assert all(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in blocks)  # one unit per block
+    cfg = train.load_config(str(yaml_path), ["efficiency.float8=true"])
+    with pytest.raises(SystemExit, match="float8 needs an sm_89"):
+        train.apply_float8(torch.nn.Linear(4, 4), cfg, train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0))

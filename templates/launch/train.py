@@ -439,15 +439,15 @@ def materialise(model: torch.nn.Module, on_meta: bool, cfg: dict, rt: Runtime, f
     model.to_empty(device=rt.device)
     path = pretrained_path(cfg)
     skip = from_checkpoint and cfg["task"]["kind"] == "full"
+    # DTensor random ops are exact on CUDA (offset-based RNG); on CPU each rank draws its local
+    # shard from its own generator: seed by shard coordinate so HSDP replicas agree (LoRA's A too).
+    torch.manual_seed(int(cfg["training"]["seed"]) + (0 if rt.is_cuda else rt.shard_rank))
     with torch.no_grad():
         if skip:
             log("resuming: every weight comes from the checkpoint (pretrained files not read)")
         elif path:
             load_pretrained(model, path, rt)
         else:
-            # DTensor random ops are exact on CUDA (offset-based RNG); on CPU each rank draws its
-            # local shard from its own generator: seed by shard coordinate so HSDP replicas agree.
-            torch.manual_seed(int(cfg["training"]["seed"]) + (0 if rt.is_cuda else rt.shard_rank))
             if hasattr(base, "initialize_weights"):
                 base.initialize_weights()
             else:
@@ -463,30 +463,40 @@ def materialise(model: torch.nn.Module, on_meta: bool, cfg: dict, rt: Runtime, f
 
 
 def hf_name(name: str) -> str:
-    """A trainer parameter's name in the HF checkpoint (peft: base_model.model.<fqn>, <layer>.base_layer)."""
+    """A trainer parameter's name in the HF checkpoint: no wrapper prefixes (activation
+    checkpointing, compile), and peft's base_model.model.<fqn> / <layer>.base_layer undone."""
+    name = name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def load_pretrained(model: torch.nn.Module, path: str, rt: Runtime) -> None:
-    """HF safetensors, one file at a time: every rank reads the file (memory-mapped) and keeps only
-    its own shard of each tensor, so no rank ever holds the whole model."""
+    """HF safetensors, one file at a time: every rank reads the file (memory-mapped) and copies
+    only its own shard of each tensor into place, so no rank ever holds the whole model."""
     from safetensors import safe_open
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise ConfigError(f"model.pretrained_path {path!r} has no *.safetensors files (save_pretrained writes them)")
-    names = {hf_name(n): n for n in model.state_dict() if "lora_" not in n}
+    params = {hf_name(n): p for n, p in model.named_parameters() if "lora_" not in n}
     loaded: set[str] = set()
-    opts = StateDictOptions(full_state_dict=True, strict=False)
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
-            part = {names[k]: sf.get_tensor(k) for k in sf.keys() if k in names}
-        set_model_state_dict(model, part, options=opts)
-        loaded.update(part)
-        del part
+            for key in sf.keys():
+                p = params.get(key)
+                if p is None:
+                    continue
+                full = sf.get_tensor(key).to(p.dtype)
+                if isinstance(p, DTensor):
+                    # src_data_rank=None: slice locally, no communication (every rank has the file)
+                    local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                    p.to_local().copy_(local)
+                else:
+                    p.copy_(full)
+                loaded.add(key)
+                del full
     tied = getattr(model.config, "tie_word_embeddings", False)
-    missing = [n for k, n in names.items() if n not in loaded and not (tied and k == "lm_head.weight")]
+    missing = [k for k in params if k not in loaded and not (tied and k == "lm_head.weight")]
     if missing:
         raise ConfigError(f"model.pretrained_path {path!r} lacks {len(missing)} weights, e.g. {missing[0]}")
     log(f"pretrained: {len(loaded)} tensors from {len(files)} safetensors file(s) in {path}")
@@ -533,7 +543,8 @@ def verify_replicas(model: torch.nn.Module, rt: Runtime) -> None:
     dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
     dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
     if not torch.equal(lo, hi):
-        raise RuntimeError("HSDP replicas differ after initialisation")
+        names = [n for (n, _), a, b in zip(model.named_parameters(), lo, hi) if a != b]
+        raise RuntimeError(f"HSDP replicas differ after initialisation: {', '.join(names[:3])}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -991,7 +1002,6 @@ def prepare_model(cfg: dict, rt: Runtime, from_checkpoint: bool) -> tuple[torch.
         materialise(model, on_meta, cfg, rt, from_checkpoint)
         if rt.world > 1:
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.is_cuda else None)
-    verify_replicas(model, rt)
     return model, fp8
 
 
@@ -1040,6 +1050,7 @@ def train(cfg: dict) -> None:
     if latest is not None:
         load_checkpoint(state, latest)
         log(f"resumed from {latest} at step {state.step} (samples seen {state.samples_seen})")
+    verify_replicas(model, rt)
 
     data = TokenWindows(cfg, seq_len, vocab, int(cfg["training"]["seed"]))
     val = TokenWindows.validation(cfg, seq_len, vocab, int(cfg["training"]["seed"]))
