@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         ours = run_trainer(launch, Path(work), args, peak)
     theirs = run_torchtitan(args) if not args.tiny else {"error": "skipped with --tiny"}
     predicted = predicted_peak(plan, args)
-    shape = f"{args.model} {args.task}, {args.gpus} GPU(s), seq {args.seq_len} x micro-batch {args.micro_batch}, AC {args.ac}"
+    shape = (f"{args.model} {args.task}, {args.gpus} GPU(s), seq {args.seq_len} x micro-batch "
+             f"{args.micro_batch}, AC {args.ac}")
     print(f"# {shape}{' (tiny CPU shape)' if args.tiny else ''}")
     print(f"{'trainer':<12} {'tokens/s':>12} {'MFU %':>7} {'peak GiB':>9} {'predicted GiB':>14}")
     pred = "n/a" if predicted is None else f"{predicted / GiB:.2f}"

@@ -119,7 +119,8 @@ def flight_recorder(rt_cfg: dict) -> None:
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
         if rt_cfg.get("flight_recorder_dir"):
             Path(rt_cfg["flight_recorder_dir"]).mkdir(parents=True, exist_ok=True)
-            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(rt_cfg["flight_recorder_dir"], "nccl_trace_rank_")))
+            dump = Path(rt_cfg["flight_recorder_dir"], "nccl_trace_rank_")
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(dump))
 
 
 class GarbageCollection:
@@ -241,7 +242,8 @@ def pretrained_path(cfg: dict) -> str | None:
     if path:
         raise ConfigError(f"model.init is random but model.pretrained_path is {path!r}: set model.init=pretrained")
     if task == "qlora":
-        raise ConfigError("task qlora quantises pretrained weights: set model.init=pretrained and model.pretrained_path")
+        raise ConfigError("task qlora quantises pretrained weights: "
+                          "set model.init=pretrained and model.pretrained_path")
     return None
 
 
