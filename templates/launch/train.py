@@ -850,7 +850,8 @@ def write_hf_model(sd: dict, model: torch.nn.Module, cfg: dict, out: Path) -> No
     from safetensors.torch import save_file
 
     dtype = DTYPES[cfg["export"]["dtype"]]
-    tensors = {hf_name(k): v.to(dtype).contiguous() for k, v in sd.items()}
+    tensors = {hf_name(k.removeprefix("module.")): v.to(dtype).contiguous() for k, v in sd.items()}
+    model = unwrap(model)
     if getattr(model.config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)  # save_pretrained drops the tied copy too
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -1007,6 +1008,11 @@ def prepare_model(cfg: dict, rt: Runtime, from_checkpoint: bool) -> tuple[torch.
     return model, fp8
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model under DDP's wrapper (FSDP2 wraps in place)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def next_token_loss(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the labelled tokens. The logits are dropped before backward: only
     the loss's own fp32 log-softmax stays alive (the plan's loss_impl "native", as torchtitan)."""
@@ -1045,7 +1051,7 @@ def train(cfg: dict) -> None:
     latest = latest_checkpoint(ck_root, rt) if ck.get("resume", True) else None
 
     model, fp8 = prepare_model(cfg, rt, from_checkpoint=latest is not None)
-    vocab = model.config.vocab_size
+    vocab = unwrap(model).config.vocab_size
     total, trainable, trainable_names = count_params(model)
     optimizer = build_optimizer(model, cfg, rt)
     state = TrainState(model, optimizer, frozen_ok=task != "full")
