@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         plan, launch = render_launch_dir(args.model, args.task, Path(work))
         peak = args.peak_tflops or plan.gpu.bf16_tflops
         ours = run_trainer(launch, Path(work), args, peak)
+    if args.tiny and "error" not in ours:
+        ours["mfu"] = None  # the plan's FLOPs per token are the full model's, not the tiny shape's
     theirs = run_torchtitan(args) if not args.tiny else {"error": "skipped with --tiny"}
     predicted = predicted_peak(plan, args)
     shape = (f"{args.model} {args.task}, {args.gpus} GPU(s), seq {args.seq_len} x micro-batch "
