@@ -571,3 +571,20 @@ def test_compile_per_block_on_cuda_and_float8_refused_without_it(trainer_module)
     cfg = train.load_config(str(yaml_path), ["efficiency.float8=true"])
     with pytest.raises(SystemExit, match="float8 needs an sm_89"):
         train.apply_float8(torch.nn.Linear(4, 4), cfg, train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0))
+
+
+def test_loss_over_labelled_tokens_only(trainer_module):
+    train, _ = trainer_module
+    torch = train.torch
+
+    class Fixed(torch.nn.Module):  # logits that put all mass on token 0
+        def forward(self, input_ids):
+            logits = torch.full((*input_ids.shape, 8), -30.0)
+            logits[..., 0] = 30.0
+            return type("Out", (), {"logits": logits})()
+
+    tokens = torch.zeros(1, 5, dtype=torch.long)
+    labels = torch.tensor([[0, 3, -100, -100]])  # one right, one wrong (-60 nats), two masked
+    loss = train.next_token_loss(Fixed(), tokens, labels)
+    assert float(loss) == pytest.approx(60.0 / 2, rel=1e-4)
+    assert float(train.next_token_loss(Fixed(), tokens, torch.full((1, 4), -100))) == 0.0  # no NaN

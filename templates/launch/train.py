@@ -1017,9 +1017,10 @@ def next_token_loss(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.
     """Mean cross-entropy over the labelled tokens. The logits are dropped before backward: only
     the loss's own fp32 log-softmax stays alive (the plan's loss_impl "native", as torchtitan)."""
     logits = model(input_ids=tokens[:, :-1]).logits
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
     del logits
-    return loss
+    # a micro-batch of prompt tokens only (all masked) adds 0, not the NaN a plain mean gives
+    return loss / labels.ne(-100).sum().clamp(min=1)
 
 
 @torch.no_grad()
