@@ -91,7 +91,9 @@ def run_case(name: str, gpu: str, steps: int, work: Path) -> dict:
         "batch.micro_batch": micro, "batch.grad_accum": 1, "batch.seq_len": seq_len,
         "schedule.steps": steps, "schedule.warmup_steps": 2, "checkpoint.every_steps": 0,
         "checkpoint.dir": str(root / "ckpt"), "logging.every_steps": 1, "logging.metrics_file": str(metrics),
-        "mfu.peak_tflops_per_gpu": spec.bf16_tflops, "data.path": None, "runtime.device": "cuda",
+        "mfu.peak_tflops_per_gpu": spec.bf16_tflops, "data.path": None, "data.synthetic": True,
+        "model.init": "random", "model.pretrained_path": None, "export.at_end": False, "runtime.device": "cuda",
+        "efficiency.compile": False,  # the rows say compile: False, as `gpuprov estimate` sizes them
         "optimizer.name": "adamw",
     }
     if task != "full":

@@ -132,6 +132,7 @@ class Throughput(_Strict):
     mfu_assumed: float  # the per-GPU-class assumption it starts from
     mfu_source: str
     flops_per_token: float  # model FLOPs (6N + attention), what MFU counts
+    attention_flops_per_token: float = 0.0  # its attention part (grows with seq_len)
     step_time_s: float
     compute_time_s: float
     comm_time_s: float  # exposed (not overlapped) communication per step
@@ -179,6 +180,32 @@ class Storage(_Strict):
 
 class Health(_Strict):
     nccl_allreduce_busbw_gbytes_per_s: float | None  # minimum on one node; None = no threshold
+    source: str
+
+
+class Stack(_Strict):
+    """The training software stack: what launch/train.yaml runs and what the memory estimate sized.
+
+    gpuprov/stack.py fills it once; the planner hands it to the estimator and the launch
+    renderer writes it into train.yaml, so the two cannot describe different runs.
+    """
+
+    param_dtype: str  # FSDP2 MixedPrecisionPolicy param_dtype (compute / all-gather)
+    reduce_dtype: str  # gradient reduce-scatter dtype
+    master_dtype: str  # sharded trainable weights and optimizer state
+    frozen_dtype: str | None  # LoRA: the frozen base weights (bfloat16); QLoRA: nf4; full: None
+    qlora_base_replicated: bool  # the NF4 base kept whole on every GPU (outside fully_shard)
+    attention: Literal["sdpa", "flash_attention_2", "eager"]  # transformers attn_implementation
+    loss_impl: Literal["native", "hf", "hf-legacy"]  # native: logits freed before backward
+    chunked_cross_entropy: bool
+    compile: bool  # torch.compile per transformer block (CUDA)
+    float8: bool  # torchao float8 linears with fp8 all-gather
+    tf32: bool  # TF32 tensor cores for fp32 matmuls
+    optimizer_impl: Literal["fused", "foreach"]
+    lora_dropout: float
+    activation_offloading: bool
+    async_checkpoint: bool  # DCP async_save: training continues while shards are written
+    min_torch: str  # the oldest torch the trainer supports
     source: str
 
 
@@ -290,3 +317,4 @@ class Plan(_Strict):
     access: Access | None = None
     shared_storage: SharedStorage | None = None  # None: one node, or a cloud without one
     bundle_id: str = ""  # short hash of the spec: makes resource names unique per bundle
+    stack: Stack | None = None  # None only in plans written before the stack was recorded

@@ -101,21 +101,35 @@ class SearchResult:
     every_host_note: str | None = None  # on-prem: why the plan uses every host though fewer ranked first
 
 
-def make_setup(*, grad_accum: int, framework: str = "gpuprov", **fields: Any) -> TrainSetup:
+def make_setup(*, grad_accum: int, framework: str = "gpuprov", stack: Any = None, **fields: Any) -> TrainSetup:
     """The estimator's setup for one candidate, as the bundle's trainer will run it.
 
     `grad_accum` (global batch / (micro-batch x seq-len x data-parallel ranks)) decides whether
     gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
-    FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it.
+    FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it. `stack` (the
+    Plan's Stack) carries the rest of what the trainer runs: loss, compile, optimizer step.
     """
-    from gpuprov.sizing.frameworks import preset_stack
     from gpuprov.sizing.types import TrainSetup
 
-    # the stack that will run (catalog/data/frameworks.yaml; `gpuprov` = the bundle's trainer); the
-    # candidate's own fields win
-    preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"))
-    stack = {k: v for k, v in preset.items() if k not in fields}
-    return TrainSetup(**fields, **stack, grad_accumulation_steps=max(1, int(grad_accum)))
+    if framework == "gpuprov":  # the bundle's own trainer: the Plan's Stack says what it runs
+        from gpuprov.stack import choose_stack, setup_fields
+
+        if stack is None:  # the stack any model of this task and precision gets (attention aside)
+            stack = choose_stack(fields.get("task", "full"), fields.get("precision", "bf16-mixed"), "")
+        extra = setup_fields(stack)
+    else:  # another framework's stack (catalog/data/frameworks.yaml); the candidate's own fields win
+        from gpuprov.sizing.frameworks import preset_stack
+
+        preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"))
+        extra = {k: v for k, v in preset.items() if k not in fields}
+    return TrainSetup(**fields, **extra, grad_accumulation_steps=max(1, int(grad_accum)))
+
+
+def stack_for(spec: Any, arch: Any) -> Any:
+    """The Stack the bundle's trainer runs for this spec and model (gpuprov/stack.py)."""
+    from gpuprov.stack import choose_stack
+
+    return choose_stack(spec.task, spec.precision, arch.model_type)
 
 
 def rule_of_thumb_bytes_per_param() -> int:
@@ -246,6 +260,7 @@ class _Search:
             raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt} tokens")
         self.objective = spec.objective
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
+        self.stack = stack_for(spec, arch)
         a = assumptions()
         self.overhead_h = float(a.raw["run"]["overhead_hours"])
         self.tol = float(a.raw["run"]["batch_tolerance"])
@@ -286,7 +301,7 @@ class _Search:
                 sharding=sharding, shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
                 precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
                 lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
-                framework=getattr(spec, "framework", "gpuprov"),
+                framework=getattr(spec, "framework", "gpuprov"), stack=self.stack,
             )
             est = self.estimator(self.arch, setup)
             self.mem_calls += 1
@@ -561,7 +576,7 @@ def _floor_with_many_gpus(spec: Any, arch: Any, miss: Miss, estimator: Estimator
                        precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
                        lora_rank=spec.lora_rank, lora_targets=_lora_targets(spec) if spec.task != "full"
                        else LORA_TARGET_PRESETS["all-linear"], grad_accum=2,
-                       framework=getattr(spec, "framework", "gpuprov"))
+                       framework=getattr(spec, "framework", "gpuprov"), stack=stack_for(spec, arch))
     return estimator(arch, setup).per_gpu_bytes
 
 
@@ -685,7 +700,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum, framework=getattr(spec, "framework", "gpuprov"),
+        grad_accum=c.grad_accum, framework=getattr(spec, "framework", "gpuprov"), stack=stack_for(spec, arch),
     )
 
 
@@ -876,7 +891,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
                       gpu_memory_bytes=gpu.memory_bytes, safety_margin=spec.safety_margin, fits=True,
                       headroom_bytes=usable - mem.per_gpu_bytes, assumptions=list(mem.assumptions)),
         throughput=Throughput(tokens_per_s=step.tokens_per_s, mfu=step.mfu, mfu_assumed=util, mfu_source=util_src,
-                              flops_per_token=fl.model, step_time_s=step.step_time_s,
+                              flops_per_token=fl.model, attention_flops_per_token=fl.attention, step_time_s=step.step_time_s,
                               compute_time_s=step.compute_time_s, comm_time_s=step.exposed_comm_s,
                               bound=step.bound),
         time_hours=best.time_hours,
@@ -893,6 +908,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),
         **bringup,
+        stack=stack_for(spec, arch),
     )
     return _with_table(plan, spec, arch, result, best, est_fn)
 

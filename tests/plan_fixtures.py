@@ -14,6 +14,7 @@ from gpuprov.plan import (
     Software, Storage, Throughput, Training,
 )
 from gpuprov.spec import HostEntry, TrainingSpec
+from gpuprov.stack import choose_stack
 
 GiB = 2**30
 TINY_LLAMA_CONFIG = {
@@ -112,6 +113,7 @@ def sample_plan(cloud: str = "aws", nodes: int = 2, sharding: str = "hsdp", task
                         devices=nvme_n, expected_bytes=nvme_n * nvme_b),
         health=Health(nccl_allreduce_busbw_gbytes_per_s=460.0, source="test fixture"),
         hosts=spec.hosts,
+        stack=choose_stack(task, "bf16-mixed", "llama"),
     ))
 
 

@@ -84,11 +84,25 @@ def test_gpuprov_preset_matches_the_bundled_trainer_code() -> None:
     stack = frameworks.gpuprov_stack("full", "fsdp")
     assert ("fully_shard(" in train) == (stack["fsdp_version"] == 2)
     assert "MixedPrecisionPolicy(" in train and stack["autocast_fp32_params"] is False
-    assert ("torch.compile" in train) == stack["compile"]
+    assert ("torch.compile(block)" in train) == stack["compile"]
+    assert ("fully_shard(embed" in train) == stack["shard_embeddings"]
+    assert ("del logits" in train) == (stack["loss_impl"] == "native")
     assert ".float()" in train and stack["loss_upcast"] is True
     assert ('"fused": True' in train) == (stack["optimizer_impl"] == "fused")
     yaml = (REPO / "templates" / "launch" / "train.yaml.j2").read_text()
     assert f"dropout: {stack['lora_dropout']}" in yaml
+
+
+@pytest.mark.parametrize("task", ["full", "lora", "qlora"])
+def test_gpuprov_preset_is_the_plans_stack(task: str) -> None:
+    """`estimate --framework gpuprov` and the Plan's Stack (gpuprov/stack.py) size one trainer."""
+    from gpuprov.stack import choose_stack, setup_fields
+
+    fields = setup_fields(choose_stack(task, "bf16-mixed", "llama"))
+    preset = frameworks.gpuprov_stack(task, "fsdp")
+    assert {k: fields[k] for k in preset} == preset
+    assert set(fields) - set(preset) <= {"chunked_cross_entropy", "activation_offloading", "compile_scope",
+                                         "qlora_base_replicated"}
 
 
 def test_plan_and_estimate_agree_on_the_qlora_base_and_the_stack() -> None:

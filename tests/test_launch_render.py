@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from gpuprov.errors import GpuprovError
+from gpuprov.plan import SHARED_MOUNT
 from gpuprov.render.launch import render_launch, yaml_value
+from gpuprov.stack import choose_stack
 from plan_fixtures import TINY_LLAMA_CONFIG, sample_plan
 
 CLOUDS = ("aws", "gcp", "azure", "oci", "onprem")
@@ -42,7 +44,7 @@ def with_fabric(plan, **update):
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_files_and_scripts_parse(cloud, tmp_path):
     files = render_launch(sample_plan(cloud))
-    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py"}
+    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py", "prepare_data.py"}
     launch = write(files, tmp_path)
     for name in ("env.sh", "train.sh", "slurm.sbatch"):
         subprocess.run([BASH, "-n", str(launch / name)], check=True)
@@ -70,7 +72,8 @@ def test_train_yaml_carries_the_plan(sharding, task):
                                "nodes": 2, "gpus_per_node": 8, "activation_checkpointing": "selective",
                                "offload": "none"}
     assert cfg["parallel"]["replicate"] * cfg["parallel"]["shard"] == c.total_gpus
-    assert cfg["precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32", "master_dtype": "float32"}
+    assert cfg["precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32", "master_dtype": "float32",
+                                "tf32": False}
     assert cfg["batch"] == {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "seq_len": c.seq_len,
                             "global_batch_tokens": c.global_batch_tokens}
     assert cfg["optimizer"]["lr"] == t.learning_rate and cfg["optimizer"]["grad_clip"] == t.grad_clip
@@ -78,26 +81,42 @@ def test_train_yaml_carries_the_plan(sharding, task):
     assert cfg["schedule"]["steps"] == t.steps and cfg["schedule"]["warmup_steps"] == t.warmup_steps
     assert cfg["checkpoint"]["every_steps"] == t.checkpoint_every_steps
     assert cfg["checkpoint"]["keep"] == plan.host.checkpoints_kept
-    assert cfg["checkpoint"]["dir"].startswith(plan.storage.mount_point + "/")
+    # two nodes: checkpoints on the shared filesystem, never on a node's own NVMe array
+    assert cfg["checkpoint"]["dir"].startswith(SHARED_MOUNT + "/checkpoints/")
     assert cfg["logging"]["every_steps"] == t.log_every_steps
     assert cfg["mfu"] == {"flops_per_token": plan.throughput.flops_per_token,
-                          "peak_tflops_per_gpu": plan.gpu.bf16_tflops}
+                          "attention_flops_per_token": plan.throughput.attention_flops_per_token,
+                          "plan_seq_len": c.seq_len, "peak_tflops_per_gpu": plan.gpu.bf16_tflops}
     assert cfg["plan_estimate"]["memory_per_gpu_bytes"] == plan.memory.per_gpu_bytes
     assert cfg["data"]["dtype"] == "uint16"  # vocab 512
     if task == "lora":
         assert cfg["task"]["lora"] == {"rank": 16, "alpha": 32, "targets": ["q_proj", "v_proj"], "dropout": 0.0}
+        assert cfg["task"]["frozen_dtype"] == "bfloat16"  # the plan sizes the frozen base in bf16
+        assert cfg["model"]["init"] == "pretrained"
+    else:
+        assert cfg["task"]["frozen_dtype"] is None and cfg["model"]["init"] == "random"
+    assert cfg["model"]["attn_implementation"] == "sdpa" and cfg["data"]["synthetic"] is False
+
+
+def test_one_node_checkpoints_stay_on_local_nvme():
+    plan = sample_plan("aws", 1, "fsdp", "full")
+    cfg = yaml.safe_load(render_launch(plan)["train.yaml"])
+    assert cfg["checkpoint"]["dir"].startswith(plan.storage.mount_point + "/checkpoints/")
 
 
 def test_precision_modes_map_to_dtypes():
     plan = sample_plan()
-    for precision, want in (("bf16", ("bfloat16", "bfloat16", "bfloat16")),
-                            ("fp32", ("float32", "float32", "float32"))):
-        p = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"precision": precision})})
+    for precision, want, tf32 in (("bf16", ("bfloat16", "bfloat16", "bfloat16"), False),
+                                  ("fp32", ("float32", "float32", "float32"), True)):
+        p = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"precision": precision}),
+                                    "stack": choose_stack("full", precision, "llama")})
         got = yaml.safe_load(render_launch(p)["train.yaml"])["precision"]
         assert (got["param_dtype"], got["reduce_dtype"], got["master_dtype"]) == want
-    bad = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"precision": "fp8"})})
+        assert got["tf32"] is tf32  # fp32 plans are timed on TF32 tensor cores
     with pytest.raises(GpuprovError):
-        render_launch(bad)
+        choose_stack("full", "fp8", "llama")
+    with pytest.raises(GpuprovError, match="no training stack"):
+        render_launch(plan.model_copy(update={"stack": None}))
 
 
 @pytest.mark.parametrize("value", [1e-05, 3e-4, 0.1, 1e20, 2.5, 10000.0, -1e-7])
@@ -177,7 +196,7 @@ def test_train_sh_single_node(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "--nnodes", "1", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-        "127.0.0.1:29500", "--rdzv-id", "gpuprov-tiny-llama-full", "--max-restarts", "0",
+        "127.0.0.1:29500", "--rdzv-id", "gpuprov-tiny-llama-full", "--max-restarts", "3",
         str(launch / "train.py"), "--config", str(launch / "train.yaml"), "--set", "schedule.steps=5"]
 
 
@@ -236,6 +255,7 @@ def test_slurm_sbatch_under_fake_slurm(tmp_path):
     text = (launch / "slurm.sbatch").read_text()
     for directive in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--exclusive"):
         assert f"#SBATCH {directive}\n" in text
+    assert "#SBATCH --cpus-per-task" not in text  # --exclusive gives every CPU Slurm manages; vCPUs may exceed it
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a\\ngpu-b\\ngpu-c\\ngpu-d\\n'\n")
@@ -254,7 +274,8 @@ def test_slurm_sbatch_under_fake_slurm(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "torchrun", "--nnodes", "4", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-        "10.0.0.7:29500", "--rdzv-id", "gpuprov-tiny-llama-full-77", str(launch / "train.py"), "--config",
+        "10.0.0.7:29500", "--rdzv-id", "gpuprov-tiny-llama-full-77", "--max-restarts", "3",
+        str(launch / "train.py"), "--config",
         str(launch / "train.yaml"), "--set", "schedule.steps=3"]
     srun_calls = (tmp_path / "srun.log").read_text().splitlines()
     assert srun_calls[0].startswith("srun --nodes=1 --ntasks=1 -w gpu-a hostname")

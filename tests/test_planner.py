@@ -273,6 +273,8 @@ def test_search_passes_grad_accumulation_steps_to_the_estimator():
 
 
 def test_single_gpu_plan_counts_the_gradients_accumulation_keeps():
+    from gpuprov.stack import setup_fields
+
     extended = _accumulating_setup_or_skip()
     spec = TrainingSpec(model="llama-3.2-1b", tokens=10**9)
     p = make_plan(spec)
@@ -281,7 +283,7 @@ def test_single_gpu_plan_counts_the_gradients_accumulation_keeps():
     arch = get_model(spec.model)
     fields = dict(task="full", seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=1, gpus_per_node=c.gpus_per_node,
                   sharding="none", activation_checkpointing=c.activation_checkpointing, precision=c.precision,
-                  optimizer=c.optimizer, offload=c.offload)
+                  optimizer=c.optimizer, offload=c.offload, **setup_fields(p.stack))  # the stack the plan sized
     accumulating = estimate_memory(arch, extended(**fields, grad_accumulation_steps=c.grad_accum))
     one_step = estimate_memory(arch, extended(**fields, grad_accumulation_steps=1))
     assert accumulating.per_gpu_bytes > one_step.per_gpu_bytes  # the gradients live through the forward

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -49,7 +50,10 @@ def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, t
     plan = plan.model_copy(update=dict(cluster=cluster, training=training, storage=storage))
     launch = root / "launch"
     launch.mkdir(parents=True)
-    for name, text in render_launch(plan).items():
+    # several "nodes" checkpoint to the shared mount: here a directory of this test's own
+    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
+        files = render_launch(plan)
+    for name, text in files.items():
         (launch / name).write_text(text)
         if name.endswith((".sh", ".sbatch")):
             (launch / name).chmod(0o755)
@@ -57,7 +61,7 @@ def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, t
 
 
 def start(launch: Path, *args: str, port: int, **env: str) -> subprocess.Popen:
-    full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+    full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GPUPROV_MAX_RESTARTS="0",
                     GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"), **env)
     full_env.pop("TORCHRUN", None)
     # own session: a run that hangs is killed with its torchrun workers (see finish)
@@ -142,7 +146,7 @@ def test_two_nodes_hsdp_fixed_batch_loss_falls(tmp_path):
                           checkpoint_every=20)
     port = free_port()
     # one global batch: 2 micro-batches x 2 samples x 2 data-parallel ranks
-    args = ("--set", "data.synthetic_samples=8", "--set", "precision.param_dtype=float32")
+    args = ("--set", "data.synthetic=true", "--set", "data.synthetic_samples=8", "--set", "precision.param_dtype=float32")
     nodes = [start(launch, *args, port=port, GPUPROV_HEAD_ADDR="127.0.0.1", GPUPROV_NODE_RANK=str(rank))
              for rank in (0, 1)]
     out = finish(*nodes)
@@ -173,10 +177,11 @@ def base_loss_on_first_batch(model_dir: Path, launch: Path, samples: int) -> flo
     finally:
         del sys.modules[spec.name]
     cfg = yaml.safe_load((launch / "train.yaml").read_text())
-    data = trainer.TokenWindows({"data": {"path": None, "synthetic_samples": samples}}, 32, 512,
+    data = trainer.TokenWindows({"data": {"path": None, "synthetic": True, "synthetic_samples": samples}}, 32, 512,
                                 cfg["training"]["seed"])
-    tokens = data.batch(0, samples)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokens, _ = data.batch(0, samples)
+    # the trainer keeps a LoRA base in bf16 (as the plan sizes it) and computes in fp32 here
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).float().eval()
     with torch.no_grad():
         logits = model(input_ids=tokens[:, :-1]).logits
     return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
@@ -199,13 +204,15 @@ def test_lora_from_pretrained_trains_only_the_adapters(tmp_path):
     base.to(torch.float32).save_pretrained(tmp_path / "base")
 
     launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="fsdp", task="lora", ac="none",
-                          steps=12, checkpoint_every=12)
-    out = finish(start(launch, "--set", "data.synthetic_samples=8", "--set", "optimizer.lr=0.01",
-                       "--set", f"model.pretrained_path={tmp_path / 'base'}",
-                       "--set", "precision.param_dtype=float32", port=free_port()))
+                          steps=12, checkpoint_every=6)
+    args = ("--set", "data.synthetic=true", "--set", "data.synthetic_samples=8", "--set", "optimizer.lr=0.01",
+            "--set", f"model.pretrained_path={tmp_path / 'base'}", "--set", "precision.param_dtype=float32")
+    out = finish(start(launch, *args, port=free_port()))
     assert "pretrained:" in out
     (run,) = runs(launch)
     start_rec = run[0]
+    # the frozen base in bf16 as the plan sizes it (not the fp32 master dtype), adapters in fp32
+    assert start_rec["dtypes"] == {"trainable": ["float32"], "frozen": ["bfloat16"]}
     assert start_rec["trainable"] and all(".lora_A." in n or ".lora_B." in n for n in start_rec["trainable"])
     assert {n.split(".")[-4] for n in start_rec["trainable"]} == {"q_proj", "v_proj"}  # the plan's targets
     assert 0 < start_rec["trainable_params"] < start_rec["total_params"] / 10
@@ -213,19 +220,33 @@ def test_lora_from_pretrained_trains_only_the_adapters(tmp_path):
     assert loss[1] == pytest.approx(base_loss_on_first_batch(tmp_path / "base", launch, 8), rel=1e-4)
     assert loss[12] < loss[1] - 0.1, loss
 
-    (ckpt,) = checkpoints(launch)
+    ckpt = checkpoints(launch)[-1]
     keys = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata.keys()
     model_keys = [k for k in keys if k.startswith("app.model.")]
     state_keys = [k for k in keys if k.startswith("app.optim.state.")]
     assert model_keys and all("lora_" in k for k in model_keys), model_keys
     assert state_keys and all("lora_" in k for k in state_keys), state_keys
 
+    # Resume from step 6: the checkpoint has no frozen base, and loading must not demand it.
+    shutil.rmtree(ckpt)
+    out = finish(start(launch, *args, port=free_port()))
+    assert "at step 6" in out
+    after = losses(runs(launch)[1])
+    assert sorted(after) == list(range(7, 13))
+    for step in after:
+        assert after[step] == pytest.approx(loss[step], rel=1e-5, abs=1e-6), step
+    # the adapter exported at the end loads into PEFT on the base
+    from peft import PeftModel
+
+    export = launch.parent / "scratch" / "checkpoints" / ckpt.parent.name / "export" / ckpt.name
+    assert PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), export)
+
 
 def test_ddp_two_processes_bf16_autocast(tmp_path):
     """The plan's ddp sharding: DDP with bf16 autocast and no_sync over the accumulation steps."""
     launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="ddp", ac="full", steps=12,
                           checkpoint_every=0)  # 0: no checkpoints
-    finish(start(launch, "--set", "data.synthetic_samples=8", port=free_port()))
+    finish(start(launch, "--set", "data.synthetic=true", "--set", "data.synthetic_samples=8", port=free_port()))
     (run,) = runs(launch)
     assert run[0]["mesh"] is None and run[0]["world"] == 2 and run[0]["sharding"] == "ddp"
     loss = losses(run)
@@ -283,8 +304,11 @@ def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
     assert data.sample(1).tolist() == list(range(10, 21))
     assert data.sample(2).tolist() == list(range(100, 111))
     assert data.sample(3).tolist() == data.sample(0).tolist()  # next epoch
-    synthetic = train.TokenWindows({"data": {"path": None, "synthetic_samples": None}}, 10, 512, 0)
-    assert synthetic.batch(5, 2).shape == (2, 11) and synthetic.sample(5).tolist() == synthetic.sample(5).tolist()
+    synthetic = train.TokenWindows({"data": {"path": None, "synthetic": True, "synthetic_samples": None}}, 10, 512, 0)
+    assert synthetic.batch(5, 2)[0].shape == (2, 11) and synthetic.sample(5).tolist() == synthetic.sample(5).tolist()
+    # ids the model has no embedding for: a clear error, not an index error deep in the forward
+    with pytest.raises(SystemExit, match="outside the model's vocabulary of 50"):
+        train.TokenWindows({"data": {"path": str(tmp_path), "dtype": "uint16"}}, 10, 50, 0).batch(2, 1)
 
 
 def test_adamw_is_fused_on_cuda_only(trainer_module, monkeypatch):
@@ -304,3 +328,263 @@ def test_adamw_is_fused_on_cuda_only(trainer_module, monkeypatch):
         train.build_optimizer(model, cfg, rt)
         assert seen[-1].get("fused", False) is fused, (device, offload, seen[-1])
 
+
+
+def save_tiny_base(path: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plan_fixtures import TINY_LLAMA_CONFIG
+
+    hf = dict(TINY_LLAMA_CONFIG)
+    torch.manual_seed(7)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(hf.pop("model_type"), **hf)).save_pretrained(path)
+    return path
+
+
+def wait_for(predicate, procs, timeout: float = 200) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for q in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(q.pid, signal.SIGKILL)
+            pytest.fail("training ended or stalled before its first checkpoint:\n"
+                        + "\n---\n".join((q.communicate()[0] or "")[-2000:] for q in procs))
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("task", ["full", "lora"])
+def test_two_nodes_killed_run_resumes_from_shared_checkpoints(tmp_path, task):
+    """Two "nodes" (two torchrun launches, HSDP 2x1) from a pretrained base, checkpoints in the one
+    directory both see; SIGKILL after the first checkpoint, then start again: the run resumes and
+    finishes. Full training resumes without reading the pretrained weights again (they are gone)."""
+    if task == "lora":
+        pytest.importorskip("peft")
+    base = save_tiny_base(tmp_path / "base")
+    launch = render_small(tmp_path, nodes=2, gpus_per_node=1, sharding="hsdp", task=task, ac="none", steps=8,
+                          checkpoint_every=2)
+    args = ("--set", "data.synthetic=true", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+            "--set", "export.at_end=false")
+
+    def launch_nodes():
+        port = free_port()
+        return [start(launch, *args, port=port, GPUPROV_HEAD_ADDR="127.0.0.1", GPUPROV_NODE_RANK=str(r))
+                for r in (0, 1)]
+
+    nodes = launch_nodes()
+    wait_for(lambda: any((c / ".metadata").is_file() for c in checkpoints(launch)), nodes)
+    for p in nodes:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+    done = [c for c in checkpoints(launch) if (c / ".metadata").is_file()]
+    if task == "full":
+        for f in base.glob("*.safetensors"):
+            f.unlink()  # a full-training resume must not need them: the checkpoint has every weight
+    out = finish(*launch_nodes())
+    assert f"resumed from {done[-1]}" in out
+    assert ("pretrained files not read" in out) == (task == "full") and ("pretrained:" in out) == (task == "lora")
+    last = runs(launch)[-1]
+    assert last[0]["step"] == int(done[-1].name.split("-")[1]) and max(losses(last)) == 8
+
+
+def test_two_nodes_refuse_node_local_checkpoints(tmp_path):
+    """Each "node" writes checkpoints to its own directory: refused at start, one clear line."""
+    launch = render_small(tmp_path, nodes=2, gpus_per_node=1, sharding="hsdp", steps=4, checkpoint_every=2)
+    port = free_port()
+    nodes = [start(launch, "--set", "data.synthetic=true", "--set", f"checkpoint.dir={tmp_path / f'local{r}'}",
+                   port=port, GPUPROV_HEAD_ADDR="127.0.0.1", GPUPROV_NODE_RANK=str(r)) for r in (0, 1)]
+    outs = [p.communicate(timeout=200)[0] for p in nodes]
+    assert all(p.returncode != 0 for p in nodes)
+    assert "is not shared by all 2 nodes" in "".join(outs) and "step      1" not in "".join(outs)
+
+
+def tiny_tokenizer(path: Path, corpus: list[str]) -> Path:
+    """A word-level tokenizer built here (no download), saved as transformers loads it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["<unk>", "<s>", "</s>"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(path)
+    return path
+
+
+def test_prepared_instruction_jsonl_trains_validates_and_exports(tmp_path):
+    """JSONL instruction data -> prepare_data.py (tokenizer built here) -> FSDP on 2 processes with a
+    loss mask and a validation split; the validation loss falls; the HF export loads in
+    transformers and gives the trainer's own logits."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    words = [f"w{i}" for i in range(40)]
+    rng = np.random.default_rng(0)
+    records = []
+    for _ in range(300):  # the response repeats the prompt: learnable, and only the response is trained on
+        prompt = " ".join(rng.choice(words, 6))
+        records.append({"prompt": "copy " + prompt, "response": prompt})
+    corpus = [r["prompt"] + " " + r["response"] for r in records]
+    tok_dir = tiny_tokenizer(tmp_path / "tok", corpus)
+    jsonl = tmp_path / "chat.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="fsdp", ac="none", steps=30,
+                          checkpoint_every=30)
+    data = tmp_path / "data"
+    prep = subprocess.run([sys.executable, str(launch / "prepare_data.py"), "--tokenizer", str(tok_dir), "--seq-len",
+                           "32", "--prompt-field", "prompt", "--response-field", "response", "--val-fraction", "0.1",
+                           "--out", str(data), str(jsonl)], capture_output=True, text=True)
+    assert prep.returncode == 0, prep.stderr
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["loss_mask"] and meta["val_samples"] > 0 and meta["dtype"] == "uint16"
+    ids = np.fromfile(data / "train" / "part-00000.bin", dtype="<u2")
+    mask = np.fromfile(data / "train" / "part-00000.mask", dtype=np.uint8)
+    eos = meta["eos_token_id"]
+    assert len(ids) == len(mask) and (ids == eos).sum() > 100 and mask[ids == eos].all() and not mask.all()
+
+    out = finish(start(launch, "--set", f"data.path={data}", "--set", "data.validation.every_steps=10",
+                       "--set", "data.validation.batches=2", "--set", "precision.param_dtype=float32",
+                       "--set", "export.dtype=float32", port=free_port()))
+    (run,) = runs(launch)
+    val = [r["val_loss"] for r in run if "val_loss" in r]
+    assert len(val) == 3 and val[2] < val[0] - 0.3, (val, out[-2000:])
+
+    # the trainer's own model (one process, loaded from the 2-rank checkpoint) vs the HF export
+    trainer = load_trainer(launch)
+    cfg = trainer.load_config(str(launch / "train.yaml"), [
+        "parallel.sharding=none", "parallel.replicate=1", "parallel.shard=1", "precision.param_dtype=float32",
+        "runtime.device=cpu", f"data.path={data}"])
+    rt = trainer.init_runtime(cfg)
+    model, _ = trainer.prepare_model(cfg, rt, from_checkpoint=True)
+    ckpt = checkpoints(launch)[-1]
+    trainer.load_checkpoint(trainer.TrainState(model, trainer.build_optimizer(model, cfg, rt), False), ckpt)
+    tokens, labels = trainer.TokenWindows(cfg, 32, 512, 0, split="val").batch(0, 2)
+    assert (labels == -100).any()  # the prompt tokens carry no loss
+    exported = AutoModelForCausalLM.from_pretrained(ckpt.parent / "export" / ckpt.name, dtype=torch.float32).eval()
+    model.eval()
+    with torch.no_grad():
+        ours, theirs = model(input_ids=tokens).logits, exported(input_ids=tokens).logits
+    assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
+
+
+def load_trainer(launch: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generated_train_e2e", launch / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_refuses_synthetic_data_and_random_base_unless_asked(trainer_module):
+    train, yaml_path = trainer_module
+    cfg = train.load_config(str(yaml_path), [])
+    assert cfg["data"]["path"] is None and cfg["data"]["synthetic"] is False
+    with pytest.raises(SystemExit, match="data.synthetic=true"):
+        train.TokenWindows(cfg, 32, 512, 0)
+    lora = train.load_config(str(yaml_path), ["task.kind=lora"])
+    assert lora["model"]["init"] == "pretrained"  # adapters need a real base
+    with pytest.raises(SystemExit, match="pretrained_path is null"):
+        train.pretrained_path(lora)
+    assert train.pretrained_path(train.load_config(str(yaml_path), ["task.kind=lora", "model.init=random"])) is None
+
+
+def test_lora_base_is_frozen_in_bf16_and_attention_is_requested(trainer_module):
+    pytest.importorskip("peft")
+    train, yaml_path = trainer_module
+    cfg = train.load_config(str(yaml_path), ["task.kind=lora", "task.frozen_dtype=bfloat16", "model.init=random",
+                                            "runtime.device=cpu"])
+    rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
+    model, _ = train.build_model(cfg, rt)
+    assert model.config._attn_implementation == cfg["model"]["attn_implementation"] == "sdpa"
+    model = train.apply_lora(model, cfg)
+    train.cast_frozen(model, cfg)
+    assert train.param_dtypes(model) == {"trainable": ["float32"], "frozen": ["bfloat16"]}
+    with pytest.raises(SystemExit, match="unknown model.attn_implementation"):
+        train.check_attention("flash")
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        with pytest.raises(SystemExit, match="flash-attn"):
+            train.check_attention("flash_attention_2")
+
+
+def test_tf32_torch_floor_and_record(trainer_module):
+    train, yaml_path = trainer_module
+    torch = train.torch
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        train.configure_backends(train.load_config(str(yaml_path), ["precision.tf32=true"]))
+        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = train.load_config(str(yaml_path), [])
+    assert cfg["runtime"]["min_torch"] == "2.7"
+    with pytest.raises(SystemExit, match="older than runtime.min_torch 99.0"):
+        train.check_torch("99.0")
+    train.check_torch(cfg["runtime"]["min_torch"])  # the torch these tests run passes
+    assert hasattr(train.main, "__wrapped__")  # torchelastic @record
+
+
+def test_tokens_per_s_leaves_out_checkpoints_and_mfu_follows_seq_len(trainer_module, tmp_path):
+    train, yaml_path = trainer_module
+    cfg = train.load_config(str(yaml_path), [f"logging.metrics_file={tmp_path / 'm.jsonl'}"])
+    m = cfg["mfu"]
+    plan_seq = m["plan_seq_len"]
+    assert train.flops_per_token(m, plan_seq) == pytest.approx(m["flops_per_token"])
+    assert train.flops_per_token(m, 2 * plan_seq) == pytest.approx(m["flops_per_token"] + m["attention_flops_per_token"])
+    rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
+    metrics = train.Metrics(cfg, rt, tokens_per_step=1000, seq_len=plan_seq)
+    with metrics.paused():
+        time.sleep(0.5)  # a checkpoint
+    metrics.step_done(1, train.torch.tensor(1.0), train.torch.tensor(1.0), 1e-3, every=1)
+    rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert rec["tokens_per_s"] > 1000 / 0.25  # the 0.5 s pause is not counted
+
+
+def test_readme_names_the_variables_train_sh_reads():
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    launch = render_launch(sample_plan("aws", 2, "hsdp", "full"))
+    named = set(re.findall(r"`(GPUPROV_[A-Z_]+)`", readme))
+    assert {"GPUPROV_HEAD_ADDR", "GPUPROV_NODE_RANK"} <= named
+    assert all(v in launch["train.sh"] for v in named), named
+    assert "set `HEAD`" not in readme
+
+
+def test_compile_per_block_on_cuda_and_float8_refused_without_it(trainer_module):
+    train, yaml_path = trainer_module
+    torch = train.torch
+    blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+    cfg = train.load_config(str(yaml_path), ["efficiency.compile=true"])
+    train.apply_compile(blocks, cfg, train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0))
+    assert not any(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in blocks)  # CPU: eager
+    train.apply_compile(blocks, cfg, train.Runtime(0, 1, 0, torch.device("cuda"), None, 0, 1, 0))
+    assert all(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in blocks)  # one unit per block
+    cfg = train.load_config(str(yaml_path), ["efficiency.float8=true"])
+    with pytest.raises(SystemExit, match="float8 needs an sm_89"):
+        train.apply_float8(torch.nn.Linear(4, 4), cfg, train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0))
+
+
+def test_loss_over_labelled_tokens_only(trainer_module):
+    train, _ = trainer_module
+    torch = train.torch
+
+    class Fixed(torch.nn.Module):  # logits that put all mass on token 0
+        def forward(self, input_ids):
+            logits = torch.full((*input_ids.shape, 8), -30.0)
+            logits[..., 0] = 30.0
+            return type("Out", (), {"logits": logits})()
+
+    tokens = torch.zeros(1, 5, dtype=torch.long)
+    labels = torch.tensor([[0, 3, -100, -100]])  # one right, one wrong (-60 nats), two masked
+    loss = train.next_token_loss(Fixed(), tokens, labels)
+    assert float(loss) == pytest.approx(60.0 / 2, rel=1e-4)
+    assert float(train.next_token_loss(Fixed(), tokens, torch.full((1, 4), -100))) == 0.0  # no NaN

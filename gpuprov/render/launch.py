@@ -11,21 +11,15 @@ import re
 
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
-from gpuprov.plan import Plan
+from gpuprov.plan import SHARED_MOUNT, Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_scalar, yaml_string
 from gpuprov.resources import templates_dir
 
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PRECISIONS = {
-    # plan precision: (FSDP2 param_dtype, reduce_dtype, dtype of the sharded master weights + optimizer)
-    "bf16-mixed": ("bfloat16", "float32", "float32"),
-    "bf16": ("bfloat16", "bfloat16", "bfloat16"),
-    "fp32": ("float32", "float32", "float32"),
-}
 _TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
-_COPIED = ("train.py",)
+_COPIED = ("train.py", "prepare_data.py")
 
 
 def yaml_value(value, indent: int = 0) -> str:
@@ -62,18 +56,21 @@ def _context(plan: Plan) -> dict:
     for key in plan.fabric.nccl_env:
         if not _ENV_NAME.match(key):
             raise GpuprovError(f"fabric variable {key!r} is not a valid environment variable name")
-    if plan.cluster.precision not in _PRECISIONS:
-        raise GpuprovError(f"the trainer has no setting for precision {plan.cluster.precision!r}")
+    if plan.stack is None:
+        raise GpuprovError("the plan records no training stack for the trainer: run `gpuprov plan` again")
     if plan.cluster.replicate * plan.cluster.shard_group != plan.cluster.total_gpus and \
             plan.cluster.sharding in ("fsdp", "hsdp", "zero1", "zero2"):
         raise GpuprovError(f"plan mesh replicate {plan.cluster.replicate} x shard {plan.cluster.shard_group} "
                            f"!= {plan.cluster.total_gpus} GPUs")
     if plan.task != "full" and not (plan.training.lora_rank and plan.training.lora_alpha):
         raise GpuprovError(f"task {plan.task} needs lora_rank and lora_alpha in the plan")
-    param, reduce, master = _PRECISIONS[plan.cluster.precision]
     vocab = int(plan.model.hf_config.get("vocab_size") or 0)
     run_id = _run_id(plan)
     mount = plan.storage.mount_point.rstrip("/") or ""
+    # Several nodes: checkpoints on the filesystem they all mount (a node-local array cannot
+    # hold the other nodes' shards for a resume); one node: its own NVMe array is fastest.
+    shared = getattr(getattr(plan, "shared_storage", None), "mount_point", None) or SHARED_MOUNT
+    ckpt_root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
     return {
         "plan": plan,
         "version": __version__,
@@ -83,11 +80,12 @@ def _context(plan: Plan) -> dict:
         "port": RDZV_PORT,
         "run_id": run_id,
         "plan_hosts": [h.address for h in plan.hosts or []],
-        "precision": {"param_dtype": param, "reduce_dtype": reduce, "master_dtype": master},
+        "stack": plan.stack,
         "lora_targets": list(plan.training.lora_targets) or "all-linear",
         "vocab_size": vocab or "unknown",
         "data_dtype": "uint16" if 0 < vocab <= 2**16 else "uint32",
-        "checkpoint_dir": f"{mount}/checkpoints/{run_id}",
+        "checkpoint_dir": f"{ckpt_root}/checkpoints/{run_id}",
+        "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder",
         "metrics_file": f"{mount}/logs/{run_id}/metrics.jsonl",
     }
 

@@ -1,0 +1,89 @@
+"""The training software stack: one choice, read by the memory estimate and by launch/train.yaml.
+
+`choose_stack` decides it from the spec (task, precision) and the model type, with framework
+facts from catalog/data/trainer.yaml; `setup_fields` is what the estimator is told about it and
+`setup_from_plan` rebuilds the estimator's setup from a finished Plan (tests hold the plan's
+memory figure, train.yaml and this setup to one another).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuprov.plan import Plan, Stack
+
+# plan precision: (FSDP2 param_dtype, reduce_dtype, dtype of the sharded master weights + optimizer)
+PRECISIONS = {
+    "bf16-mixed": ("bfloat16", "float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16", "bfloat16"),
+    "fp32": ("float32", "float32", "float32"),
+}
+
+
+def _facts() -> dict:
+    from gpuprov.catalog import load_data
+
+    return load_data("trainer.yaml")
+
+
+def choose_stack(task: str, precision: str, model_type: str) -> Stack:
+    from gpuprov.errors import GpuprovError
+
+    if precision not in PRECISIONS:
+        raise GpuprovError(f"the trainer has no setting for precision {precision!r}")
+    facts = _facts()
+    param, reduce, master = PRECISIONS[precision]
+    attention = facts["attention"]["by_model_type"].get(model_type, facts["attention"]["default"])
+    return Stack(
+        param_dtype=param, reduce_dtype=reduce, master_dtype=master,
+        # the estimate sizes a LoRA base in bf16 (never fp32: it has no optimizer to feed)
+        frozen_dtype={"full": None, "lora": "bfloat16", "qlora": "nf4"}[task],
+        qlora_base_replicated=task == "qlora",
+        attention=attention,
+        loss_impl="native",  # train.py deletes the logits before backward
+        chunked_cross_entropy=False,
+        compile=task in facts["compile"]["tasks"],
+        float8=False,
+        tf32=param == "float32",  # fp32 compute: the plan times it on TF32 tensor cores
+        optimizer_impl="fused",
+        lora_dropout=0.0,
+        activation_offloading=False,
+        async_checkpoint=True,
+        min_torch=str(facts["torch"]["min_version"]),
+        source="; ".join(facts[k]["source"] for k in ("torch", "attention", "compile")),
+    )
+
+
+# What train.py always does, in the estimator's words (catalog/data/frameworks.yaml `gpuprov` cites
+# each; tests hold that preset, this function and train.py to one another): FSDP2 with a
+# MixedPrecisionPolicy (no autocast over fp32 parameters), embeddings and norm+head as FSDP units
+# of their own, compile per block, the loss upcast to fp32.
+TRAINER_CONSTANTS = dict(fsdp_version=2, autocast_fp32_params=False, shard_embeddings=True,
+                         compile_scope="block", loss_upcast=True)
+
+
+def setup_fields(stack: Stack) -> dict[str, Any]:
+    """The estimator's (TrainSetup) view of the stack."""
+    return dict(compile=stack.compile, chunked_cross_entropy=stack.chunked_cross_entropy,
+                loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
+                qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,
+                activation_offloading=stack.activation_offloading, **TRAINER_CONSTANTS)
+
+
+def setup_from_plan(plan: Plan):
+    """The TrainSetup the planner sized the chosen configuration with, from the Plan alone."""
+    from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
+
+    c, t = plan.cluster, plan.training
+    if plan.stack is None:
+        from gpuprov.errors import GpuprovError
+
+        raise GpuprovError("this plan records no training stack: run `gpuprov plan` again")
+    return TrainSetup(
+        task=plan.task, seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=c.total_gpus,
+        gpus_per_node=c.gpus_per_node, sharding=c.sharding,
+        shard_group=c.shard_group if c.sharding == "hsdp" else None,
+        activation_checkpointing=c.activation_checkpointing, precision=c.precision, optimizer=c.optimizer,
+        offload=c.offload, lora_rank=t.lora_rank or 16,
+        lora_targets=tuple(t.lora_targets) if plan.task != "full" else LORA_TARGET_PRESETS["all-linear"],
+        grad_accumulation_steps=max(1, c.grad_accum), **setup_fields(plan.stack))
