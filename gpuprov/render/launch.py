@@ -69,7 +69,7 @@ def _context(plan: Plan) -> dict:
     mount = plan.storage.mount_point.rstrip("/") or ""
     # Several nodes: checkpoints on the filesystem they all mount (a node-local array cannot
     # hold the other nodes' shards for a resume); one node: its own NVMe array is fastest.
-    shared = getattr(getattr(plan, "shared_storage", None), "mount_point", None) or SHARED_MOUNT
+    shared = plan.shared_storage.mount_point if plan.shared_storage else SHARED_MOUNT  # on-prem: the site's NFS
     ckpt_root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
     return {
         "plan": plan,
