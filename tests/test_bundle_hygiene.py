@@ -210,7 +210,7 @@ def test_validate_fails_on_a_provider_the_bundle_does_not_declare(tmp_path: Path
     proj = _project(tmp_path)
     assert _generate(proj, cwd=tmp_path)[0] == 0
     root = proj / "infra"
-    assert check_terraform_config(root) == ("ok", "configuration loads (providers: aws)")
+    assert check_terraform_config(root) == ("ok", "configuration loads (providers: aws, terraform)")
     (root / "terraform" / "extra.tf").write_text('resource "null_resource" "x" {\n  provisioner "local-exec" {\n'
                                                  '    command = "id"\n  }\n}\n')
     status, detail = check_terraform_config(root)

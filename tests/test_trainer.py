@@ -20,6 +20,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import yaml
 
 from gpuprov.render.launch import render_launch
 from plan_fixtures import sample_plan
@@ -47,12 +48,16 @@ def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, t
     training = plan.training.model_copy(update=dict(
         steps=steps, warmup_steps=3, learning_rate=3e-3, checkpoint_every_steps=checkpoint_every, log_every_steps=1))
     storage = plan.storage.model_copy(update=dict(mount_point=str(root / "scratch")))
-    plan = plan.model_copy(update=dict(cluster=cluster, training=training, storage=storage))
+    update = dict(cluster=cluster, training=training, storage=storage)
+    if plan.shared_storage is not None:  # several "nodes" checkpoint to the shared mount: this test's own
+        update["shared_storage"] = plan.shared_storage.model_copy(update=dict(mount_point=str(root / "scratch")))
+    plan = plan.model_copy(update=update)
     launch = root / "launch"
     launch.mkdir(parents=True)
-    # several "nodes" checkpoint to the shared mount: here a directory of this test's own
     with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
         files = render_launch(plan)
+    assert yaml.safe_load(files["train.yaml"])["checkpoint"]["dir"].startswith(str(root)), \
+        "a test run must never checkpoint outside its own directory"
     for name, text in files.items():
         (launch / name).write_text(text)
         if name.endswith((".sh", ".sbatch")):
