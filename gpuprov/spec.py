@@ -53,3 +53,6 @@ class TrainingSpec(BaseModel):
     ssh_cidr: str | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
     capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
     reservation: str | None = Field(None, description="GCP reservation name")
+    tp: PositiveInt | None = Field(None, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
+    cp: PositiveInt | None = Field(None, description="Context-parallel degree (ring attention); default: the planner chooses")
+    pp: PositiveInt | None = Field(None, description="Pipeline stages (1F1B); default 1")
