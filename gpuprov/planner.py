@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.throughput import Flops, Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
-    intra_node_gbytes, step_estimate, utilisation
+from gpuprov.sizing.throughput import Flops, LayerShape, Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
+    intra_node_gbytes, layout_step_estimate, step_estimate, tp_gpu_seconds_per_token, utilisation
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
 GiB = 2**30
@@ -58,6 +58,8 @@ class Candidate:
     step: StepEstimate
     time_hours: float
     cost_usd: float | None
+    tp: int = 1  # tensor-parallel degree (inside one node)
+    cp: int = 1  # context-parallel degree
 
     @property
     def total_gpus(self) -> int:
@@ -65,7 +67,7 @@ class Candidate:
 
     def key(self) -> tuple:
         return (self.instance.cloud, self.instance.name, self.nodes, self.sharding, self.shard_group,
-                self.activation_checkpointing, self.micro_batch)
+                self.activation_checkpointing, self.micro_batch, self.tp, self.cp)
 
 
 @dataclass
@@ -139,6 +141,46 @@ def _shardings(total: int, gpus_per_node: int, nodes: int) -> list[tuple[str, in
     for k in range(1, nodes):
         if nodes % k == 0:
             out.append(("hsdp", k * gpus_per_node))
+    return out
+
+
+def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tuple[int, int]]:
+    """(tp, cp) pairs worth trying: TP inside the NVLink domain of one node, CP for long sequences.
+
+    A fixed --tp / --cp keeps only that degree. LoRA/QLoRA stay data-parallel (the trainer's TP
+    plan is for full training)."""
+    from gpuprov.sizing.throughput import assumptions
+
+    fixed_tp, fixed_cp = getattr(spec, "tp", None), getattr(spec, "cp", None)
+    if (getattr(spec, "pp", None) or 1) > 1:
+        raise GpuprovError("--pp is sized by `gpuprov estimate --pp`; plans and the trainer do not run pipeline stages yet")
+    if spec.task != "full":
+        if (fixed_tp or 1) * (fixed_cp or 1) > 1:
+            raise GpuprovError("--tp/--cp apply to --task full (LoRA/QLoRA adapters train data-parallel)")
+        return [(1, 1)]
+    mp = assumptions().raw["model_parallel"]
+    seq = spec.seq_len
+    tps = [fixed_tp] if fixed_tp else mp["tp_degrees"]
+    cps = [fixed_cp] if fixed_cp else [c for c in mp["cp_degrees"] if c == 1 or seq >= mp["cp_min_seq_len"]]
+    ok_tp = [t for t in tps if t == 1 or (
+        bool(gpu.nvlink_gbytes_per_s) and gpus_per_node % t == 0 and arch.num_attention_heads % t == 0
+        and arch.num_kv_heads % t == 0 and arch.intermediate_size % t == 0 and seq % t == 0
+        and not arch.tie_word_embeddings)]
+    ok_cp = [c for c in cps if c == 1 or seq % (2 * c) == 0]
+    return [(t, c) for t in ok_tp for c in ok_cp]
+
+
+def _layouts(total: int, gpus_per_node: int, nodes: int, degrees: list[tuple[int, int]]) -> list[tuple[str, int, int, int]]:
+    """(sharding, shard group, tp, cp): the data-parallel choices of _shardings, plus FSDP/HSDP over
+    what TP and CP leave (torchtitan: FSDP over dp_shard x cp, TP innermost)."""
+    out = [(s, sg, 1, 1) for s, sg in _shardings(total, gpus_per_node, nodes)] if (1, 1) in degrees else []
+    for tp, cp in degrees:
+        mp = tp * cp
+        if mp == 1 or total % mp:
+            continue
+        out.append(("fsdp", total, tp, cp))
+        out += [("hsdp", k * gpus_per_node, tp, cp) for k in range(1, nodes)
+                if nodes % k == 0 and (k * gpus_per_node) % mp == 0]
     return out
 
 
@@ -217,21 +259,22 @@ def search(
     mem_cache: dict[tuple, MemoryEstimate] = {}
     mem_calls = 0
 
-    def memory(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> MemoryEstimate:
+    def memory(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int,
+               tp: int = 1, cp: int = 1) -> MemoryEstimate:
         nonlocal mem_calls
-        key = (total, gpn, sharding, sg, ac, mb, ga)
+        key = (total, gpn, sharding, sg, ac, mb, ga, tp, cp)
         est = None if exhaustive else mem_cache.get(key)
         if est is None:
             setup = make_setup(
                 task=task, seq_len=seq, micro_batch=mb, gpus=total, gpus_per_node=gpn, sharding=sharding,
                 shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
                 precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
-                lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga,
+                lora_rank=spec.lora_rank, lora_targets=targets, grad_accum=ga, tp=tp, cp=cp,
             )
             est = estimator(arch, setup)
             mem_calls += 1
             mem_cache[key] = est
-            seen.setdefault(_family(gpn, sharding, sg, ac, mb, ga), []).append((total, est.per_gpu_bytes))
+            seen.setdefault(_family(gpn, sharding, sg, ac, mb, ga, tp, cp), []).append((total, est.per_gpu_bytes))
         return est
 
     # Per-GPU memory never grows when the same model state is spread over more GPUs, and replicas
@@ -242,13 +285,13 @@ def search(
     # brute force asks every time, and the tests and benchmark hold the two to the same answer.
     seen: dict[tuple, list[tuple[int, int]]] = {}
 
-    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> tuple:
-        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb, ga > 1)
+    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int, tp: int = 1, cp: int = 1) -> tuple:
+        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb, ga > 1, tp, cp)
 
     def known_fit(total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int,
-                  usable: int) -> bool | None:
+                  usable: int, tp: int = 1, cp: int = 1) -> bool | None:
         replicas = sharding in ("ddp", "hsdp")
-        for t, b in seen.get(_family(gpn, sharding, sg, ac, mb, ga), ()):
+        for t, b in seen.get(_family(gpn, sharding, sg, ac, mb, ga, tp, cp), ()):
             if b <= usable and t <= total:
                 return True
             if replicas and b > usable:
@@ -262,23 +305,24 @@ def search(
     tol = float(a.raw["run"]["batch_tolerance"])
     qfac = a.qlora_factor if task == "qlora" else 1.0
 
-    def lower_bound_cost(inst: Any, nodes: int = 1, ac: str = "none") -> float:
-        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only)."""
+    def lower_bound_cost(inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
+        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
+        `tp_s` GPU-seconds per token of TP collectives that a TP layout cannot hide)."""
         gpu = gpus[inst.gpu]
         util, _ = utilisation(gpu)
-        gpu_seconds = tokens * flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * qfac)
+        gpu_seconds = tokens * (flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * qfac) + tp_s)
         price = inst.price_per_hour_usd
         if price is None:
             return 0.0
         return (gpu_seconds / 3600.0 / inst.gpus + overhead_h * nodes) * price
 
-    def lower_bound_hours(inst: Any, nodes: int, ac: str = "none") -> float:
+    def lower_bound_hours(inst: Any, nodes: int, ac: str = "none", tp_s: float = 0.0) -> float:
         gpu = gpus[inst.gpu]
         util, _ = utilisation(gpu)
-        return tokens * flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * qfac) / (
+        return tokens * (flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * qfac) + tp_s) / (
             nodes * inst.gpus) / 3600.0 + overhead_h
 
-    def beaten(inst: Any, nodes: int, ac: str) -> bool:
+    def beaten(inst: Any, nodes: int, ac: str, tp_s: float = 0.0) -> bool:
         """True when no candidate from here on can beat the best for this GPU type."""
         if exhaustive:
             return False
@@ -287,9 +331,9 @@ def search(
             return False
         if objective == "cost":
             return inc.cost_usd is not None and inst.price_per_hour_usd is not None and \
-                lower_bound_cost(inst, nodes, ac) > inc.cost_usd
+                lower_bound_cost(inst, nodes, ac, tp_s) > inc.cost_usd
         if objective == "time":
-            return lower_bound_hours(inst, nodes, ac) > inc.time_hours
+            return lower_bound_hours(inst, nodes, ac, tp_s) > inc.time_hours
         return nodes * inst.gpus > inc.total_gpus
 
     if not exhaustive and objective == "cost":
@@ -308,7 +352,9 @@ def search(
     shape_cache: dict[int, list[tuple[int, int, int]]] = {}
 
     def batch_shapes(total: int) -> list[tuple[int, int, int]]:
-        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance."""
+        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
+
+        `total` counts data-parallel ranks: the GPUs over tp x cp (one sample spans a TP x CP group)."""
         out = shape_cache.get(total)
         if out is None:
             out = []
@@ -337,9 +383,15 @@ def search(
         inter = inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu)
         gpn = inst.gpus
         price = inst.price_per_hour_usd
+        degrees = _mp_degrees(spec, arch, gpu, gpn)
+        if not degrees:
+            continue  # a fixed --tp this machine cannot host (no NVLink, or not a divisor of its GPUs)
+        max_mp = max(t * c for t, c in degrees)
+        layer = LayerShape(arch.num_layers, arch.hidden_size, arch.q_dim if arch.num_kv_heads < arch.num_attention_heads
+                           else arch.kv_dim)
         for nodes in node_order:
             total = nodes * gpn
-            if seq * total > gbt * (1 + tol):
+            if seq * total > gbt * (1 + tol) * max_mp:
                 if descending:
                     continue
                 break  # even micro-batch 1 overshoots the global batch; more nodes only worse
@@ -347,15 +399,20 @@ def search(
                 # cost and GPU-count bounds grow with nodes (per-node overhead; GPU count); the time
                 # bound grows as nodes fall, and time walks the node counts downwards
                 break
-            for sharding, sg in _shardings(total, gpn, nodes):
+            fsdp_misses: set[tuple[int, int]] = set()  # (tp, cp) whose fsdp fits nothing here
+            for sharding, sg, tp, cp in _layouts(total, gpn, nodes, degrees):
+                if sharding == "hsdp" and (tp, cp) in fsdp_misses and not exhaustive:
+                    continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
+                dp = total // (tp * cp)
                 fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
                 for ac in AC_MODES:
-                    if not exhaustive and fitted and fitted.issuperset(x[0] for x in batch_shapes(total)):
+                    if not exhaustive and fitted and fitted.issuperset(x[0] for x in batch_shapes(dp)):
                         break  # every micro-batch fits with less recompute: more recompute only costs
-                    if beaten(inst, nodes, ac):
+                    tp_s = tp_gpu_seconds_per_token(layer=layer, tp=tp, ac=ac, gbytes=intra) if tp > 1 else 0.0
+                    if beaten(inst, nodes, ac, tp_s):
                         break
                     fl: Flops = flops_by_ac[ac]
-                    shapes = batch_shapes(total)
+                    shapes = batch_shapes(dp)
                     if not exhaustive:
                         # same shape with less recompute fits already: dominated
                         shapes = [x for x in shapes if x[0] not in fitted]
@@ -374,7 +431,7 @@ def search(
                     if exhaustive:
                         fitting_shapes = []
                         for x in shapes:
-                            est = memory(total, gpn, sharding, sg, ac, x[0], x[1])
+                            est = memory(total, gpn, sharding, sg, ac, x[0], x[1], tp, cp)
                             if est.per_gpu_bytes <= usable:
                                 fitting_shapes.append(x)
                             else:
@@ -390,12 +447,12 @@ def search(
                             accumulating = x[1] > 1
                             if accumulating in stopped:
                                 continue
-                            known = known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable)
+                            known = known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable, tp, cp)
                             if known is False:
                                 stopped.add(accumulating)
                                 continue
                             if known is None:
-                                est = memory(total, gpn, sharding, sg, ac, x[0], x[1])
+                                est = memory(total, gpn, sharding, sg, ac, x[0], x[1], tp, cp)
                                 if est.per_gpu_bytes > usable:
                                     record_miss(est)
                                     stopped.add(accumulating)
@@ -407,8 +464,8 @@ def search(
                         steps = -(-tokens // batch)
                         shape = Shape(nodes=nodes, gpus_per_node=gpn, sharding=sharding, shard_group=sg,
                                       micro_batch=mb, grad_accum=ga, seq_len=seq)
-                        step = step_estimate(
-                            shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=util,
+                        step = layout_step_estimate(
+                            shape=shape, tp=tp, cp=cp, layer=layer, ac=ac, flops=fl, peak_tflops=gpu.bf16_tflops, util=util,
                             hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter,
                             params=arch.params, trainable=trainable, num_layers=arch.num_layers, task=task,
                             optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload,
@@ -418,7 +475,7 @@ def search(
                         hours = steps * step.step_time_s / 3600.0 + overhead_h
                         cost = None if price is None else hours * nodes * price
                         cand = Candidate(inst, gpu, nodes, sharding, sg, ac, mb, ga, batch, steps, None, step,
-                                         hours, cost)
+                                         hours, cost, tp, cp)
                         if fastest is None or hours < fastest.time_hours:
                             fastest = cand
                         if cost is not None and (cheapest is None or cost < (cheapest.cost_usd or math.inf)):
@@ -438,6 +495,9 @@ def search(
                             if best is None or k < _objective_key(objective, best):
                                 best = cand
                         unfit.pop(inst.gpu, None)
+                else:  # every AC mode tried (none beaten by the bounds)
+                    if sharding == "fsdp" and not fitted:
+                        fsdp_misses.add((tp, cp))
     return SearchResult(
         best=best, best_by_gpu=best_by_gpu, fastest_unconstrained=fastest, cheapest_unconstrained=cheapest,
         nearest_miss=nearest, unfit_gpus={k: v for k, v in unfit.items() if k not in best_by_gpu},
@@ -558,7 +618,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum,
+        grad_accum=c.grad_accum, tp=c.tp, cp=c.cp,
     )
 
 
@@ -724,7 +784,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
             shard_group=best.shard_group, replicate=best.total_gpus // best.shard_group,
             activation_checkpointing=best.activation_checkpointing, micro_batch=best.micro_batch,
             grad_accum=best.grad_accum, seq_len=spec.seq_len, global_batch_tokens=best.batch_tokens,
-            precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload),
+            precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload, tp=best.tp, cp=best.cp),
         training=Training(task=spec.task, lora_rank=None if spec.task == "full" else spec.lora_rank,
                           lora_alpha=None if spec.task == "full" else 2 * spec.lora_rank,
                           lora_targets=targets, tokens=spec.tokens, steps=best.steps, **defaults),

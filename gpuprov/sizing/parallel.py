@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from gpuprov.errors import GpuprovError
@@ -67,8 +68,12 @@ class Layout:
 
 
 def layout(setup: Any) -> Layout:
-    tp, cp, pp = (int(getattr(setup, k, 1) or 1) for k in ("tp", "cp", "pp"))
-    return Layout(tp=tp, cp=cp, pp=pp, dp=max(1, setup.gpus // max(1, tp * cp * pp)))
+    return _layout(getattr(setup, "tp", 1) or 1, getattr(setup, "cp", 1) or 1, getattr(setup, "pp", 1) or 1, setup.gpus)
+
+
+@lru_cache(maxsize=1024)
+def _layout(tp: int, cp: int, pp: int, gpus: int) -> Layout:  # the planner asks thousands of times
+    return Layout(tp=tp, cp=cp, pp=pp, dp=max(1, gpus // max(1, tp * cp * pp)))
 
 
 def validate(arch: Any, setup: Any) -> None:
@@ -142,8 +147,8 @@ class Stage:
     in_flight: int  # micro-batches of activations held
 
 
-def stages(arch: Any, setup: Any) -> list[Stage]:
-    lay = layout(setup)
+def stages(arch: Any, setup: Any, lay: Layout | None = None) -> list[Stage]:
+    lay = lay or layout(setup)
     layers = math.ceil(arch.num_layers / lay.pp)
     if lay.pp == 1:
         return [Stage("", arch.num_layers, True, True, 1)]
@@ -154,7 +159,7 @@ def stages(arch: Any, setup: Any) -> list[Stage]:
     ]
 
 
-def _root_params(arch: Any, st: Stage, tp: int) -> tuple[float, float]:
+def _root_params(arch: Any, st: Stage, tp: int, layer_params: int) -> tuple[float, float]:
     """(params of the root this stage holds per TP rank, params of the whole root)."""
     held = arch.embedding_params / tp if st.embedding else 0.0
     if st.head:
@@ -163,15 +168,15 @@ def _root_params(arch: Any, st: Stage, tp: int) -> tuple[float, float]:
             held += arch.lm_head_params / tp
         elif not st.embedding:
             held += arch.embedding_params / tp  # a tied head on the last stage keeps its own copy
-    return held, arch.params - arch.num_layers * arch.layer_params()
+    return held, arch.params - arch.num_layers * layer_params
 
 
-def _stage_phase(arch: Any, setup: Any, st: Stage, terms: dict[str, int], tokens: int, a: int) -> dict[str, int]:
-    lay = layout(setup)
+def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: int, layer_params: int) -> dict[str, int]:
     t, c = lay.tp, lay.cp
-    lf = layer_fraction(arch, t)
-    root_held, root_all = _root_params(arch, st, t)
-    stage_params = st.layers * arch.layer_params() * lf + root_held
+    norms = _norm_params(arch)
+    lf = ((layer_params - norms) / t + norms) / layer_params
+    root_held, root_all = _root_params(arch, st, t, layer_params)
+    stage_params = st.layers * layer_params * lf + root_held
     frac = stage_params / arch.params
     out = dict(terms)
     for k in _PARAM_TERMS:
@@ -196,9 +201,8 @@ def _stage_phase(arch: Any, setup: Any, st: Stage, terms: dict[str, int], tokens
     return out
 
 
-def _gathered_inputs(arch: Any, setup: Any, st: Stage, tokens: int, a: int, phase: str) -> int:
+def _gathered_inputs(arch: Any, setup: Any, lay: Layout, st: Stage, tokens: int, a: int, phase: str) -> int:
     """DTensor ColwiseParallel saves the all-gathered (full sequence) input of attention and MLP."""
-    lay = layout(setup)
     if lay.tp == 1:
         return 0
     per_block = (tokens / lay.cp) * 2 * a * arch.hidden_size * (1 - 1 / lay.tp)
@@ -221,14 +225,17 @@ def ring_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
 
 def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list[Any]:
     """The phases of every pipeline stage of one (tp, cp, pp) rank; the caller takes the largest."""
-    if not layout(setup).active:
+    lay = layout(setup)
+    if not lay.active:
         return list(phases)
     out = []
-    for st in stages(arch, setup):
+    layer_params = arch.layer_params()
+    ring = ring_buffers(arch, setup, tokens, a)
+    for st in stages(arch, setup, lay):
         for tag, ph in zip("abc", phases):
-            terms = _stage_phase(arch, setup, st, ph.terms, tokens, a)
-            terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, st, tokens, a, tag) if tag in "ab" else 0
-            terms["cp_ring_buffers"] = ring_buffers(arch, setup, tokens, a) if tag == "b" else 0
+            terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params)
+            terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
+            terms["cp_ring_buffers"] = ring if tag == "b" else 0
             name = f"{ph.name}, {st.name}" if st.name else ph.name
             out.append(replace(ph, name=name, terms=terms))
     return out
