@@ -136,3 +136,23 @@ def test_tp_plan_covers_every_linear_and_norm(layout_module):
     assert linears <= set(plan) and norms <= set(plan)
     with pytest.raises(SystemExit, match="does not divide the model's num_key_value_heads 2"):
         layout_module.check_divisible(model.config, 4)
+
+
+def test_world_mesh_names_fit_the_trainer(layout_module):
+    """One gloo process, a 1x1x1x1 mesh: FSDP's mesh carries train.py's names ("replicate", "shard"),
+    which its HSDP replica check and all-reduce switch look up."""
+    import torch.distributed as dist
+
+    from test_trainer import free_port
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    try:
+        m = layout_module
+        mesh = m.build_mesh("cpu", m.Layout(1, 1, 1, 1))
+        assert mesh.mesh_dim_names == m.MESH_DIMS
+        hsdp = m.fsdp_mesh(mesh, "hsdp")
+        assert hsdp.mesh_dim_names == ("replicate", "shard") and hsdp.get_group("replicate") is not None
+        assert m.fsdp_mesh(mesh, "fsdp").mesh_dim_names == ("shard",)
+        assert mesh["dp"].size() == 1 and mesh["tp"].size() == 1
+    finally:
+        dist.destroy_process_group()

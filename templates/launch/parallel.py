@@ -6,8 +6,9 @@ torchtitan/parallelisms/parallel_dims.py and parallelize_llama.py `apply_tp`), m
 Hugging Face Llama-family module names:
 
   mesh      (dp_replicate, dp_shard, cp, tp), row-major: tp ranks are consecutive (one node's
-            NVLink domain), FSDP2 shards over dp_shard x cp ("dp_shard_cp"), HSDP replicates
-            over dp_replicate; data-parallel ranks ("dp") are dp_replicate x dp_shard.
+            NVLink domain), FSDP2 shards over dp_shard x cp (torchtitan's "dp_shard_cp", named
+            "shard" here as in train.py), HSDP replicates over dp_replicate ("replicate");
+            data-parallel ranks ("dp") are dp_replicate x dp_shard.
   TP plan   embed_tokens rowwise (output sequence-sharded), every RMSNorm SequenceParallel,
             attention / MLP inputs all-gathered (PrepareModuleInput), q/k/v and gate/up
             colwise, o/down rowwise back to sequence shards, lm_head colwise with vocab-sharded
@@ -81,10 +82,18 @@ def layout_from(par: dict, world: int) -> Layout:
 
 
 def build_mesh(device_type: str, lay: Layout) -> DeviceMesh:
+    """The world mesh, with FSDP's dimensions under the names train.py's 1-D/2-D meshes use:
+    "shard" = dp_shard x cp (torchtitan's dp_shard_cp), "replicate" = dp_replicate."""
     mesh = init_device_mesh(device_type, lay.shape, mesh_dim_names=MESH_DIMS)
-    mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # FSDP's shard dimension (torchtitan)
+    mesh["dp_shard", "cp"]._flatten("shard")
+    mesh["dp_replicate"]._flatten("replicate")
     mesh["dp_replicate", "dp_shard"]._flatten("dp")  # ranks that read different data
     return mesh
+
+
+def fsdp_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
+    """FSDP2's mesh: ("shard",) for fsdp, ("replicate", "shard") for hsdp."""
+    return mesh["replicate", "shard"] if sharding == "hsdp" else mesh["shard"]
 
 
 @dataclass
@@ -111,11 +120,11 @@ def runtime(cfg: dict, runtime_cls: Any, rank: int, world: int, local_rank: int,
         raise LayoutError("parallel.cp needs CUDA: torch's ring attention wraps the CUDA SDPA kernels only")
     mesh = build_mesh(device.type, lay)
     _STATE[:] = [State(mesh, lay)]
-    fsdp_mesh = mesh["dp_replicate", "dp_shard_cp"] if par["sharding"] == "hsdp" else mesh["dp_shard_cp"]
     dp = mesh["dp"]
     # CPU init draws each local shard from the rank's own generator: seed by (shard, tp) coordinate
-    shard_rank = mesh["dp_shard_cp"].get_local_rank() * lay.tp + mesh["tp"].get_local_rank()
-    return runtime_cls(rank, world, local_rank, device, fsdp_mesh, dp.get_local_rank(), dp.size(), shard_rank)
+    shard_rank = mesh["shard"].get_local_rank() * lay.tp + mesh["tp"].get_local_rank()
+    return runtime_cls(rank, world, local_rank, device, fsdp_mesh(mesh, par["sharding"]), dp.get_local_rank(),
+                       dp.size(), shard_rank)
 
 
 # ---------------------------------------------------------------------------- tensor parallel
