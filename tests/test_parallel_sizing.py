@@ -151,6 +151,11 @@ def test_estimate_flags_reach_the_json() -> None:
     assert d["per_gpu_bytes"] < plain["per_gpu_bytes"]
 
 
+def test_estimate_tp_on_one_node_defaults_to_fsdp() -> None:
+    d = json.loads(_cli("--model", "70b", "--gpus", "8", "--tp", "8", "--json").output)
+    assert d["setup"]["sharding"] == "fsdp"  # what the trainer runs (FSDP2 over the lone dp rank)
+
+
 def test_estimate_bad_layout_exits_2() -> None:
     import subprocess
     import sys

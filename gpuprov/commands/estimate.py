@@ -33,7 +33,7 @@ def build_setup(
         if value <= 0:
             raise GpuprovError(f"{flag} must be a positive integer, got {value}")
     if sharding is None:
-        sharding = "none" if gpus == tp * cp * pp else "fsdp"
+        sharding = "none" if gpus == 1 else "fsdp"  # TP/CP/PP run under FSDP2 even on one data-parallel rank
     if shard_group is not None and sharding != "hsdp":
         raise GpuprovError("--shard-group applies to --sharding hsdp only")
     if not 0.0 <= lora_dropout < 1.0:
