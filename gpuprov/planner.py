@@ -448,6 +448,11 @@ def search(
                             if accumulating in stopped:
                                 continue
                             known = known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable, tp, cp)
+                            if sharding == "hsdp" and known is None:
+                                # HSDP holds at least what FSDP over all the GPUs holds (same layout)
+                                flat = mem_cache.get((total, gpn, "fsdp", total, ac, x[0], x[1], tp, cp))
+                                if flat is not None and flat.per_gpu_bytes > usable:
+                                    known = False
                             if known is False:
                                 stopped.add(accumulating)
                                 continue
