@@ -131,13 +131,6 @@ def _norm_params(arch: Any) -> int:
     return per_layer * arch.hidden_size
 
 
-def layer_fraction(arch: Any, tp: int) -> float:
-    """Share of one block's parameters a TP rank holds: linears split, norm weights replicated."""
-    lp = arch.layer_params()
-    norms = _norm_params(arch)
-    return ((lp - norms) / tp + norms) / lp
-
-
 @dataclass(frozen=True)
 class Stage:
     name: str
