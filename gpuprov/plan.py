@@ -107,6 +107,9 @@ class Cluster(_Strict):
     precision: str
     optimizer: str
     offload: str
+    tp: int = 1  # tensor-parallel degree (+ sequence parallel), inside one node's NVLink domain
+    cp: int = 1  # context-parallel degree (ring attention), folded into FSDP's shard dimension
+    pp: int = 1  # pipeline stages
 
 
 class Training(_Strict):

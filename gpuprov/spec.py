@@ -69,3 +69,6 @@ class TrainingSpec(BaseModel):
     capacity_reservation_id: str | None = Field(None, description="AWS capacity reservation / Capacity Block id")
     reservation: str | None = Field(None, description="GCP reservation name")
     gpu_count: PositiveInt | None = Field(None, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
+    tp: PositiveInt | None = Field(None, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
+    cp: PositiveInt | None = Field(None, description="Context-parallel degree (ring attention); default: the planner chooses")
+    pp: PositiveInt | None = Field(None, description="Pipeline stages (1F1B); default 1")

@@ -16,7 +16,7 @@ def build_setup(
     *, task, seq_len, micro_batch, gpus, gpus_per_node, sharding, shard_group, activation_checkpointing,
     precision, optimizer, offload, lora_rank, lora_targets, compile, chunked_cross_entropy,
     grad_accumulation=1, activation_offloading=False, optimizer_impl="fused", loss_impl="hf", lora_dropout=0.0,
-    qlora_base="sharded",
+    qlora_base="sharded", tp=1, cp=1, pp=1,
 ) -> TrainSetup:
     from gpuprov.sizing.arch import resolve_lora_targets
     from gpuprov.sizing.memory import ExtendedSetup
@@ -29,8 +29,11 @@ def build_setup(
         gpus_per_node = min(8, gpus)
     if gpus_per_node <= 0:
         raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
+    for flag, value in (("--tp", tp), ("--cp", cp), ("--pp", pp)):
+        if value <= 0:
+            raise GpuprovError(f"{flag} must be a positive integer, got {value}")
     if sharding is None:
-        sharding = "none" if gpus == 1 else "fsdp"
+        sharding = "none" if gpus == 1 else "fsdp"  # TP/CP/PP run under FSDP2 even on one data-parallel rank
     if shard_group is not None and sharding != "hsdp":
         raise GpuprovError("--shard-group applies to --sharding hsdp only")
     if not 0.0 <= lora_dropout < 1.0:
@@ -42,7 +45,7 @@ def build_setup(
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=targets,
         compile=compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation_steps=grad_accumulation,
         activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
-        lora_dropout=lora_dropout, qlora_base_replicated=(qlora_base == "replicated"),
+        lora_dropout=lora_dropout, qlora_base_replicated=(qlora_base == "replicated"), tp=tp, cp=cp, pp=pp,
     )
 
 
@@ -130,6 +133,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "optimizer_impl": getattr(setup, "optimizer_impl", "fused"),
             "loss_impl": getattr(setup, "loss_impl", "hf"),
             "lora_dropout": getattr(setup, "lora_dropout", 0.0),
+            "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions),
@@ -163,7 +167,9 @@ def render_table(d: dict) -> str:
         f"{m['display_name']} ({m['params']:,} params, {m['trainable_params']:,} trainable) - {s['task']}"
         f" on {s['gpus']} x {g['name']}",
         f"seq-len {s['seq_len']}, micro-batch {s['micro_batch']}, {s['sharding']}, AC {s['activation_checkpointing']},"
-        f" {s['precision']}, {s['optimizer']}, offload {s['offload']}  [{d['estimator']} estimate]",
+        f" {s['precision']}, {s['optimizer']}, offload {s['offload']}"
+        + (f", tp {s['tp']} cp {s['cp']} pp {s['pp']}" if s["tp"] * s["cp"] * s["pp"] > 1 else "")
+        + f"  [{d['estimator']} estimate]",
     ]
     if d.get("defaults"):
         lines.append("defaults used (not given): " + ", ".join(
@@ -220,18 +226,24 @@ def render_table(d: dict) -> str:
 @click.option("--qlora-base", type=click.Choice(("sharded", "replicated")), default="sharded", show_default=True,
               help="QLoRA NF4 base under FSDP: sharded (fsdp_qlora, accelerate with bnb_4bit_quant_storage) or "
                    "replicated on every GPU (gpuprov's trainer: FSDP2 cannot shard bitsandbytes weights).")
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
+@click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (1F1B schedule).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
-             lora_dropout, qlora_base, precise, as_json) -> None:
+             lora_dropout, qlora_base, tp, cp, pp, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b
     gpuprov estimate --model llama-3.1-8b --gpu h100-80gb --gpus 8
     gpuprov estimate --model 70b --task qlora --gpu rtx-4090-24gb --gpus 2
     gpuprov estimate --model meta-llama/Llama-3.1-8B --task lora --gpus 1 --json
+    gpuprov estimate --model 70b --gpus 64 --tp 8                    # TP 8 x FSDP 8
+    gpuprov estimate --model 8b --gpus 8 --cp 4 --seq-len 131072     # context parallel 4
     """
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
@@ -245,8 +257,10 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         precision=precision, optimizer=optimizer, offload=offload, lora_rank=lora_rank, lora_targets=lora_targets,
         compile=use_compile, chunked_cross_entropy=chunked_cross_entropy, grad_accumulation=grad_accumulation,
         activation_offloading=activation_offloading, optimizer_impl=optimizer_impl, loss_impl=loss_impl,
-        lora_dropout=lora_dropout, qlora_base=qlora_base,
+        lora_dropout=lora_dropout, qlora_base=qlora_base, tp=tp, cp=cp, pp=pp,
     )
+    if precise and tp * cp * pp > 1:
+        raise GpuprovError("--precise simulates FSDP on one rank; it does not model --tp/--cp/--pp yet (drop --precise)")
     analytic = estimate_memory(arch, setup, gpu.memory_bytes)
     est, kind = (run_precise(arch, setup, gpu.memory_bytes), "precise") if precise else (analytic, "analytic")
     d = result_dict(arch, gpu, setup, est, kind)

@@ -46,6 +46,9 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "ssh_cidr": (("--ssh-cidr",), str, "CIDR allowed to SSH to the nodes (default: SSM only)"),
     "capacity_reservation_id": (("--capacity-reservation-id",), str, "AWS capacity reservation / block id"),
     "reservation": (("--reservation",), str, "GCP reservation name"),
+    "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
+    "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
+    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1)"),
 }
 
 FLAG_NAMES = {field: decls[0] for field, (decls, _, _) in _FLAGS.items()}

@@ -26,7 +26,7 @@ _PRECISIONS = {
     "fp32": ("float32", "float32", "float32"),
 }
 _TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
-_COPIED = ("train.py",)
+_COPIED = ("train.py", "parallel.py")
 
 
 def yaml_value(value, indent: int = 0) -> str:

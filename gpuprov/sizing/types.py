@@ -48,6 +48,11 @@ class TrainSetup:
     lora_targets: tuple[str, ...] = LORA_TARGET_PRESETS["all-linear"]
     compile: bool = False
     chunked_cross_entropy: bool = False
+    # Model-parallel degrees (torchtitan layout): tensor (+ sequence) parallel, context parallel
+    # (ring attention), pipeline stages; FSDP/HSDP/DDP spans what is left (gpus / (tp*cp*pp)).
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
 
 
 @dataclass(frozen=True)

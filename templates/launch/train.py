@@ -101,6 +101,20 @@ class Runtime:
         return self.device.type == "cuda"
 
 
+def model_parallel(cfg: dict):
+    """parallel.py beside this file (TP/CP on a 4-D mesh) when train.yaml asks for tp or cp > 1."""
+    par = cfg["parallel"]
+    if int(par.get("tp", 1)) * int(par.get("cp", 1)) == 1:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpuprov_parallel", Path(__file__).with_name("parallel.py"))
+    module = sys.modules.setdefault("gpuprov_parallel", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "runtime"):
+        spec.loader.exec_module(module)
+    return module
+
+
 def init_runtime(cfg: dict) -> Runtime:
     want = cfg["runtime"]["device"]
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
@@ -115,6 +129,8 @@ def init_runtime(cfg: dict) -> Runtime:
         device = torch.device("cpu")
     if "RANK" in os.environ:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
+    if model_parallel(cfg) is not None:
+        return model_parallel(cfg).runtime(cfg, Runtime, rank, world, local_rank, device)
 
     par = cfg["parallel"]
     sharding = par["sharding"]
@@ -627,6 +643,9 @@ def train(cfg: dict) -> None:
     vocab = model.config.vocab_size
     if task in ("lora", "qlora"):
         model = apply_lora(model, cfg)
+    mp = model_parallel(cfg)
+    if mp is not None:
+        model = mp.parallelize(model)  # TP before AC and FSDP, as torchtitan orders them
     blocks = transformer_blocks(model)
     apply_activation_checkpointing(blocks, par["activation_checkpointing"])
     if rt.mesh is not None:
@@ -683,12 +702,13 @@ def train(cfg: dict) -> None:
                 else contextlib.nullcontext()
             first = state.samples_seen + (m * rt.dp_size + rt.dp_rank) * micro
             tokens = data.batch(first, micro).to(rt.device, non_blocking=True)
-            with sync:
+            inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            with sync, (mp.step_context(inputs, labels) if mp else contextlib.nullcontext()):
                 with amp:
-                    logits = model(input_ids=tokens[:, :-1]).logits
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()) / accum
+                    logits = model(input_ids=inputs).logits
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / accum
                 loss.backward()
-            step_loss += loss.detach()
+            step_loss += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()  # TP: a DTensor
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
