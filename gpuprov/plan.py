@@ -212,6 +212,7 @@ class CandidateRow(_Strict):
     per_gpu_bytes: int
     gpu_memory_bytes: int
     sharding: str
+    layout: str  # how the GPUs split the work, e.g. "TP8 x FSDP 16", "FSDP 64", "HSDP 8x4" (shard x replicas)
     bound: str
     chosen: bool
 

@@ -81,17 +81,17 @@ def candidates_table(plan) -> list[str]:
     rows = plan.candidates
     if not rows:
         return []
-    head = ("", "cloud", "region", "instance", "GPU", "GPUs x nodes", "purchase", "$/h", "hours", "total $",
-            "MFU", "mem margin")
+    head = ("", "cloud", "region", "instance", "GPU", "GPUs x nodes", "layout", "purchase", "$/h", "hours",
+            "total $", "MFU", "mem margin")
     body = []
     for r in rows[:TABLE_ROWS]:
         margin = 1 - r.per_gpu_bytes / r.gpu_memory_bytes
         body.append(("*" if r.chosen else "", r.cloud, r.region or "-", r.instance_type, r.gpu, _gpus_x_nodes(r),
-                     r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
+                     r.layout, r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
                      f"{r.time_hours:,.1f}", "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
                      f"{r.mfu:.1%}", f"{margin:.0%}"))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    right = {7, 8, 9, 10, 11}
+    right = {8, 9, 10, 11, 12}
 
     def line(cells) -> str:
         return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
