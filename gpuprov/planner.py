@@ -322,6 +322,8 @@ class _Search:
         self.shape_cache: dict[int, list[tuple[int, int, int]]] = {}
         self.compute_cache: dict[tuple[str, str], float] = {}
         self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
+        self.step_cache: dict[tuple, StepEstimate] = {}
         # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
         self.layer = LayerShape(arch.num_layers, arch.hidden_size,
                                 arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
@@ -449,16 +451,28 @@ class _Search:
     def fitting_shapes(self, slot: _Slot, lay: _Layout, ac: str,
                        shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """The shapes whose memory fits the slot's GPUs."""
-        total, gpn, usable = slot.total, slot.gpn, slot.usable
-        out = []
         if self.exhaustive:
+            out = []
             for x in shapes:
-                est = self.memory(total, gpn, lay, ac, x[0], x[1])
-                if est.per_gpu_bytes <= usable:
+                est = self.memory(slot.total, slot.gpn, lay, ac, x[0], x[1])
+                if est.per_gpu_bytes <= slot.usable:
                     out.append(x)
                 else:
                     self.record_miss(slot, lay.sharding, est)
             return out
+        # The same GPU type on another cloud (or instance) answers the same: memory does not depend
+        # on the instance, and its misses were recorded the first time (a repeat ratio changes no miss).
+        key = (slot.inst.gpu, slot.usable, slot.gpn, slot.total, lay, ac, tuple(shapes))
+        out = self.fit_cache.get(key)
+        if out is None:
+            out = self.fit_cache[key] = self.scan_shapes(slot, lay, ac, shapes)
+        return out
+
+    def scan_shapes(self, slot: _Slot, lay: _Layout, ac: str,
+                    shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """fitting_shapes without the brute force: settled by what is known, else the estimator."""
+        total, gpn, usable = slot.total, slot.gpn, slot.usable
+        out = []
         # memory grows with the micro-batch: stop at the first that does not fit (estimates are
         # cached across instances, so smaller GPUs reuse them). A larger micro-batch can end
         # accumulation (1 step) and free the gradients held between micro-batches, so the scan
@@ -482,18 +496,27 @@ class _Search:
         return out
 
     # ---------------------------------------------------------------- timing and ranking
+    def step(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int) -> StepEstimate:
+        """One step's time; the same GPU at the same fabric bandwidth on another cloud reuses it."""
+        key = (slot.inst.gpu, slot.gpn, slot.nodes, slot.inter, lay, ac, mb, ga)
+        out = None if self.exhaustive else self.step_cache.get(key)
+        if out is None:
+            spec, arch, gpu = self.spec, self.arch, slot.gpu
+            shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=lay.sharding, shard_group=lay.sg,
+                          micro_batch=mb, grad_accum=ga, seq_len=self.seq)
+            out = self.step_cache[key] = layout_step_estimate(
+                shape=shape, tp=lay.tp, cp=lay.cp, layer=self.layer, ac=ac,
+                flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
+                hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
+                params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
+                optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
+            )
+        return out
+
     def timed(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int, batch: int) -> Candidate:
-        spec, arch, gpu = self.spec, self.arch, slot.gpu
+        gpu = slot.gpu
         steps = -(-self.tokens // batch)
-        shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=lay.sharding, shard_group=lay.sg,
-                      micro_batch=mb, grad_accum=ga, seq_len=self.seq)
-        step = layout_step_estimate(
-            shape=shape, tp=lay.tp, cp=lay.cp, layer=self.layer, ac=ac,
-            flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
-            hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
-            params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
-            optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
-        )
+        step = self.step(slot, lay, ac, mb, ga)
         self.evaluated += 1
         hours = steps * step.step_time_s / 3600.0 + self.overhead_h
         price = slot.inst.price_per_hour_usd
