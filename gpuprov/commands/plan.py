@@ -317,7 +317,9 @@ def render_explain(spec, plan) -> str:
     w(f"   step = {c.grad_accum} x ({cmb:,.3f} + {st.terms['exposed_per_micro_batch_s']:,.3f}) + "
       f"{st.terms['exposed_sync_s']:,.3f} + {st.terms['tail_s']:,.3f} + optimizer {st.terms['optimizer_s']:,.3f} "
       f"= {t.step_time_s:,.3f} s")
-    w(f"   tokens per step = {c.micro_batch} x {s} x {c.total_gpus} x {c.grad_accum} = {c.global_batch_tokens:,}; "
+    ranks = (f"{c.total_gpus // (c.tp * c.cp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}))"
+             if c.tp * c.cp > 1 else f"{c.total_gpus}")
+    w(f"   tokens per step = {c.micro_batch} x {s} x {ranks} x {c.grad_accum} = {c.global_batch_tokens:,}; "
       f"steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = {plan.training.steps:,}")
     overhead = float(a.raw["run"]["overhead_hours"])
     w(f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up = "
