@@ -109,6 +109,9 @@ class Cluster(_Strict):
     precision: str
     optimizer: str
     offload: str
+    tp: int = 1  # tensor-parallel degree (+ sequence parallel), inside one node's NVLink domain
+    cp: int = 1  # context-parallel degree (ring attention), folded into FSDP's shard dimension
+    pp: int = 1  # pipeline stages
 
 
 class Training(_Strict):
@@ -284,6 +287,7 @@ class CandidateRow(_Strict):
     per_gpu_bytes: int
     gpu_memory_bytes: int
     sharding: str
+    layout: str  # how the GPUs split the work, e.g. "TP8 x FSDP 16", "FSDP 64", "HSDP 8x4" (shard x replicas)
     bound: str
     chosen: bool
 

@@ -3,7 +3,9 @@
 Search space (the same for the planner and the exhaustive brute force that checks it):
 instance type x nodes (1..max_nodes; on-prem: at most one node per host listed) x sharding (single GPU: none; else ddp, zero2, fsdp, and
 hsdp with shard group = k nodes for every k that divides the node count, k < nodes) x
-activation checkpointing (none, selective, full) x micro-batch (1, 2, 4, ... 32).
+activation checkpointing (none, selective, full) x micro-batch (1, 2, 4, ... 32); for full training,
+also a model-parallel layout: tensor parallelism inside a node's NVLink domain and context
+parallelism for long sequences, with FSDP/HSDP over what they leave (torchtitan's mesh).
 A candidate is kept when the memory estimator's per-GPU peak fits under
 gpu memory x (1 - safety margin) and the global batch can be formed
 (micro_batch x seq_len x GPUs <= global batch tokens). It is then timed (sizing/throughput.py),
@@ -14,7 +16,10 @@ The planner prunes what cannot win, without changing the answer:
 - memory estimates are cached per setup (they do not depend on the instance) and the
   micro-batch scan stops at the first size that does not fit (memory grows with micro-batch);
 - a lower bound per instance (pure compute at the assumed utilisation, no recompute, no
-  communication) skips instances that cannot beat the best found for their GPU type.
+  communication; TP layouts add their unhidden TP collectives) skips instances that cannot beat
+  the best found for their GPU type;
+- HSDP holds at least what FSDP over every GPU holds in the same TP x CP layout: an FSDP miss
+  settles the HSDP shapes (and, when FSDP fits nothing, the HSDP layouts) without the estimator.
 `search(..., exhaustive=True)` turns every pruning off: the brute force.
 
 On-prem hosts (`--hosts FILE`): the objective picks the node count among 1..len(hosts) as it does
@@ -27,11 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.throughput import Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
-    intra_node_gbytes, step_estimate, utilisation
+from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
+    intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, utilisation
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
 GiB = 2**30
@@ -57,6 +62,8 @@ class Candidate:
     step: StepEstimate
     time_hours: float
     cost_usd: float | None
+    tp: int = 1  # tensor-parallel degree (inside one node)
+    cp: int = 1  # context-parallel degree
 
     @property
     def total_gpus(self) -> int:
@@ -64,7 +71,7 @@ class Candidate:
 
     def key(self) -> tuple:
         return (self.instance.cloud, self.instance.name, self.nodes, self.sharding, self.shard_group,
-                self.activation_checkpointing, self.micro_batch)
+                self.activation_checkpointing, self.micro_batch, self.tp, self.cp)
 
 
 @dataclass
@@ -163,6 +170,60 @@ def _shardings(total: int, gpus_per_node: int, nodes: int) -> list[tuple[str, in
     for k in range(1, nodes):
         if nodes % k == 0:
             out.append(("hsdp", k * gpus_per_node))
+    return out
+
+
+def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tuple[int, int]]:
+    """(tp, cp) pairs worth trying: TP inside the NVLink domain of one node, CP for long sequences.
+
+    A fixed --tp / --cp keeps only that degree. LoRA/QLoRA stay data-parallel (the trainer's TP
+    plan is for full training)."""
+    from gpuprov.sizing.throughput import assumptions
+
+    fixed_tp, fixed_cp = getattr(spec, "tp", None), getattr(spec, "cp", None)
+    if (getattr(spec, "pp", None) or 1) > 1:
+        raise GpuprovError("--pp is sized by `gpuprov estimate --pp`; plans and the trainer do not run pipeline stages yet")
+    if spec.task != "full":
+        if (fixed_tp or 1) * (fixed_cp or 1) > 1:
+            raise GpuprovError("--tp/--cp apply to --task full (LoRA/QLoRA adapters train data-parallel)")
+        return [(1, 1)]
+    mp = assumptions().raw["model_parallel"]
+    seq = spec.seq_len
+    tps = [fixed_tp] if fixed_tp else mp["tp_degrees"]
+    cps = [fixed_cp] if fixed_cp else [c for c in mp["cp_degrees"] if c == 1 or seq >= mp["cp_min_seq_len"]]
+    ok_tp = [t for t in tps if t == 1 or (
+        bool(gpu.nvlink_gbytes_per_s) and gpus_per_node % t == 0 and arch.num_attention_heads % t == 0
+        and arch.num_kv_heads % t == 0 and arch.intermediate_size % t == 0 and seq % t == 0
+        and not arch.tie_word_embeddings)]
+    ok_cp = [c for c in cps if c == 1 or seq % (2 * c) == 0]
+    return [(t, c) for t in ok_tp for c in ok_cp]
+
+
+class _Layout(NamedTuple):
+    """How one slot's GPUs split the work: data-parallel sharding (shard group) x TP x CP."""
+
+    sharding: str
+    sg: int
+    tp: int = 1
+    cp: int = 1
+
+    @property
+    def mp(self) -> int:
+        """GPUs one sample spans (a TP x CP group acts as one data-parallel rank)."""
+        return self.tp * self.cp
+
+
+def _layouts(total: int, gpus_per_node: int, nodes: int, degrees: list[tuple[int, int]]) -> list[_Layout]:
+    """The data-parallel choices of _shardings, plus FSDP/HSDP over what TP and CP leave
+    (torchtitan: FSDP over dp_shard x cp, TP innermost). Each (tp, cp)'s FSDP comes before its HSDPs."""
+    out = [_Layout(s, sg) for s, sg in _shardings(total, gpus_per_node, nodes)] if (1, 1) in degrees else []
+    for tp, cp in degrees:
+        mp = tp * cp
+        if mp == 1 or total % mp:
+            continue
+        out.append(_Layout("fsdp", total, tp, cp))
+        out += [_Layout("hsdp", k * gpus_per_node, tp, cp) for k in range(1, nodes)
+                if nodes % k == 0 and (k * gpus_per_node) % mp == 0]
     return out
 
 
@@ -276,6 +337,12 @@ class _Search:
         self.seen: dict[tuple, list[tuple[int, int]]] = {}
         self.shape_cache: dict[int, list[tuple[int, int, int]]] = {}
         self.compute_cache: dict[tuple[str, str], float] = {}
+        self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
+        self.step_cache: dict[tuple, StepEstimate] = {}
+        # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
+        self.layer = LayerShape(arch.num_layers, arch.hidden_size,
+                                arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
         self.best: Candidate | None = None
         self.best_by_gpu: dict[str, Candidate] = {}
         self.best_by_group: dict[tuple[str, str], Candidate] = {}
@@ -288,37 +355,42 @@ class _Search:
 
     # ---------------------------------------------------------------- memory
     @staticmethod
-    def _family(gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> tuple:
-        return (gpn, sharding, sg if sharding in ("hsdp", "ddp") else 0, ac, mb, ga > 1)
+    def _family(gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> tuple:
+        sg = lay.sg if lay.sharding in ("hsdp", "ddp") else 0
+        return (gpn, lay.sharding, sg, ac, mb, ga > 1, lay.tp, lay.cp)
 
-    def memory(self, total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int) -> MemoryEstimate:
-        key = (total, gpn, sharding, sg, ac, mb, ga)
+    def memory(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> MemoryEstimate:
+        key = (total, gpn, lay, ac, mb, ga)
         est = None if self.exhaustive else self.mem_cache.get(key)
         if est is None:
             spec = self.spec
             setup = make_setup(
                 task=self.task, seq_len=self.seq, micro_batch=mb, gpus=total, gpus_per_node=gpn,
-                sharding=sharding, shard_group=sg if sharding == "hsdp" else None, activation_checkpointing=ac,
-                precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
-                lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
+                sharding=lay.sharding, shard_group=lay.sg if lay.sharding == "hsdp" else None,
+                activation_checkpointing=ac, precision=spec.precision, optimizer=spec.optimizer,
+                offload=spec.offload, lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
+                tp=lay.tp, cp=lay.cp,
                 framework=getattr(spec, "framework", "gpuprov"), stack=self.stack,
             )
             est = self.estimator(self.arch, setup)
             self.mem_calls += 1
             self.mem_cache[key] = est
-            self.seen.setdefault(self._family(gpn, sharding, sg, ac, mb, ga), []).append(
-                (total, est.per_gpu_bytes))
+            self.seen.setdefault(self._family(gpn, lay, ac, mb, ga), []).append((total, est.per_gpu_bytes))
         return est
 
-    def known_fit(self, total: int, gpn: int, sharding: str, sg: int, ac: str, mb: int, ga: int,
-                  usable: int) -> bool | None:
-        replicas = sharding in ("ddp", "hsdp")
-        for t, b in self.seen.get(self._family(gpn, sharding, sg, ac, mb, ga), ()):
+    def known_fit(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int, usable: int) -> bool | None:
+        replicas = lay.sharding in ("ddp", "hsdp")
+        for t, b in self.seen.get(self._family(gpn, lay, ac, mb, ga), ()):
             if b <= usable and t <= total:
                 return True
             if replicas and b > usable:
                 return False
-        return None
+        return self.fsdp_missed(total, gpn, lay, ac, mb, ga, usable) if lay.sharding == "hsdp" else None
+
+    def fsdp_missed(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int, usable: int) -> bool | None:
+        """False when FSDP over all the GPUs (same TP x CP, same shape) already misses: HSDP holds at least as much."""
+        flat = self.mem_cache.get((total, gpn, lay._replace(sharding="fsdp", sg=total), ac, mb, ga))
+        return False if flat is not None and flat.per_gpu_bytes > usable else None
 
     # ---------------------------------------------------------------- bounds
     def _compute_seconds(self, inst: Any, ac: str) -> float:
@@ -332,17 +404,24 @@ class _Search:
                 self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac)
         return out
 
-    def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none") -> float:
-        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only)."""
+    def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
+        """GPU-seconds per token of the TP collectives a TP layout cannot hide (0 without TP)."""
+        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra) if tp > 1 else 0.0
+
+    def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
+        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
+        `tp_s` GPU-seconds per token of TP collectives)."""
         price = inst.price_per_hour_usd
         if price is None:
             return 0.0
-        return (self._compute_seconds(inst, ac) / 3600.0 / inst.gpus + self.overhead_h * nodes) * price
+        gpu_seconds = self._compute_seconds(inst, ac) + self.tokens * tp_s
+        return (gpu_seconds / 3600.0 / inst.gpus + self.overhead_h * nodes) * price
 
-    def lower_bound_hours(self, inst: Any, nodes: int, ac: str = "none") -> float:
-        return self._compute_seconds(inst, ac) / (nodes * inst.gpus) / 3600.0 + self.overhead_h
+    def lower_bound_hours(self, inst: Any, nodes: int, ac: str = "none", tp_s: float = 0.0) -> float:
+        gpu_seconds = self._compute_seconds(inst, ac) + self.tokens * tp_s
+        return gpu_seconds / (nodes * inst.gpus) / 3600.0 + self.overhead_h
 
-    def beaten(self, inst: Any, nodes: int, ac: str) -> bool:
+    def beaten(self, inst: Any, nodes: int, ac: str, tp_s: float = 0.0) -> bool:
         """True when no candidate from here on can beat the best of this instance's table row."""
         if self.exhaustive:
             return False
@@ -351,26 +430,28 @@ class _Search:
             return False
         if self.objective == "cost":
             return inc.cost_usd is not None and inst.price_per_hour_usd is not None and \
-                self.lower_bound_cost(inst, nodes, ac) > inc.cost_usd
+                self.lower_bound_cost(inst, nodes, ac, tp_s) > inc.cost_usd
         if self.objective == "time":
-            return self.lower_bound_hours(inst, nodes, ac) > inc.time_hours
+            return self.lower_bound_hours(inst, nodes, ac, tp_s) > inc.time_hours
         return nodes * inst.gpus > inc.total_gpus
 
     # ---------------------------------------------------------------- shapes
-    def batch_shapes(self, total: int) -> list[tuple[int, int, int]]:
-        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance."""
-        out = self.shape_cache.get(total)
+    def batch_shapes(self, dp: int) -> list[tuple[int, int, int]]:
+        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
+
+        `dp` counts data-parallel ranks: the GPUs over tp x cp (one sample spans a TP x CP group)."""
+        out = self.shape_cache.get(dp)
         if out is None:
             out = []
             for mb in MICRO_BATCHES:
-                per_step_tokens = mb * self.seq * total
+                per_step_tokens = mb * self.seq * dp
                 ga = max(1, round(self.gbt / per_step_tokens))
                 batch = ga * per_step_tokens
                 if abs(batch - self.gbt) <= self.tol * self.gbt:
                     out.append((mb, ga, batch))
                 elif per_step_tokens > self.gbt:
                     break
-            self.shape_cache[total] = out
+            self.shape_cache[dp] = out
         return out
 
     def record_miss(self, slot: _Slot, sharding: str, est: MemoryEstimate) -> None:
@@ -384,19 +465,31 @@ class _Search:
                 slug not in self.unfit or ratio < self.unfit[slug].ratio):
             self.unfit[slug] = miss
 
-    def fitting_shapes(self, slot: _Slot, sharding: str, sg: int, ac: str,
+    def fitting_shapes(self, slot: _Slot, lay: _Layout, ac: str,
                        shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """The shapes whose memory fits the slot's GPUs."""
-        total, gpn, usable = slot.total, slot.gpn, slot.usable
-        out = []
         if self.exhaustive:
+            out = []
             for x in shapes:
-                est = self.memory(total, gpn, sharding, sg, ac, x[0], x[1])
-                if est.per_gpu_bytes <= usable:
+                est = self.memory(slot.total, slot.gpn, lay, ac, x[0], x[1])
+                if est.per_gpu_bytes <= slot.usable:
                     out.append(x)
                 else:
-                    self.record_miss(slot, sharding, est)
+                    self.record_miss(slot, lay.sharding, est)
             return out
+        # The same GPU type on another cloud (or instance) answers the same: memory does not depend
+        # on the instance, and its misses were recorded the first time (a repeat ratio changes no miss).
+        key = (slot.inst.gpu, slot.usable, slot.gpn, slot.total, lay, ac, tuple(shapes))
+        out = self.fit_cache.get(key)
+        if out is None:
+            out = self.fit_cache[key] = self.scan_shapes(slot, lay, ac, shapes)
+        return out
+
+    def scan_shapes(self, slot: _Slot, lay: _Layout, ac: str,
+                    shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """fitting_shapes without the brute force: settled by what is known, else the estimator."""
+        total, gpn, usable = slot.total, slot.gpn, slot.usable
+        out = []
         # memory grows with the micro-batch: stop at the first that does not fit (estimates are
         # cached across instances, so smaller GPUs reuse them). A larger micro-batch can end
         # accumulation (1 step) and free the gradients held between micro-batches, so the scan
@@ -406,37 +499,47 @@ class _Search:
             accumulating = x[1] > 1
             if accumulating in stopped:
                 continue
-            known = self.known_fit(total, gpn, sharding, sg, ac, x[0], x[1], usable)
+            known = self.known_fit(total, gpn, lay, ac, x[0], x[1], usable)
             if known is False:
                 stopped.add(accumulating)
                 continue
             if known is None:
-                est = self.memory(total, gpn, sharding, sg, ac, x[0], x[1])
+                est = self.memory(total, gpn, lay, ac, x[0], x[1])
                 if est.per_gpu_bytes > usable:
-                    self.record_miss(slot, sharding, est)
+                    self.record_miss(slot, lay.sharding, est)
                     stopped.add(accumulating)
                     continue
             out.append(x)
         return out
 
     # ---------------------------------------------------------------- timing and ranking
-    def timed(self, slot: _Slot, sharding: str, sg: int, ac: str, mb: int, ga: int, batch: int) -> Candidate:
-        spec, arch, gpu = self.spec, self.arch, slot.gpu
+    def step(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int) -> StepEstimate:
+        """One step's time; the same GPU at the same fabric bandwidth on another cloud reuses it."""
+        key = (slot.inst.gpu, slot.gpn, slot.nodes, slot.inter, lay, ac, mb, ga)
+        out = None if self.exhaustive else self.step_cache.get(key)
+        if out is None:
+            spec, arch, gpu = self.spec, self.arch, slot.gpu
+            shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=lay.sharding, shard_group=lay.sg,
+                          micro_batch=mb, grad_accum=ga, seq_len=self.seq)
+            out = self.step_cache[key] = layout_step_estimate(
+                shape=shape, tp=lay.tp, cp=lay.cp, layer=self.layer, ac=ac,
+                flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
+                hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
+                params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
+                optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
+            )
+        return out
+
+    def timed(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int, batch: int) -> Candidate:
+        gpu = slot.gpu
         steps = -(-self.tokens // batch)
-        shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=sharding, shard_group=sg,
-                      micro_batch=mb, grad_accum=ga, seq_len=self.seq)
-        step = step_estimate(
-            shape=shape, flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
-            hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
-            params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
-            optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
-        )
+        step = self.step(slot, lay, ac, mb, ga)
         self.evaluated += 1
         hours = steps * step.step_time_s / 3600.0 + self.overhead_h
         price = slot.inst.price_per_hour_usd
         cost = None if price is None else hours * slot.nodes * price
-        return Candidate(slot.inst, gpu, slot.nodes, sharding, sg, ac, mb, ga, batch, steps, None, step,
-                         hours, cost)
+        return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,
+                         hours, cost, lay.tp, lay.cp)
 
     def over_limits(self, cand: Candidate) -> bool:
         deadline, budget = self.spec.deadline_hours, self.spec.budget_usd
@@ -485,37 +588,59 @@ class _Search:
                      util=utilisation(gpu)[0], intra=intra_node_gbytes(gpu)[0],
                      inter=inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu))
 
+    def degrees(self, inst: Any) -> list[tuple[int, int]]:
+        """The (tp, cp) pairs this instance can host (_mp_degrees), once per GPU type and count."""
+        key = (inst.gpu, inst.gpus)
+        out = self.degrees_cache.get(key)
+        if out is None:
+            out = self.degrees_cache[key] = _mp_degrees(self.spec, self.arch, self.gpus[inst.gpu], inst.gpus)
+        return out
+
     def walk_instance(self, inst: Any, top: int, only_nodes: int | None) -> None:
+        degrees = self.degrees(inst)
+        if not degrees:
+            return  # a fixed --tp this machine cannot host (no NVLink, or not a divisor of its GPUs)
+        max_mp = max(t * c for t, c in degrees)
         descending = self.objective == "time" and not self.exhaustive
         for nodes in self.node_order(inst, top, only_nodes):
-            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol):
+            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp:
                 if descending:
                     continue
-                break  # even micro-batch 1 overshoots the global batch; more nodes only worse
+                break  # even micro-batch 1 on the widest TP x CP group overshoots; more nodes only worse
             if self.beaten(inst, nodes, "none"):
                 # cost and GPU-count bounds grow with nodes (per-node overhead; GPU count); the time
                 # bound grows as nodes fall, and time walks the node counts downwards
                 break
-            slot = self.slot(inst, nodes)
-            for sharding, sg in _shardings(slot.total, slot.gpn, nodes):
-                self.walk_layout(slot, sharding, sg)
+            self.walk_slot(self.slot(inst, nodes), degrees)
 
-    def walk_layout(self, slot: _Slot, sharding: str, sg: int) -> None:
-        """Every AC mode and micro-batch of one sharding layout on one slot."""
+    def walk_slot(self, slot: _Slot, degrees: list[tuple[int, int]]) -> None:
+        """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
+        missed: set[tuple[int, int]] = set()  # (tp, cp) whose FSDP fits nothing on this slot
+        for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees):
+            if lay.sharding == "hsdp" and (lay.tp, lay.cp) in missed and not self.exhaustive:
+                continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
+            if self.walk_layout(slot, lay) and lay.sharding == "fsdp":
+                missed.add((lay.tp, lay.cp))
+
+    def walk_layout(self, slot: _Slot, lay: _Layout) -> bool:
+        """Every AC mode and micro-batch of one layout on one slot. True when every AC mode was
+        tried (no bound cut the scan) and nothing fits."""
         fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
+        all_shapes = self.batch_shapes(slot.total // lay.mp)
         for ac in AC_MODES:
-            shapes = self.batch_shapes(slot.total)
-            if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in shapes):
-                break  # every micro-batch fits with less recompute: more recompute only costs
-            if self.beaten(slot.inst, slot.nodes, ac):
-                break
+            if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in all_shapes):
+                return False  # every micro-batch fits with less recompute: more recompute only costs
+            if self.beaten(slot.inst, slot.nodes, ac, self._tp_seconds(slot, lay.tp, ac)):
+                return False
+            shapes = all_shapes
             if not self.exhaustive:
                 # same shape with less recompute fits already: dominated
                 shapes = [x for x in shapes if x[0] not in fitted]
-            for mb, ga, batch in self.fitting_shapes(slot, sharding, sg, ac, shapes):
+            for mb, ga, batch in self.fitting_shapes(slot, lay, ac, shapes):
                 fitted.add(mb)
                 self.fitting += 1
-                self.consider(self.timed(slot, sharding, sg, ac, mb, ga, batch))
+                self.consider(self.timed(slot, lay, ac, mb, ga, batch))
+        return not fitted
 
     def result(self, searched: list[Any], unpriced: list[str], excluded: list[Any]) -> SearchResult:
         return SearchResult(
@@ -700,7 +825,8 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum, framework=getattr(spec, "framework", "gpuprov"), stack=stack_for(spec, arch),
+        grad_accum=c.grad_accum, tp=c.tp, cp=c.cp, framework=getattr(spec, "framework", "gpuprov"),
+        stack=stack_for(spec, arch),
     )
 
 
@@ -882,7 +1008,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
             shard_group=best.shard_group, replicate=best.total_gpus // best.shard_group,
             activation_checkpointing=best.activation_checkpointing, micro_batch=best.micro_batch,
             grad_accum=best.grad_accum, seq_len=spec.seq_len, global_batch_tokens=best.batch_tokens,
-            precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload),
+            precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload, tp=best.tp, cp=best.cp),
         training=Training(task=spec.task, lora_rank=None if spec.task == "full" else spec.lora_rank,
                           lora_alpha=None if spec.task == "full" else 2 * spec.lora_rank,
                           lora_targets=targets, tokens=spec.tokens, steps=best.steps, **defaults),

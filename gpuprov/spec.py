@@ -92,6 +92,10 @@ class TrainingSpec(BaseModel):
     framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
                            "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")
 
+    tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
+    cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
+    pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
+
     @field_validator("region")
     @classmethod
     def _region_of_cloud(cls, region: str | None, info: ValidationInfo) -> str | None:

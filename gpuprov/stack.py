@@ -86,4 +86,4 @@ def setup_from_plan(plan: Plan):
         activation_checkpointing=c.activation_checkpointing, precision=c.precision, optimizer=c.optimizer,
         offload=c.offload, lora_rank=t.lora_rank or 16,
         lora_targets=tuple(t.lora_targets) if plan.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accumulation_steps=max(1, c.grad_accum), **setup_fields(plan.stack))
+        grad_accumulation_steps=max(1, c.grad_accum), tp=c.tp, cp=c.cp, pp=c.pp, **setup_fields(plan.stack))

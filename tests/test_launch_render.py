@@ -44,7 +44,7 @@ def with_fabric(plan, **update):
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_files_and_scripts_parse(cloud, tmp_path):
     files = render_launch(sample_plan(cloud))
-    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py", "prepare_data.py"}
+    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py", "parallel.py", "prepare_data.py"}
     launch = write(files, tmp_path)
     for name in ("env.sh", "train.sh", "slurm.sbatch"):
         subprocess.run([BASH, "-n", str(launch / name)], check=True)
@@ -70,7 +70,7 @@ def test_train_yaml_carries_the_plan(sharding, task):
     assert cfg["task"]["kind"] == task
     assert cfg["parallel"] == {"sharding": sharding, "replicate": c.replicate, "shard": c.shard_group,
                                "nodes": 2, "gpus_per_node": 8, "activation_checkpointing": "selective",
-                               "offload": "none"}
+                               "offload": "none", "tp": 1, "cp": 1}
     assert cfg["parallel"]["replicate"] * cfg["parallel"]["shard"] == c.total_gpus
     assert cfg["precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32", "master_dtype": "float32",
                                 "tf32": False}

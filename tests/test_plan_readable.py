@@ -72,8 +72,8 @@ def _table(out: str) -> list[str]:
 def test_plan_prints_a_candidates_table_with_the_same_gpu_on_other_clouds():
     out = ok("plan", "--model", "70b", "--tokens", "20B")
     head, *rows = _table(out)
-    for col in ("cloud", "region", "instance", "GPUs x nodes", "purchase", "$/h", "hours", "total $", "MFU",
-                "mem margin"):
+    for col in ("cloud", "region", "instance", "GPUs x nodes", "layout", "purchase", "$/h", "hours", "total $",
+                "MFU", "mem margin"):
         assert col in head
     chosen = [r for r in rows if r.lstrip().startswith("*")]
     picked = re.search(r"^Chosen: \d+ x (\S+)", out, re.M).group(1)
@@ -95,6 +95,39 @@ def test_table_rows_are_in_json_and_agree_with_the_chosen_cluster():
     assert c["per_gpu_bytes"] == d["memory"]["per_gpu_bytes"] and c["purchase"] == "on-demand"
     assert len({(r["cloud"], r["gpu"]) for r in d["candidates"]}) == len(d["candidates"])
 
+
+
+@pytest.mark.parametrize("args, label", [
+    (("none", 1, 1), "1 GPU"),
+    (("ddp", 1, 16), "DDP 16"),
+    (("zero2", 16, 16), "ZeRO-2 16"),
+    (("fsdp", 64, 64), "FSDP 64"),
+    (("hsdp", 8, 32), "HSDP 8x4"),
+    (("fsdp", 128, 128, 8), "TP8 x FSDP 16"),
+    (("hsdp", 16, 128, 8), "TP8 x HSDP 2x8"),
+    (("fsdp", 64, 64, 2, 4), "TP2 x CP4 x FSDP 8"),
+])
+def test_layout_label_numbers_multiply_to_the_gpus(args, label):
+    from gpuprov.candidates import layout_label
+
+    assert layout_label(*args) == label
+
+
+def test_every_table_row_names_its_layout_and_the_chosen_one_is_the_cluster():
+    """70B full training picks TP inside the node: the table says so per row, as the cluster does."""
+    from math import prod
+
+    from gpuprov.candidates import layout_label
+
+    d = json.loads(ok("plan", "--model", "70b", "--tokens", "20B", "--json"))
+    c = d["cluster"]
+    for r in d["candidates"]:
+        assert prod(int(n) for n in re.findall(r"\d+", r["layout"])) == r["gpus_per_node"] * r["nodes"], r
+    chosen = next(r for r in d["candidates"] if r["chosen"])
+    assert c["tp"] > 1 and chosen["layout"].startswith(f"TP{c['tp']} x ")
+    assert chosen["layout"] == layout_label(c["sharding"], c["shard_group"], c["total_gpus"], c["tp"], c["cp"])
+    head, *rows = _table(ok("plan", "--model", "70b", "--tokens", "20B"))
+    assert chosen["layout"] in next(r for r in rows if r.lstrip().startswith("*"))
 
 def test_a_pathological_pick_is_warned_about():
     out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--objective", "gpus")
@@ -479,7 +512,7 @@ def test_cheapest_8b_full_fine_tune_within_two_days_on_gcp():
 
 def test_readme_shows_the_table_the_three_questions_and_the_cpu_only_install():
     readme = (REPO / "README.md").read_text()
-    assert "Candidates (best per GPU type on each cloud" in readme and "GPUs x nodes  purchase" in readme
+    assert "Candidates (best per GPU type on each cloud" in readme and "GPUs x nodes  layout" in readme
     assert "gpuprov estimate --model 70b --task qlora --gpu rtx-4090-24gb --gpus 2" in readme
     assert "gpuprov plan --model llama-3.1-8b --tokens 1B --deadline 2d --cloud gcp" in readme
     assert "gpuprov plan --model llama-3.1-8b --tokens 1B --hosts hosts.yaml" in readme

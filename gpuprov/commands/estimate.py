@@ -27,26 +27,27 @@ def stack_defaults() -> dict[str, object]:
     return out
 
 
-def _default_sharding(gpus: int) -> str:
-    return "none" if gpus == 1 else "fsdp"
+def _default_sharding(gpus: int, model_parallel: int = 1) -> str:
+    # TP/CP/PP run under FSDP2 even on one data-parallel rank (torchtitan's mesh)
+    return "none" if gpus == 1 and model_parallel == 1 else "fsdp"
 
 
-def resolve_stack(framework, explicit: dict, *, task: str, gpus: int):
+def resolve_stack(framework, explicit: dict, *, task: str, gpus: int, model_parallel: int = 1):
     """Stack fields from explicit flags > the --framework preset > stack_defaults(); and what the preset set."""
     from gpuprov.sizing.frameworks import resolve
 
     def shape_of(values: dict) -> dict:
-        return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus)}
+        return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus, model_parallel)}
 
     values, applied = resolve(framework, explicit, stack_defaults(), shape_of)
     if values["sharding"] is None:
-        values["sharding"] = _default_sharding(gpus)
+        values["sharding"] = _default_sharding(gpus, model_parallel)
     return values, applied
 
 
 def build_setup(
     *, task, seq_len, micro_batch, gpus, gpus_per_node, shard_group, lora_rank, lora_targets,
-    grad_accumulation=1, stack: dict | None = None,
+    grad_accumulation=1, stack: dict | None = None, tp=1, cp=1, pp=1,
 ) -> TrainSetup:
     from gpuprov.sizing.arch import resolve_lora_targets
 
@@ -60,9 +61,12 @@ def build_setup(
         gpus_per_node = min(8, gpus)
     if gpus_per_node <= 0:
         raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
+    for flag, value in (("--tp", tp), ("--cp", cp), ("--pp", pp)):
+        if value <= 0:
+            raise GpuprovError(f"{flag} must be a positive integer, got {value}")
     stack = dict(stack_defaults(), **(stack or {}))
     if stack["sharding"] is None:
-        stack["sharding"] = _default_sharding(gpus)
+        stack["sharding"] = _default_sharding(gpus, tp * cp * pp)
     if shard_group is not None and stack["sharding"] != "hsdp":
         raise GpuprovError("--shard-group applies to --sharding hsdp only")
     if not 0.0 <= float(stack["lora_dropout"]) < 1.0:
@@ -71,7 +75,7 @@ def build_setup(
     return TrainSetup(
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
         shard_group=shard_group, lora_rank=lora_rank, lora_targets=targets,
-        grad_accumulation_steps=grad_accumulation, **stack,
+        grad_accumulation_steps=grad_accumulation, tp=tp, cp=cp, pp=pp, **stack,
     )
 
 
@@ -165,6 +169,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
             "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
             "fp32_logits": setup.fp32_logits,
+            "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions),
@@ -198,7 +203,9 @@ def render_table(d: dict) -> str:
         f"{m['display_name']} ({m['params']:,} params, {m['trainable_params']:,} trainable) - {s['task']}"
         f" on {s['gpus']} x {g['name']}",
         f"seq-len {s['seq_len']}, micro-batch {s['micro_batch']}, {s['sharding']}, AC {s['activation_checkpointing']},"
-        f" {s['precision']}, {s['optimizer']}, offload {s['offload']}  [{d['estimator']} estimate]",
+        f" {s['precision']}, {s['optimizer']}, offload {s['offload']}"
+        + (f", tp {s['tp']} cp {s['cp']} pp {s['pp']}" if s["tp"] * s["cp"] * s["pp"] > 1 else "")
+        + f"  [{d['estimator']} estimate]",
     ]
     if d.get("defaults"):
         lines.append("defaults used (not given): " + ", ".join(
@@ -299,6 +306,10 @@ class _FrameworkChoice(click.Choice):
                    "accelerate's accumulate(), Lightning): the full unsharded gradients stay between micro-batches.  [default: no]")
 @click.option("--fp32-logits/--no-fp32-logits", default=None,
               help="The model returns fp32 logits (torchtune's unembed .float(); transformers < 4.45).  [default: no]")
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
+@click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (1F1B schedule).")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
 @click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
@@ -307,7 +318,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, suggest, fail_if_not_fits, precise, as_json) -> None:
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, tp, cp, pp, suggest, fail_if_not_fits, precise,
+             as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b
@@ -318,6 +330,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
       gpuprov estimate --model llama-3.1-8b --gpus 8 --seq-len 8192 --framework torchtitan
       gpuprov estimate --model 7b --task lora --gpus 1 --gpu rtx-4090-24gb --framework hf-trainer --suggest
       gpuprov estimate --model 70b --gpus 16 --framework litgpt --no-autocast-fp32-params --json
+      gpuprov estimate --model 70b --gpus 64 --tp 8                    # TP 8 x FSDP 8
+      gpuprov estimate --model 8b --gpus 8 --cp 4 --seq-len 131072     # context parallel 4
     """
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
@@ -337,10 +351,12 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         "compile_loss": compile_loss, "defer_grad_sync": defer_grad_sync,
         "fp32_logits": fp32_logits,
     }
-    stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus)
+    stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus, model_parallel=tp * cp * pp)
     shape = dict(task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
-                 shard_group=shard_group, lora_rank=lora_rank, lora_targets=lora_targets)
+                 shard_group=shard_group, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, cp=cp, pp=pp)
     setup = build_setup(**shape, grad_accumulation=grad_accumulation, stack=stack)
+    if precise and tp * cp * pp > 1:
+        raise GpuprovError("--precise simulates FSDP on one rank; it does not model --tp/--cp/--pp yet (drop --precise)")
     analytic = estimate_memory(arch, setup, gpu.memory_bytes)
     est, kind = (run_precise(arch, setup, gpu.memory_bytes), "precise") if precise else (analytic, "analytic")
     d = result_dict(arch, gpu, setup, est, kind)
@@ -436,6 +452,9 @@ def command_words(model_name, gpu_slug, framework, shape: dict, grad_accumulatio
         words.append(("--gpus-per-node", str(shape["gpus_per_node"])))
     if shape["shard_group"] is not None:
         words.append(("--shard-group", str(shape["shard_group"])))
+    for flag in ("tp", "cp", "pp"):
+        if shape.get(flag, 1) > 1:
+            words.append(("--" + flag, str(shape[flag])))
     if shape["task"] != "full":
         words += [("--lora-rank", str(shape["lora_rank"])), ("--lora-targets", str(shape["lora_targets"]))]
     if grad_accumulation != 1:

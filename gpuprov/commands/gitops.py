@@ -254,7 +254,7 @@ def check_plan(root: Path) -> Result:
                        gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
                        activation_checkpointing=c.activation_checkpointing, precision=c.precision,
                        optimizer=c.optimizer, offload=c.offload, lora_rank=plan.training.lora_rank or 16,
-                       lora_targets=targets)
+                       lora_targets=targets, tp=c.tp, cp=c.cp, pp=c.pp)
     estimate = estimate_memory(arch, setup, gpu.memory_bytes)
     usable = int(gpu.memory_bytes * (1 - plan.memory.safety_margin))
     detail = f"{estimate.per_gpu_bytes / 2**30:.1f} GiB of {usable / 2**30:.1f} GiB usable per GPU on {gpu.slug}"

@@ -81,17 +81,17 @@ def candidates_table(plan) -> list[str]:
     rows = plan.candidates
     if not rows:
         return []
-    head = ("", "cloud", "region", "instance", "GPU", "GPUs x nodes", "purchase", "$/h", "hours", "total $",
-            "MFU", "mem margin")
+    head = ("", "cloud", "region", "instance", "GPU", "GPUs x nodes", "layout", "purchase", "$/h", "hours",
+            "total $", "MFU", "mem margin")
     body = []
     for r in rows[:TABLE_ROWS]:
         margin = 1 - r.per_gpu_bytes / r.gpu_memory_bytes
         body.append(("*" if r.chosen else "", r.cloud, r.region or "-", r.instance_type, r.gpu, _gpus_x_nodes(r),
-                     r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
+                     r.layout, r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
                      f"{r.time_hours:,.1f}", "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
                      f"{r.mfu:.1%}", f"{margin:.0%}"))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    right = {7, 8, 9, 10, 11}
+    right = {8, 9, 10, 11, 12}
 
     def line(cells) -> str:
         return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -115,6 +115,10 @@ def render_plan(plan) -> str:
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
     sg = f"shard group {c.shard_group}, {c.replicate} replica(s)" if c.sharding in ("fsdp", "hsdp", "zero2") else \
         f"{c.replicate} replica(s)"
+    if c.tp * c.cp * c.pp > 1:
+        dp = c.total_gpus // (c.tp * c.cp * c.pp)
+        out.append(f"  layout: tensor parallel {c.tp} (inside each node, NVLink) x context parallel {c.cp} x "
+                   f"data parallel {dp} ({c.sharding} over dp x cp)")
     out.append(f"  sharding {c.sharding} ({sg}), activation checkpointing {c.activation_checkpointing}, "
                f"micro-batch {c.micro_batch}, grad accumulation {c.grad_accum}, global batch "
                f"{c.global_batch_tokens:,} tokens")
@@ -209,7 +213,7 @@ def render_explain(spec, plan) -> str:
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
     from gpuprov.sizing.throughput import (
-        Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, step_estimate,
+        LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
     )
 
     a = assumptions()
@@ -223,7 +227,9 @@ def render_explain(spec, plan) -> str:
     inter = inter_node_gbytes(plan.fabric.name, plan.fabric.gbps_per_gpu) if c.nodes > 1 else 0.0
     shape = Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
                   micro_batch=c.micro_batch, grad_accum=c.grad_accum, seq_len=s)
-    st = step_estimate(shape=shape, flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
+    layer = LayerShape(L, arch.hidden_size, arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
+    st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
+                       flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
                        hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
                        params=n_params, trainable=trainable, num_layers=L, task=plan.task, optimizer=c.optimizer,
                        precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen)
@@ -266,7 +272,8 @@ def render_explain(spec, plan) -> str:
     if plan.task == "qlora":
         w(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
     cmb = st.terms["compute_per_micro_batch_s"]
-    w(f"   per micro-batch: {c.micro_batch} x {s} tokens x {fl.executed:.4g} / ({peak:g}e12 x {st.utilisation:.3f}) "
+    split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""
+    w(f"   per micro-batch: {c.micro_batch} x {s} tokens x {fl.executed:.4g} / ({peak:g}e12 x {st.utilisation:.3f}){split} "
       f"= {cmb:,.3f} s")
     w("")
     w("5. Communication per GPU")
@@ -274,7 +281,7 @@ def render_explain(spec, plan) -> str:
       f"{plan.fabric.gbps_per_gpu:g} Gb/s per GPU -> {inter:,.1f} GB/s achievable" if c.nodes > 1 else
       f"   inside a node: {link} at {intra:,.0f} GB/s achievable (single node: no fabric)")
     if c.sharding in ("fsdp", "hsdp"):
-        g = c.shard_group
+        g = c.shard_group // c.tp  # FSDP runs over dp x cp; each rank gathers its TP shard (1/tp)
         if plan.task == "full":
             what = (f"(2 all-gathers x {a.param_gather_bytes:g} B + reduce-scatter {a.grad_reduce_bytes:g} B) "
                     f"per parameter")
@@ -293,6 +300,14 @@ def render_explain(spec, plan) -> str:
         w(f"   once per step all-reduce of {a.grad_reduce_bytes:g} B/param grads = {st.terms['sync_per_step_s']:,.3f} s")
     else:
         w("   single GPU: none")
+    if c.tp > 1:
+        w(f"   tensor parallel {c.tp} (Megatron-LM sec. 3: 2 all-reduces forward + 2 backward per layer, + recompute;"
+          f" SP splits each into reduce-scatter + all-gather) on {link}: {st.terms['tp_comm_per_micro_batch_s']:,.3f} s"
+          " per micro-batch, not hidden (the next matmul waits for it)")
+    if c.cp > 1:
+        w(f"   context parallel {c.cp} ring (K/V forward, K/V + fp32 dK/dV backward, cp-1 hops per layer): "
+          f"{st.terms['cp_ring_per_micro_batch_s']:,.3f} s per micro-batch, exposed "
+          f"{st.terms['cp_exposed_per_micro_batch_s']:,.3f} s")
     w(f"   compute hides {a.overlap:.0%} of the per-micro-batch communication (it runs while the GPUs compute); "
       f"what is left waits: {st.terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch, "
       f"{st.terms['exposed_sync_s']:,.3f} s for the per-step sync")
@@ -302,7 +317,9 @@ def render_explain(spec, plan) -> str:
     w(f"   step = {c.grad_accum} x ({cmb:,.3f} + {st.terms['exposed_per_micro_batch_s']:,.3f}) + "
       f"{st.terms['exposed_sync_s']:,.3f} + {st.terms['tail_s']:,.3f} + optimizer {st.terms['optimizer_s']:,.3f} "
       f"= {t.step_time_s:,.3f} s")
-    w(f"   tokens per step = {c.micro_batch} x {s} x {c.total_gpus} x {c.grad_accum} = {c.global_batch_tokens:,}; "
+    ranks = (f"{c.total_gpus // (c.tp * c.cp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}))"
+             if c.tp * c.cp > 1 else f"{c.total_gpus}")
+    w(f"   tokens per step = {c.micro_batch} x {s} x {ranks} x {c.grad_accum} = {c.global_batch_tokens:,}; "
       f"steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = {plan.training.steps:,}")
     overhead = float(a.raw["run"]["overhead_hours"])
     w(f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up = "

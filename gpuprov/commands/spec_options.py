@@ -51,6 +51,9 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "purchase": (("--purchase",), str, "Allowed purchase options, comma-separated: on-demand, spot, "
                  "capacity-block, reservation, flex-start"),
     "placement_group": (("--placement-group",), str, "AWS: an existing placement group to launch into"),
+    "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
+    "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
+    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1)"),
 }
 
 FLAG_NAMES = {field: decls[0] for field, (decls, _, _) in _FLAGS.items()}

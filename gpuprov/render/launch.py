@@ -19,7 +19,7 @@ from gpuprov.resources import templates_dir
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
-_COPIED = ("train.py", "prepare_data.py")
+_COPIED = ("train.py", "parallel.py", "prepare_data.py")
 
 
 def yaml_value(value, indent: int = 0) -> str:

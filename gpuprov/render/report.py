@@ -58,7 +58,8 @@ def _summary(plan) -> list[str]:
         ["Where", f"{where}: {c.nodes} x `{c.instance_type}` ({price})"],
         ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {_gib(plan.gpu.memory_bytes)} each)"],
         ["Parallelism", f"{c.sharding}: shard group {c.shard_group} GPUs x {c.replicate} "
-                        f"replica{'s' if c.replicate != 1 else ''}"],
+                        f"replica{'s' if c.replicate != 1 else ''}"
+                        + (f"; tensor parallel {c.tp} x context parallel {c.cp} inside it" if c.tp * c.cp > 1 else "")],
         ["Batch", f"micro-batch {c.micro_batch} x seq {c.seq_len} x grad-accum {c.grad_accum} "
                   f"= {c.global_batch_tokens:,} tokens per step"],
         ["Precision / optimizer", f"{c.precision}, {c.optimizer}, offload {c.offload}, "

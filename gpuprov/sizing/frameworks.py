@@ -15,9 +15,9 @@ from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import TrainSetup
 
-# Fields a preset may set: the software stack, not the run's shape (model, tokens, GPUs, LoRA rank).
+# Fields a preset may set: the software stack, not the run's shape (model, tokens, GPUs, layout, LoRA rank).
 SHAPE_FIELDS = ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group", "lora_rank",
-                "lora_targets", "grad_accumulation_steps")
+                "lora_targets", "grad_accumulation_steps", "tp", "cp", "pp")
 STACK_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrainSetup) if f.name not in SHAPE_FIELDS)
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
+from gpuprov.sizing import parallel
 from gpuprov.sizing.arch import ModelArch, check_lora_rank, resolve_lora_targets
 from gpuprov.sizing.types import (
     AC_MODES,
@@ -392,11 +393,12 @@ def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
 def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | None = None) -> MemoryEstimate:
     """Predicted peak bytes on the busiest GPU, with every term and the assumptions behind it."""
     validate_setup(arch, setup)
+    parallel.validate(arch, setup)
     s = setup
     c = _c()
     n = s.gpus
     fsdp = s.sharding in ("fsdp", "hsdp")
-    shard = shard_group_size(s) if s.sharding == "hsdp" else n
+    shard = parallel.fsdp_degree(s, shard_group_size(s) if s.sharding == "hsdp" else n)
     a = 4 if s.precision == "fp32" else 2
     tokens = s.seq_len * s.micro_batch
     L = arch.num_layers
@@ -564,7 +566,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         "optimizer_step_transient": step_transient,
         "logits": held_logits,
     })
-    peak = max((phase_a, phase_b, phase_c), key=_Phase.total)
+    peak = max(parallel.apply(arch, s, [phase_a, phase_b, phase_c], tokens, a), key=_Phase.total)
 
     terms = {t: 0 for t in TERMS}
     terms.update(peak.terms)
@@ -577,6 +579,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     nc = c["nccl"]
     if n > 1:
         terms["nccl_buffers"] = int(nc["buffsize_bytes"] * nc["channels"] * nc["connections_per_channel"] * nc["protocol_factor"])
+        terms["nccl_buffers"] *= parallel.communicators(s)
     terms["cuda_context"] = int(c["cuda_context"]["bytes"])
     terms = {k: int(v) for k, v in terms.items()}
     per_gpu = sum(terms.values())
@@ -587,7 +590,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
         free = gpu_memory_bytes - per_gpu
         verdict = "fits" if free >= 0 else "does not fit"
         assumptions.append(f"{verdict} in {gpu_memory_bytes / GIB:.1f} GiB with {free / GIB:+.1f} GiB to spare")
-    states = (w.params + w.grads + w.optimizer + w.master) * n
+    states = (w.params + w.grads + w.optimizer + w.master) * n // parallel.layout(s).model_shards
     return MemoryEstimate(
         per_gpu_bytes=per_gpu,
         breakdown=terms,
@@ -699,7 +702,7 @@ def _assumptions(
         " so torch.cuda.max_memory_reserved() reads at most the GPU's memory less context and NCCL"
     )
     out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
-    out.append("no tensor/pipeline/context parallelism: each GPU processes micro-batch x seq-len tokens")
+    out.extend(parallel.assumptions(arch, s))
     return out
 
 

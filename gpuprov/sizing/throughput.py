@@ -285,3 +285,88 @@ def step_estimate(
         optimizer_time_s=opt, tokens_per_s=tps, mfu=mfu, utilisation=speed,
         comm_bytes_per_gpu=vol, bound=bound, terms=terms,
     )
+
+
+# --------------------------------------------------------------------------- tensor / context parallel
+@dataclass(frozen=True)
+class LayerShape:
+    """What the TP and CP collectives move per layer (plain numbers)."""
+
+    num_layers: int
+    hidden: int
+    kv_width: int  # K/V width as SDPA sees it (GQA repeated to the query heads)
+
+
+def tp_gpu_seconds_per_token(*, layer: LayerShape, tp: int, ac: str, gbytes: float) -> float:
+    """GPU-seconds one token costs in TP collectives (all tp GPUs wait), latency left out: a lower bound."""
+    return tp * tp_comm_seconds(tokens=1.0, layer=layer, tp=tp, ac=ac, gbytes=gbytes, latency=0.0)
+
+
+def tp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, gbytes: float, latency: float) -> float:
+    """Per micro-batch: the TP(+SP) collectives of every layer, on the critical path.
+
+    `tokens` is the micro-batch's tokens on this GPU's CP rank (micro_batch x seq / cp)."""
+    if tp == 1:
+        return 0.0
+    mp = assumptions().raw["model_parallel"]
+    calls = mp["tp_allreduces_forward_per_layer"] + mp["tp_allreduces_backward_per_layer"]
+    if ac in ("selective", "full"):
+        calls += mp["tp_allreduces_forward_per_layer"]  # recompute re-gathers the forward's inputs
+    buf = tokens * layer.hidden * 2.0  # bf16 activations of the layer
+    per_layer = calls * 2.0 * (tp - 1) / tp * buf / (gbytes * 1e9) + 2 * calls * latency
+    return float(mp["tp_exposed_fraction"]) * per_layer * layer.num_layers
+
+
+def cp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbytes: float, latency: float) -> float:
+    """Per micro-batch: ring attention's K/V (and dK/dV) exchange, cp - 1 hops per pass."""
+    if cp == 1:
+        return 0.0
+    mp = assumptions().raw["model_parallel"]
+    kv = 2.0 * layer.kv_width / tp * tokens  # local K and V elements
+    per_pass = (cp - 1) * kv
+    volume = per_pass * 2.0 * (mp["cp_kv_passes_forward"] + mp["cp_kv_passes_backward"])
+    volume += per_pass * float(mp["cp_dkv_bytes"])
+    return layer.num_layers * (volume / (gbytes * 1e9) + 3 * (cp - 1) * latency)
+
+
+def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, ac: str, peak_tflops: float,
+                         intra_gbytes: float, inter_gbytes: float, params: int, trainable: int,
+                         **kw: Any) -> StepEstimate:
+    """step_estimate for a (tp, cp) layout: torchtitan's FSDP over dp x cp with TP inside the node.
+
+    A TP group acts as one data-parallel rank with tp x the FLOPs and 1/tp of the parameters to
+    gather and reduce (FSDP shards the TP shards); a CP rank sees seq/cp tokens per sample. FSDP's
+    collectives then run over the dp x cp ranks, gpus_per_node / tp of them per node; TP's per-layer
+    collectives (NVLink, exposed) and CP's ring (overlapped with compute) are added per micro-batch.
+    """
+    if tp * cp == 1:
+        return step_estimate(shape=shape, peak_tflops=peak_tflops, intra_gbytes=intra_gbytes,
+                             inter_gbytes=inter_gbytes, params=params, trainable=trainable, **kw)
+    a = assumptions()
+    fsdp_group = max(1, shape.shard_group // tp)
+    virtual = Shape(nodes=shape.nodes, gpus_per_node=max(1, shape.gpus_per_node // tp), sharding=shape.sharding,
+                    shard_group=fsdp_group, micro_batch=shape.micro_batch, grad_accum=shape.grad_accum,
+                    seq_len=shape.seq_len // cp)
+    base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp, intra_gbytes=intra_gbytes,
+                         inter_gbytes=inter_gbytes, params=params // tp, trainable=trainable // tp, **kw)
+    tokens = shape.micro_batch * shape.seq_len / cp
+    tp_s = tp_comm_seconds(tokens=tokens, layer=layer, tp=tp, ac=ac, gbytes=intra_gbytes, latency=a.lat_intra)
+    ring_intra = tp * cp <= shape.gpus_per_node
+    cp_bw = intra_gbytes if ring_intra else min(intra_gbytes, inter_gbytes)
+    cp_s = cp_comm_seconds(tokens=tokens, layer=layer, tp=tp, cp=cp, gbytes=cp_bw,
+                           latency=a.lat_intra if ring_intra else a.lat_inter)
+    compute_mb = base.terms["compute_per_micro_batch_s"]
+    cp_exposed = max(0.0, cp_s - a.overlap * compute_mb)
+    extra = (tp_s + cp_exposed) * shape.grad_accum
+    step = base.step_time_s + extra
+    tps = base.tokens_per_s * base.step_time_s / step
+    exposed = base.exposed_comm_s + extra
+    terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, cp_ring_per_micro_batch_s=cp_s,
+                 cp_exposed_per_micro_batch_s=cp_exposed)
+    return StepEstimate(
+        step_time_s=step, compute_time_s=base.compute_time_s, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
+        exposed_comm_s=exposed, optimizer_time_s=base.optimizer_time_s, tokens_per_s=tps,
+        mfu=base.mfu * base.step_time_s / step, utilisation=base.utilisation,
+        comm_bytes_per_gpu=base.comm_bytes_per_gpu, bound="communication" if exposed > 0.25 * base.compute_time_s else "compute",
+        terms=terms,
+    )

@@ -78,6 +78,11 @@ class TrainSetup:
     # set_requires_gradient_sync(False): accelerate accumulate(), Lightning no_backward_sync): FSDP keeps the
     # full unsharded gradients until the synchronising micro-batch
     defer_grad_sync: bool = False
+    # Model-parallel degrees (torchtitan layout): tensor (+ sequence) parallel, context parallel
+    # (ring attention), pipeline stages; FSDP/HSDP/DDP spans what is left (gpus / (tp*cp*pp)).
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
 
 
 @dataclass(frozen=True)

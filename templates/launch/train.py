@@ -154,6 +154,20 @@ class Runtime:
         return self.device.type == "cuda"
 
 
+def model_parallel(cfg: dict):
+    """parallel.py beside this file (TP/CP on a 4-D mesh) when train.yaml asks for tp or cp > 1."""
+    par = cfg["parallel"]
+    if int(par.get("tp", 1)) * int(par.get("cp", 1)) == 1:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpuprov_parallel", Path(__file__).with_name("parallel.py"))
+    module = sys.modules.setdefault("gpuprov_parallel", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "runtime"):
+        spec.loader.exec_module(module)
+    return module
+
+
 def init_runtime(cfg: dict) -> Runtime:
     want = cfg["runtime"]["device"]
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
@@ -170,6 +184,8 @@ def init_runtime(cfg: dict) -> Runtime:
         flight_recorder(cfg["runtime"])
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=device if use_cuda else None,
                                 timeout=datetime.timedelta(seconds=float(cfg["runtime"]["pg_timeout_s"])))
+    if model_parallel(cfg) is not None:  # TP/CP: launch/parallel.py builds the 4-D mesh
+        return model_parallel(cfg).runtime(cfg, Runtime, rank, world, local_rank, device)
 
     par = cfg["parallel"]
     sharding = par["sharding"]
@@ -994,6 +1010,9 @@ def prepare_model(cfg: dict, rt: Runtime, from_checkpoint: bool) -> tuple[torch.
     if cfg["task"]["kind"] in ("lora", "qlora"):
         model = apply_lora(model, cfg)
         cast_frozen(model, cfg)
+    mp = model_parallel(cfg)
+    if mp is not None:
+        model = mp.parallelize(model)  # TP before float8, AC, compile and FSDP, as torchtitan orders them
     fp8 = apply_float8(model, cfg, rt)
     blocks = transformer_blocks(model)
     apply_activation_checkpointing(blocks, cfg["parallel"]["activation_checkpointing"])
@@ -1013,10 +1032,11 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def next_token_loss(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the labelled tokens. The logits are dropped before backward: only
-    the loss's own fp32 log-softmax stays alive (the plan's loss_impl "native", as torchtitan)."""
-    logits = model(input_ids=tokens[:, :-1]).logits
+def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the labelled tokens (`inputs` are the tokens before each label).
+    The logits are dropped before backward: only the loss's own fp32 log-softmax stays alive (the
+    plan's loss_impl "native", as torchtitan). Under TP the logits and the loss are DTensors."""
+    logits = model(input_ids=inputs).logits
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
     del logits
     # a micro-batch of prompt tokens only (all masked) adds 0, not the NaN a plain mean gives
@@ -1030,7 +1050,11 @@ def validation_loss(model, data: TokenWindows, cfg: dict, rt: Runtime, micro: in
     batches = int(cfg["data"]["validation"]["batches"])
     for b in range(batches):
         tokens, labels = data.batch((b * rt.dp_size + rt.dp_rank) * micro, micro)
-        total += next_token_loss(model, tokens.to(rt.device), labels.to(rt.device)).float()
+        mp = model_parallel(cfg)
+        inputs, labels = tokens[:, :-1].to(rt.device).contiguous(), labels.to(rt.device).contiguous()
+        with (mp.step_context(inputs, labels) if mp else contextlib.nullcontext()):
+            loss = next_token_loss(model, inputs, labels)
+        total += (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).float()
     model.train()
     return mean_over_ranks(total / batches, rt)
 
@@ -1053,6 +1077,7 @@ def train(cfg: dict) -> None:
 
     model, fp8 = prepare_model(cfg, rt, from_checkpoint=latest is not None)
     vocab = unwrap(model).config.vocab_size
+    mp = model_parallel(cfg)
     total, trainable, trainable_names = count_params(model)
     optimizer = build_optimizer(model, cfg, rt)
     state = TrainState(model, optimizer, frozen_ok=task != "full")
@@ -1100,12 +1125,13 @@ def train(cfg: dict) -> None:
                 else contextlib.nullcontext()
             first = state.samples_seen + (m * rt.dp_size + rt.dp_rank) * micro
             tokens, labels = data.batch(first, micro)
-            tokens, labels = tokens.to(rt.device, non_blocking=True), labels.to(rt.device, non_blocking=True)
-            with sync:
+            inputs = tokens[:, :-1].to(rt.device, non_blocking=True).contiguous()
+            labels = labels.to(rt.device, non_blocking=True).contiguous()
+            with sync, (mp.step_context(inputs, labels) if mp else contextlib.nullcontext()):
                 with amp:
-                    loss = next_token_loss(model, tokens, labels) / accum
+                    loss = next_token_loss(model, inputs, labels) / accum
                 loss.backward()
-            step_loss += loss.detach()
+            step_loss += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()  # TP: a DTensor
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()

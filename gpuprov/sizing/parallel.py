@@ -1,0 +1,258 @@
+"""Tensor, context and pipeline parallelism as per-GPU memory terms (torchtitan's 2-D/3-D layouts).
+
+The mesh is torchtitan's: world = dp_replicate x dp_shard x cp x tp (x pp), FSDP shards over
+dp_shard x cp (torchtitan parallel_dims.py, mesh "dp_shard_cp"). The FSDP estimate in memory.py
+runs with that shard degree; this module then scales its phases to one (tp, cp, pp) rank:
+
+* TP (torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py `apply_tp`): q/k/v, gate/up
+  colwise, o/down rowwise, embedding rowwise, output colwise, so every linear and the embedding /
+  head hold 1/tp of their weights; the RMSNorm weights are replicated on every TP rank
+  (SequenceParallel keeps them whole).
+* Sequence parallelism: with TP+SP every activation of a block is split tp ways (Korthikanti et
+  al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4.2.2 and
+  Table 2: sbh(34/t) per layer). Megatron stores only the sequence shard of each linear's input
+  and all-gathers it again in backward; DTensor's ColwiseParallel saves the gathered (full
+  sequence) input the matmul consumed, so without checkpointing the attention's and the MLP's
+  gathered inputs are held whole (term `tp_gathered_inputs`); with checkpointing only the block
+  being recomputed holds them.
+* Loss parallel (torchtitan `loss_parallel`): logits stay sharded over the vocabulary (1/tp).
+* CP (ring attention, torch 2.13 torch/distributed/tensor/experimental/_context_parallel/
+  _attention.py): each rank holds seq_len/cp tokens; backward keeps fp32 dq/dk/dv accumulators
+  (`accum_dtype = float32` under `convert_to_f32`), the K/V chunk it sends and the one it
+  receives (`kv_rotater`), and the fp32 dK/dV chunks in flight (`dkv_rotater`): term
+  `cp_ring_buffers`, one block at a time.
+* PP with 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM", sec. 2.2.1): the first stage holds min(pp, micro-batches)
+  micro-batches of activations in flight plus the embedding; the last stage holds one
+  micro-batch, the final norm, the output head and the logits. Both are sized; the busiest wins.
+
+Pure arithmetic on the estimate's phases: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+from gpuprov.errors import GpuprovError
+
+# Terms proportional to the parameters one rank holds before FSDP shards them.
+_PARAM_TERMS = ("parameters", "gradients", "optimizer_states", "fp32_master", "comm_buckets",
+                "autocast_weight_cache", "optimizer_step_transient")
+# Per-token activation terms: split over the sequence (CP) and over TP (+SP).
+_ACT_TERMS = ("activations", "activation_transient", "logits", "cross_entropy")
+PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "cp_ring_buffers")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    dp: int = 1  # gpus / (tp * cp * pp): the FSDP/HSDP/DDP ranks of one model replica's shard
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    @property
+    def model_shards(self) -> int:
+        """Ways TP and PP split the weights (CP ranks hold the same weights, FSDP-sharded)."""
+        return self.tp * self.pp
+
+    @property
+    def active(self) -> bool:
+        return self.model_parallel > 1
+
+
+def layout(setup: Any) -> Layout:
+    return _layout(getattr(setup, "tp", 1) or 1, getattr(setup, "cp", 1) or 1, getattr(setup, "pp", 1) or 1, setup.gpus)
+
+
+@lru_cache(maxsize=1024)
+def _layout(tp: int, cp: int, pp: int, gpus: int) -> Layout:  # the planner asks thousands of times
+    return Layout(tp=tp, cp=cp, pp=pp, dp=max(1, gpus // max(1, tp * cp * pp)))
+
+
+def validate(arch: Any, setup: Any) -> None:
+    """One-line errors for layouts the trainer cannot build."""
+    for flag in ("tp", "cp", "pp"):
+        v = getattr(setup, flag, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise GpuprovError(f"--{flag} must be a positive integer, got {v!r}")
+    lay = layout(setup)
+    if not lay.active:
+        return
+    mp = lay.model_parallel
+    if setup.gpus % mp:
+        raise GpuprovError(f"--tp {lay.tp} x --cp {lay.cp} x --pp {lay.pp} = {mp} does not divide {setup.gpus} GPUs")
+    if setup.task != "full":
+        raise GpuprovError("--tp/--cp/--pp apply to --task full (LoRA/QLoRA adapters are not tensor-parallel here)")
+    if setup.sharding not in ("fsdp", "hsdp", "none"):
+        raise GpuprovError(f"--sharding {setup.sharding} does not combine with --tp/--cp/--pp; use fsdp or hsdp")
+    if setup.sharding == "none" and lay.dp > 1:
+        raise GpuprovError(f"--sharding none leaves {lay.dp} data-parallel ranks; use fsdp or hsdp")
+    if lay.tp > 1:
+        for name, value in (("attention heads", arch.num_attention_heads), ("key/value heads", arch.num_kv_heads),
+                            ("intermediate size", arch.intermediate_size)):
+            if value % lay.tp:
+                raise GpuprovError(f"--tp {lay.tp} does not divide the {value} {name} of {arch.name}")
+        if setup.seq_len % lay.tp:
+            raise GpuprovError(f"sequence parallelism splits --seq-len {setup.seq_len} {lay.tp} ways: pick a multiple of --tp")
+    if lay.cp > 1 and setup.seq_len % (2 * lay.cp):
+        raise GpuprovError(f"context parallelism (load-balanced ring) needs --seq-len a multiple of 2 x --cp = {2 * lay.cp}")
+    if lay.pp > arch.num_layers:
+        raise GpuprovError(f"--pp {lay.pp} exceeds the {arch.num_layers} layers of {arch.name}")
+    if setup.sharding == "hsdp":
+        group = setup.shard_group if setup.shard_group is not None else min(setup.gpus_per_node, setup.gpus)
+        if group % (lay.tp * lay.pp):
+            raise GpuprovError(f"hsdp shard group of {group} GPUs is not a multiple of --tp x --pp = {lay.tp * lay.pp}")
+
+
+def fsdp_degree(setup: Any, shard: int) -> int:
+    """FSDP shard degree once TP and PP have taken their ranks (CP ranks stay in FSDP)."""
+    lay = layout(setup)
+    return max(1, shard // (lay.tp * lay.pp))
+
+
+def communicators(setup: Any) -> int:
+    """NCCL communicators a rank holds: one per mesh dimension larger than one (at least one)."""
+    lay = layout(setup)
+    return max(1, sum(1 for d in (lay.tp, lay.cp, lay.pp, lay.dp) if d > 1))
+
+
+# ---------------------------------------------------------------------------- stage shapes
+
+
+def _norm_params(arch: Any) -> int:
+    per_layer = 4 if arch.model_type == "gemma2" else 2
+    return per_layer * arch.hidden_size
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    layers: int
+    embedding: bool
+    head: bool  # final norm + output head + logits/loss
+    in_flight: int  # micro-batches of activations held
+
+
+def stages(arch: Any, setup: Any, lay: Layout | None = None) -> list[Stage]:
+    lay = lay or layout(setup)
+    layers = math.ceil(arch.num_layers / lay.pp)
+    if lay.pp == 1:
+        return [Stage("", arch.num_layers, True, True, 1)]
+    accum = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
+    return [
+        Stage("first pipeline stage", layers, True, False, min(lay.pp, accum)),
+        Stage("last pipeline stage", arch.num_layers - layers * (lay.pp - 1), False, True, 1),
+    ]
+
+
+def _root_params(arch: Any, st: Stage, tp: int, layer_params: int) -> tuple[float, float]:
+    """(params of the root this stage holds per TP rank, params of the whole root)."""
+    held = arch.embedding_params / tp if st.embedding else 0.0
+    if st.head:
+        held += arch.hidden_size  # final norm, replicated
+        if arch.lm_head_params:
+            held += arch.lm_head_params / tp
+        elif not st.embedding:
+            held += arch.embedding_params / tp  # a tied head on the last stage keeps its own copy
+    return held, arch.params - arch.num_layers * layer_params
+
+
+def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: int, layer_params: int) -> dict[str, int]:
+    t, c = lay.tp, lay.cp
+    norms = _norm_params(arch)
+    lf = ((layer_params - norms) / t + norms) / layer_params
+    root_held, root_all = _root_params(arch, st, t, layer_params)
+    stage_params = st.layers * layer_params * lf + root_held
+    frac = stage_params / arch.params
+    out = dict(terms)
+    for k in _PARAM_TERMS:
+        if k in out:
+            out[k] = int(out[k] * frac)
+    if "gathered_params" in out and out["gathered_params"]:
+        root_bytes = a * root_all
+        layer_part = max(0, out["gathered_params"] - root_bytes)
+        out["gathered_params"] = int(layer_part * lf + root_bytes * (root_held / root_all if root_all else 0))
+    if "reduce_scatter_buffers" in out:
+        out["reduce_scatter_buffers"] = int(out["reduce_scatter_buffers"] * lf)
+    layer_share = st.layers / arch.num_layers
+    for k in _ACT_TERMS:
+        if k not in out:
+            continue
+        v = out[k] / (t * c)
+        if k == "activations":
+            v *= layer_share * st.in_flight
+        if k in ("logits", "cross_entropy") and not st.head:
+            v = 0
+        out[k] = int(v)
+    return out
+
+
+def _gathered_inputs(arch: Any, setup: Any, lay: Layout, st: Stage, tokens: int, a: int, phase: str) -> int:
+    """DTensor ColwiseParallel saves the all-gathered (full sequence) input of attention and MLP."""
+    if lay.tp == 1:
+        return 0
+    per_block = (tokens / lay.cp) * 2 * a * arch.hidden_size * (1 - 1 / lay.tp)
+    if setup.activation_checkpointing == "none":
+        return int(per_block * st.layers * st.in_flight)
+    return int(per_block) if phase == "b" else 0  # the block being recomputed
+
+
+def ring_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
+    """Ring attention's backward of one block: fp32 dq/dk/dv, K/V sent + received, fp32 dK/dV in flight."""
+    lay = layout(setup)
+    if lay.cp == 1:
+        return 0
+    local = tokens / lay.cp
+    kv = (arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim) / lay.tp
+    q = arch.q_dim / lay.tp
+    per_token = 2 * a * 2 * kv + 4 * (q + 2 * kv) + 2 * 4 * 2 * kv
+    return int(local * per_token)
+
+
+def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list[Any]:
+    """The phases of every pipeline stage of one (tp, cp, pp) rank; the caller takes the largest."""
+    lay = layout(setup)
+    if not lay.active:
+        return list(phases)
+    out = []
+    layer_params = arch.layer_params()
+    ring = ring_buffers(arch, setup, tokens, a)
+    for st in stages(arch, setup, lay):
+        for tag, ph in zip("abc", phases):
+            terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params)
+            terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
+            terms["cp_ring_buffers"] = ring if tag == "b" else 0
+            name = f"{ph.name}, {st.name}" if st.name else ph.name
+            out.append(replace(ph, name=name, terms=terms))
+    return out
+
+
+def assumptions(arch: Any, setup: Any) -> list[str]:
+    lay = layout(setup)
+    if not lay.active:
+        return ["no tensor/pipeline/context parallelism: each GPU processes micro-batch x seq-len tokens"]
+    out = [f"layout tp {lay.tp} x cp {lay.cp} x pp {lay.pp} x data-parallel {lay.dp} (FSDP over dp x cp, torchtitan's mesh)"]
+    if lay.tp > 1:
+        out.append(
+            f"TP {lay.tp} + sequence parallelism (torchtitan plan): linears, embedding and head split {lay.tp} ways, RMSNorm"
+            " weights replicated; block activations split tp ways (Korthikanti et al. 2022, Table 2) except the"
+            " all-gathered attention/MLP inputs DTensor saves at full sequence; loss parallel keeps logits vocab-sharded"
+        )
+    if lay.cp > 1:
+        out.append(
+            f"CP {lay.cp} ring attention: {setup.seq_len // lay.cp} tokens per rank; backward holds fp32 dq/dk/dv"
+            " accumulators and K/V + fp32 dK/dV chunks in flight (torch context_parallel)"
+        )
+    if lay.pp > 1:
+        out.append(
+            f"PP {lay.pp} 1F1B: first stage holds min(pp, micro-batches) micro-batches in flight plus the embedding,"
+            " last stage the head and logits; the busier stage is reported"
+        )
+    return out

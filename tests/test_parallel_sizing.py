@@ -1,0 +1,207 @@
+"""TP / CP / PP as per-GPU memory terms: each dimension moves the terms it should, and bad layouts fail."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from gpuprov.catalog.models import get_model
+from gpuprov.errors import GpuprovError
+from gpuprov.sizing import parallel
+from gpuprov.sizing.memory import estimate_memory
+from gpuprov.sizing.types import TrainSetup
+
+L70 = get_model("llama-3.1-70b")
+L8 = get_model("llama-3.1-8b")
+
+
+def _ext(**kw):
+    from gpuprov.sizing.memory import ExtendedSetup
+
+    kw.setdefault("sharding", "fsdp")
+    kw.setdefault("activation_checkpointing", "full")
+    return ExtendedSetup(**kw)
+
+
+def est(arch=L70, **kw):
+    kw.setdefault("sharding", "fsdp")
+    return estimate_memory(arch, TrainSetup(**kw))
+
+
+def test_tp_splits_weights_but_not_norms() -> None:
+    # Same FSDP degree (8) with and without TP 8: the TP run holds 1/8 of the linears, all norms.
+    base = est(gpus=8).breakdown
+    tp = est(gpus=64, tp=8).breakdown
+    P, L, h = L70.params, L70.num_layers, L70.hidden_size
+    norms = 2 * h * L + h
+    tp_params = (P - norms) / 8 + norms
+    assert tp["parameters"] == pytest.approx(base["parameters"] * tp_params / P, rel=1e-6)
+    assert tp["optimizer_states"] == pytest.approx(base["optimizer_states"] * tp_params / P, rel=1e-6)
+    # FSDP's gathered block shrinks by the TP share of one block
+    assert tp["gathered_params"] < base["gathered_params"] / 7
+
+
+def test_sequence_parallel_splits_activations_and_gathered_inputs_stay_whole() -> None:
+    for ac in ("none", "selective", "full"):
+        base = est(gpus=8, activation_checkpointing=ac).breakdown
+        tp = est(gpus=64, tp=8, activation_checkpointing=ac).breakdown
+        assert tp["activations"] == pytest.approx(base["activations"] / 8, rel=1e-3)
+    # AC none: every block keeps its gathered attention + MLP inputs at full sequence
+    none = est(gpus=64, tp=8, activation_checkpointing="none", seq_len=4096)
+    per_layer = 4096 * 2 * 2 * L70.hidden_size * (1 - 1 / 8)
+    assert none.breakdown["tp_gathered_inputs"] == pytest.approx(per_layer * L70.num_layers, rel=1e-6)
+    # full AC: only the block being recomputed (if the peak is in backward), never all layers
+    full = est(gpus=64, tp=8, activation_checkpointing="full").breakdown
+    assert full["tp_gathered_inputs"] <= per_layer + 1
+
+
+def test_loss_parallel_shards_logits() -> None:
+    base = est(gpus=8, activation_checkpointing="full").breakdown
+    tp = est(gpus=64, tp=8, activation_checkpointing="full").breakdown
+    assert tp["cross_entropy"] == pytest.approx(base["cross_entropy"] / 8, rel=1e-3)
+
+
+def test_cp_splits_the_sequence_and_adds_ring_buffers() -> None:
+    base = est(arch=L8, gpus=8, seq_len=32768, activation_checkpointing="full").breakdown
+    cp = est(arch=L8, gpus=8, cp=4, seq_len=32768 * 4, activation_checkpointing="full").breakdown
+    # 4x the sequence over 4 CP ranks: the same tokens per rank
+    assert cp["activations"] == pytest.approx(base["activations"], rel=1e-3)
+    assert cp["parameters"] == base["parameters"]  # CP ranks are FSDP ranks: weights unchanged
+    assert base.get("cp_ring_buffers", 0) == 0
+    q, kv = L8.q_dim, L8.q_dim  # GQA K/V repeated to the query heads before SDPA
+    local = 32768
+    setup = TrainSetup(gpus=8, cp=4, seq_len=32768 * 4, sharding="fsdp")
+    ring = parallel.ring_buffers(L8, setup, 32768 * 4, 2)
+    assert ring == int(local * (2 * 2 * 2 * kv + 4 * (q + 2 * kv) + 2 * 4 * 2 * kv))
+    assert cp["cp_ring_buffers"] in (0, ring)  # held in the backward of a block only
+    # a compiled chunked loss keeps the logits small: the peak moves to a block's backward
+    long = estimate_memory(L8, _ext(gpus=8, cp=8, seq_len=262144, loss_impl="native", compile=True,
+                                    chunked_cross_entropy=True))
+    assert long.breakdown["cp_ring_buffers"] == parallel.ring_buffers(L8, _ext(gpus=8, cp=8, seq_len=262144), 262144, 2)
+
+
+def test_pp_first_stage_holds_in_flight_micro_batches() -> None:
+    from gpuprov.sizing.memory import ExtendedSetup
+
+    def run(pp: int, accum: int):
+        s = ExtendedSetup(gpus=8 * pp, tp=8, pp=pp, sharding="fsdp", activation_checkpointing="none",
+                          grad_accumulation_steps=accum)
+        return estimate_memory(L70, s)
+
+    flat = run(1, 8).breakdown
+    staged = run(4, 8)
+    # 20 layers x 4 micro-batches in flight on the first stage == 80 layers x 1
+    assert staged.breakdown["activations"] == pytest.approx(flat["activations"], rel=0.02)
+    assert "pipeline stage" in next(a for a in staged.assumptions if a.startswith("peak"))
+    few = run(4, 2).breakdown  # only 2 micro-batches: half the in-flight activations
+    assert few["activations"] == pytest.approx(staged.breakdown["activations"] / 2, rel=0.02)
+    assert staged.breakdown["parameters"] < flat["parameters"] / 3
+
+
+def test_stages_cover_every_layer() -> None:
+    for pp in (1, 2, 3, 7, 80):
+        s = TrainSetup(gpus=pp, pp=pp, sharding="none")
+        st = parallel.stages(L70, s)
+        if pp == 1:
+            assert st[0].layers == L70.num_layers
+        else:
+            first, last = st
+            assert first.layers * (pp - 1) + last.layers == L70.num_layers and last.layers >= 1
+
+
+def test_layout_without_parallelism_is_unchanged() -> None:
+    plain = est(gpus=16)
+    explicit = est(gpus=16, tp=1, cp=1, pp=1)
+    assert plain == explicit
+    assert not any(k in plain.breakdown for k in parallel.PARALLEL_TERMS)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(gpus=12, tp=8), "does not divide 12 GPUs"),
+    (dict(gpus=16, tp=16), "key/value heads"),
+    (dict(gpus=16, tp=8, task="lora"), "--task full"),
+    (dict(gpus=16, tp=8, sharding="zero2"), "does not combine"),
+    (dict(gpus=16, tp=8, sharding="none"), "data-parallel ranks"),
+    (dict(gpus=8, cp=8, seq_len=4104), "multiple of 2 x --cp"),
+    (dict(gpus=8, tp=8, seq_len=4100), "multiple of --tp"),
+    (dict(gpus=160, pp=160), "exceeds the 80 layers"),
+    (dict(gpus=16, tp=0), "positive integer"),
+])
+def test_bad_layouts_are_one_line_errors(kw, message) -> None:
+    with pytest.raises(GpuprovError, match=message):
+        est(**kw)
+
+
+def _cli(*args: str):
+    from gpuprov.cli import cli
+
+    return CliRunner().invoke(cli, ["estimate", *args], standalone_mode=False, catch_exceptions=True)
+
+
+def test_estimate_flags_reach_the_json() -> None:
+    r = _cli("--model", "70b", "--gpus", "64", "--tp", "8", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["setup"]["tp"] == 8 and d["setup"]["cp"] == 1
+    assert any("TP 8" in a for a in d["assumptions"])
+    plain = json.loads(_cli("--model", "70b", "--gpus", "64", "--json").output)
+    assert d["per_gpu_bytes"] < plain["per_gpu_bytes"]
+
+
+def test_estimate_tp_on_one_node_defaults_to_fsdp() -> None:
+    d = json.loads(_cli("--model", "70b", "--gpus", "8", "--tp", "8", "--json").output)
+    assert d["setup"]["sharding"] == "fsdp"  # what the trainer runs (FSDP2 over the lone dp rank)
+
+
+def test_estimate_bad_layout_exits_2() -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "gpuprov", "estimate", "--model", "70b", "--gpus", "12", "--tp", "8"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "does not divide" in p.stderr
+
+
+def _megatron():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "megatron_memory.py"
+    spec = importlib.util.spec_from_file_location("megatron_memory", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["megatron_memory"] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_megatron_benchmark_reimplements_the_published_arithmetic() -> None:
+    """Megatron's formula on GPT-3 175B (Korthikanti et al. 2022 Table 3 setup: t=8, p=8, s=2048, b=1)."""
+    mm = _megatron()
+
+    a = mm.MegatronArgs(num_layers=96, hidden_size=12288, ffn_hidden_size=4 * 12288, num_attention_heads=96,
+                        num_query_groups=96, kv_channels=128, padded_vocab_size=51200, seq_length=2048,
+                        micro_batch_size=1, tensor_model_parallel_size=8, pipeline_model_parallel_size=8,
+                        data_parallel_size=1, swiglu=False, rmsnorm=False, num_microbatches=64)
+    # Table 2 (SP + selective): 34 sbh / t per layer, L layers on the first stage with p in flight
+    s, b, h = 2048, 1, 12288
+    expected_act = (34 * s * b * h * 96 + 8 * s * b * 8 + s * b * h * 8) / 8
+    assert mm.megatron_activation(a) == pytest.approx(expected_act)
+    # weights: (12 h^2 + 13 h... ) -- the 2-layer-norm GPT block: 12h^2 + 4h params, /p layers, /t
+    block = (2 * h * h * 2 + 2 * h * 4 * h) * 96
+    replicated = (2 * h * 2) * 96 + 2 * h
+    expected_w = ((block / 8 + h * 51200) / 8 + replicated / 8) * 18
+    assert mm.megatron_weight_and_optimizer(a) == pytest.approx(expected_w)
+
+
+def test_megatron_benchmark_rows_bridge_within_target() -> None:
+    mm = _megatron()
+
+    rows = mm.run("70b")
+    assert len(rows) == len(mm.ROWS)
+    for r in rows:
+        assert abs(r["params_delta_pct"]) < 1.0, r  # TP/PP weight split = Megatron's most loaded shard
+    assert "PASS" in mm.render("70b", rows)

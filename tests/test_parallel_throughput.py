@@ -1,0 +1,84 @@
+"""Step time under TP / CP: per-dimension communication, and the FSDP part seen through the layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.catalog.gpus import get_gpu
+from gpuprov.catalog.models import get_model
+from gpuprov.sizing.throughput import (
+    LayerShape,
+    Shape,
+    assumptions,
+    cp_comm_seconds,
+    flops_per_token,
+    layout_step_estimate,
+    step_estimate,
+    tp_comm_seconds,
+)
+
+L70 = get_model("llama-3.1-70b")
+H100 = get_gpu("h100-80gb")
+LAYER = LayerShape(L70.num_layers, L70.hidden_size, L70.q_dim)
+
+
+def _kw(ac="selective", seq=4096):
+    return dict(flops=flops_per_token(L70, seq, "full", L70.params, ac), peak_tflops=H100.bf16_tflops, util=0.4,
+                hbm_gbytes_per_s=H100.hbm_gbytes_per_s, intra_gbytes=360.0, inter_gbytes=40.0,
+                params=L70.params, trainable=L70.params, num_layers=L70.num_layers, task="full")
+
+
+def test_tp_collectives_follow_megatron_counts() -> None:
+    mp = assumptions().raw["model_parallel"]
+    t, tokens, bw = 8, 4096, 360.0
+    none = tp_comm_seconds(tokens=tokens, layer=LAYER, tp=t, ac="none", gbytes=bw, latency=0.0)
+    calls = mp["tp_allreduces_forward_per_layer"] + mp["tp_allreduces_backward_per_layer"]
+    expected = calls * 2 * (t - 1) / t * tokens * L70.hidden_size * 2 / (bw * 1e9) * L70.num_layers
+    assert none == pytest.approx(expected)
+    full = tp_comm_seconds(tokens=tokens, layer=LAYER, tp=t, ac="full", gbytes=bw, latency=0.0)
+    assert full == pytest.approx(none * (calls + mp["tp_allreduces_forward_per_layer"]) / calls)
+    assert tp_comm_seconds(tokens=tokens, layer=LAYER, tp=1, ac="none", gbytes=bw, latency=1e-5) == 0.0
+    assert tp_comm_seconds(tokens=2 * tokens, layer=LAYER, tp=t, ac="none", gbytes=bw, latency=0.0) == \
+        pytest.approx(2 * none)
+
+
+def test_cp_ring_grows_with_hops_and_vanishes_at_one() -> None:
+    two = cp_comm_seconds(tokens=8192, layer=LAYER, tp=1, cp=2, gbytes=360.0, latency=0.0)
+    four = cp_comm_seconds(tokens=8192, layer=LAYER, tp=1, cp=4, gbytes=360.0, latency=0.0)
+    assert four == pytest.approx(3 * two)  # cp - 1 hops of the same local chunk
+    assert cp_comm_seconds(tokens=8192, layer=LAYER, tp=1, cp=1, gbytes=360.0, latency=0.0) == 0.0
+    assert cp_comm_seconds(tokens=8192, layer=LAYER, tp=2, cp=2, gbytes=360.0, latency=0.0) == pytest.approx(two / 2)
+
+
+def test_layout_without_parallelism_is_the_plain_step() -> None:
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=4,
+                  seq_len=4096)
+    plain = step_estimate(shape=shape, **_kw())
+    same = layout_step_estimate(shape=shape, tp=1, cp=1, layer=LAYER, ac="selective", **_kw())
+    assert same == plain
+
+
+def test_tp_divides_compute_and_keeps_the_token_count() -> None:
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=4,
+                  seq_len=4096)
+    flat = step_estimate(shape=shape, **_kw())
+    tp = layout_step_estimate(shape=shape, tp=8, cp=1, layer=LAYER, ac="selective", **_kw())
+    # 4 data-parallel ranks instead of 32: the same micro-batch split 8 ways
+    assert tp.terms["compute_per_micro_batch_s"] == pytest.approx(flat.terms["compute_per_micro_batch_s"] / 8)
+    tokens_per_step = 2 * 4096 * 4 * (32 // 8)
+    assert tp.tokens_per_s * tp.step_time_s == pytest.approx(tokens_per_step)
+    assert tp.mfu == pytest.approx(tp.tokens_per_s * _kw()["flops"].model / (H100.bf16_tflops * 1e12 * 32))
+    # TP collectives are on the critical path: the step pays them in full
+    assert tp.terms["tp_comm_per_micro_batch_s"] > 0
+    assert tp.step_time_s >= tp.compute_time_s + 4 * tp.terms["tp_comm_per_micro_batch_s"]
+
+
+def test_cp_ring_hides_under_compute_when_it_can() -> None:
+    shape = Shape(nodes=1, gpus_per_node=8, sharding="fsdp", shard_group=8, micro_batch=1, grad_accum=1,
+                  seq_len=131072)
+    st = layout_step_estimate(shape=shape, tp=1, cp=8, layer=LAYER, ac="full", **_kw("full", 131072))
+    ring = st.terms["cp_ring_per_micro_batch_s"]
+    assert ring > 0
+    overlap = assumptions().overlap
+    assert st.terms["cp_exposed_per_micro_batch_s"] == pytest.approx(
+        max(0.0, ring - overlap * st.terms["compute_per_micro_batch_s"]))
