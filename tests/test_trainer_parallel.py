@@ -11,8 +11,10 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import yaml
 
 from gpuprov.render.launch import render_launch
 from plan_fixtures import TINY_LLAMA_CONFIG, sample_plan
@@ -32,10 +34,16 @@ def render(root: Path, *, tp: int, grad_accum: int, steps: int = 6, checkpoint_e
     training = plan.training.model_copy(update=dict(
         steps=steps, warmup_steps=2, learning_rate=3e-3, checkpoint_every_steps=checkpoint_every, log_every_steps=1))
     storage = plan.storage.model_copy(update=dict(mount_point=str(root / "scratch")))
-    plan = plan.model_copy(update=dict(cluster=cluster, training=training, storage=storage))
+    update = dict(cluster=cluster, training=training, storage=storage)
+    if plan.shared_storage is not None:  # checkpoints go to the shared mount: this test's own folder
+        update["shared_storage"] = plan.shared_storage.model_copy(update=dict(mount_point=str(root / "scratch")))
+    plan = plan.model_copy(update=update)
     launch = root / "launch"
     launch.mkdir(parents=True)
-    for name, text in render_launch(plan).items():
+    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
+        files = render_launch(plan)
+    assert yaml.safe_load(files["train.yaml"])["checkpoint"]["dir"].startswith(str(root))
+    for name, text in files.items():
         (launch / name).write_text(text)
         if name.endswith((".sh", ".sbatch")):
             (launch / name).chmod(0o755)
@@ -54,7 +62,8 @@ def _base(tmp: Path) -> Path:
 
 
 def _args(base: Path, *extra: str) -> tuple[str, ...]:
-    return ("--set", "data.synthetic_samples=8", "--set", f"model.pretrained_path={base}",
+    return ("--set", "data.synthetic=true", "--set", "data.synthetic_samples=8", "--set", "model.init=pretrained",
+            "--set", f"model.pretrained_path={base}",
             "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32", *extra)
 
 
