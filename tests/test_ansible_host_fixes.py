@@ -691,3 +691,30 @@ def test_multinode_allreduce_runs_across_nodes_and_fails_below_the_threshold():
     found = re.search(r"across 2 ranks \(2 nodes\) measured ([0-9.]+) GB/s bus bandwidth \(minimum 1000000.0 GB/s", out)
     assert found and float(found.group(1)) > 0, out[-4000:]
     assert result.returncode != 0  # below the threshold: the play fails with the measured value
+
+
+APT_POLICY = """nvidia-fabricmanager-570:
+  Installed: (none)
+  Candidate: 570.172.08-0ubuntu0.22.04.1
+  Version table:
+     570.181.01-1 500
+        500 file:/srv/cuda ./ Packages
+     570.172.08-1 500
+        500 file:/srv/cuda ./ Packages
+ *** 570.172.08-0ubuntu0.22.04.1 900
+        900 file:/srv/ubuntu ./ Packages
+        100 /var/lib/dpkg/status
+"""
+
+
+def test_fabric_manager_build_is_the_loaded_version_from_the_preferred_repository():
+    sys.path.insert(0, str(ROLES / "nvidia_driver" / "files"))
+    try:
+        import fabric_manager_builds as fm
+    finally:
+        sys.path.pop(0)
+    # apt's version order would take the CUDA repository's -1; the pin priority picks Ubuntu's
+    assert fm.best_build(APT_POLICY, "570.172.08") == "570.172.08-0ubuntu0.22.04.1"
+    assert fm.best_build(APT_POLICY, "570.181.01") == "570.181.01-1"  # only one build: that one
+    assert fm.best_build(APT_POLICY, "575.1") == ""
+    assert fm.upstream("1:4.2.3-1") == "4.2.3"
