@@ -210,6 +210,10 @@ def test_gds_mode_is_decided_per_platform_and_reaches_roles():
         assert plan.software.gds_mode == modes[cloud]
         gv = yaml.safe_load(render_ansible(plan)["group_vars/all.yml"])
         assert gv["gds_mode"] == gv["healthcheck_gds_mode"] == modes[cloud]
+    from gpuprov.render.report import render_report
+
+    readme = render_report(plan)["README.md"]
+    assert "GPUDirect Storage (compatibility mode: POSIX reads; nvidia-fs needs DOCA's GDS-enabled NVMe driver)" in readme
     tasks = _tasks(ROLES / "gds" / "tasks" / "main.yml")
     guard = next(t for t in tasks if t["name"].startswith("Stop when nvidia-fs mode"))
     assert "gds_nvme_driver" in str(guard) and guard["when"] == "gds_mode == 'nvidia-fs'"

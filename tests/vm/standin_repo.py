@@ -31,8 +31,8 @@ STUBS = {
     "stub-ofed-24.07": "#!/bin/sh\necho OFED-internal-24.07-0.6.1:\n",
 }
 # DOCA-OFED ships infiniband-diags: its ibstat, with one Active port (no HCA in the guest)
-IBSTAT = ("#!/bin/sh\nprintf '%s\\n' \"CA 'mlx5_0'\" '\\tCA type: MT4129' '\\tPort 1:' '\\t\\tState: Active'"
-          " '\\t\\tPhysical state: LinkUp'\n")
+IBSTAT = ("#!/bin/sh\nprintf \"CA 'mlx5_0'\\n\\tCA type: MT4129\\n\\tPort 1:\\n\\t\\tState: Active\\n"
+          "\\t\\tPhysical state: LinkUp\\n\"\n")
 
 
 def _gpg(home: Path, *args: str, data: bytes | None = None) -> bytes:
