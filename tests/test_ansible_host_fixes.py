@@ -681,7 +681,7 @@ def test_multinode_allreduce_runs_across_nodes_and_fails_below_the_threshold():
         hosts = {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable} for h in ("node0", "node1")}
         (root / "two.yml").write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}))
         # on one machine both "nodes" write the probe to /opt/gpuprov: point it at a private copy
-        (root / "play.yml").write_text(yaml.safe_dump([{"name": "t", "hosts": "gpu_nodes", "gather_facts": False,
+        (root / "play.yml").write_text(yaml.safe_dump([{"name": "t", "hosts": "gpu_nodes", "gather_facts": True,
             "vars": {**_preflight_ok(), "healthcheck_venv": str(venv), "healthcheck_fabric_backend": "gloo",
                      "healthcheck_expected_gpus": 1, "healthcheck_fabric_bytes": 1 << 20, "healthcheck_fabric_iters": 3,
                      "healthcheck_fabric_master": "127.0.0.1", "healthcheck_fabric_port": _free_port(),
