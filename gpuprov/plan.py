@@ -88,6 +88,10 @@ class FabricInfo(_Strict):
     subnet_manager: Literal["managed", "opensm", "none"] = "none"
     mtu: int | None = None
     source: str
+    gpu_nics: list[str] = Field(default_factory=list)  # GPU NIC interface names, where fixed (TCPXO)
+    nccl_net: str | None = None  # regex of the network NCCL must log using ("IB", "gIB"...); None: sockets
+    nccl_conf_managed_by_image: bool = False  # the image rewrites /etc/nccl.conf (Azure)
+    rdma_ipv4_by: Literal["oci-rdma-configure"] | None = None  # image service numbering the RDMA NICs
 
 
 class Cluster(_Strict):
@@ -170,6 +174,15 @@ class Software(_Strict):
     efa_installer_version: str | None
     gds: bool
     source: str
+    # "nvidia-fs": cuFile reads local NVMe through nvidia-fs (needs DOCA's GDS-enabled NVMe
+    # driver); "compat": cuFile's POSIX compatibility mode (what GDS can do on the inbox NVMe driver)
+    gds_mode: Literal["nvidia-fs", "compat"] = "compat"
+    efa_installer_sha256: str | None = None
+    nccl_gib_version: str | None = None  # Google's nccl-gib package (A3 Ultra / A4)
+    # the training environment on every node: a venv at python_env_path with these pins
+    python_env_path: str = "/opt/gpuprov/venv"
+    python_index_url: str | None = None
+    python_requirements: list[str] = Field(default_factory=list)
 
 
 class Storage(_Strict):
@@ -184,6 +197,9 @@ class Storage(_Strict):
 class Health(_Strict):
     nccl_allreduce_busbw_gbytes_per_s: float | None  # minimum on one node; None = no threshold
     source: str
+    # minimum all-reduce bus bandwidth across all nodes over the fabric; None = report only
+    fabric_allreduce_busbw_gbytes_per_s: float | None = None
+    fabric_source: str | None = None
 
 
 class Stack(_Strict):

@@ -944,7 +944,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     if best.nodes > 1:
         # the instance catalog knows this machine's own share of the fabric
         fabric = fabric.model_copy(update={"gbps_per_gpu": inst.fabric_gbps_per_gpu})
-    software = get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug)
+    software = get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud)
     glob, _glob_src = nvme_device_glob(inst.cloud)
     util, util_src = util_of(gpu)
     step = best.step
@@ -1026,7 +1026,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         software=software,
         storage=Storage(mount_point="/scratch", raid_name="scratch", device_glob=glob, devices=inst.nvme_count,
                         expected_bytes=inst.nvme_bytes_total),
-        health=_health(inst),
+        health=_health(inst, fabric, best.nodes),
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=alternatives,
         notes=_notes(spec, arch, best, mem, pool, get_gpu)
@@ -1138,8 +1138,11 @@ def hosts_note(spec: Any, arch: Any, best: Candidate, estimator: Estimator,
     return f"{head}. Why: {why}{hint}; reorder the hosts file to choose which hosts run"
 
 
-def _health(inst: Any) -> Any:
+def _health(inst: Any, fabric: Any, nodes: int) -> Any:
+    from gpuprov.catalog.fabrics import fabric_allreduce_threshold
     from gpuprov.plan import Health
 
+    fabric_min, fabric_source = fabric_allreduce_threshold(fabric, inst.gpus, nodes)
     return Health(nccl_allreduce_busbw_gbytes_per_s=inst.nccl_busbw_gbytes_per_s,
-                  source=inst.busbw_source or "no published threshold")
+                  source=inst.busbw_source or "no published threshold",
+                  fabric_allreduce_busbw_gbytes_per_s=fabric_min, fabric_source=fabric_source)

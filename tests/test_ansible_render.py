@@ -36,9 +36,13 @@ def test_glue_carries_the_plan(cloud):
     assert all(play.get("hosts", "gpu_nodes") == "gpu_nodes" for play in site)
     roles = _roles_in(site)
     # two nodes: the shared filesystem for checkpoints is mounted too (test_shared_storage.py)
-    assert roles == ["nvme_raid", "shared_storage", "nvidia_driver", EXPECTED_FABRIC_ROLE[cloud], "nccl", "gds"]
+    fabric = EXPECTED_FABRIC_ROLE[cloud]
+    middle = [fabric, "nvidia_driver", fabric] if fabric == "infiniband" else ["nvidia_driver", fabric]
+    assert roles == ["gpu_preflight", "node_baseline", "nvme_raid", "shared_storage", *middle, "nccl", "gds",
+                     "training_env"]
     tags = _tags(site)
-    assert tags["nvme_raid"] == ["storage"] and tags["nvidia_driver"] == ["gpu"]
+    assert tags["gpu_preflight"] == ["always"] and tags["node_baseline"] == ["baseline"]
+    assert tags["nvme_raid"] == ["storage"] and tags["nvidia_driver"] == ["gpu"] and tags["training_env"] == ["train"]
     assert tags[EXPECTED_FABRIC_ROLE[cloud]] == ["fabric"] and tags["nccl"] == ["nccl"] and tags["gds"] == ["gds"]
     assert site[-1] == {"name": "Health check", "ansible.builtin.import_playbook": "health.yml", "tags": ["health"]}
     health = yaml.safe_load(files["health.yml"])
@@ -98,7 +102,7 @@ def test_single_node_and_no_local_nvme():
         "storage": plan.storage.model_copy(update={"devices": 0, "expected_bytes": 0})})
     files = render_ansible(plan)
     site = yaml.safe_load(files["site.yml"])
-    assert _roles_in(site) == ["nvidia_driver", "nccl"]  # no fabric, no RAID, so no GDS either
+    assert _roles_in(site) == ["gpu_preflight", "node_baseline", "nvidia_driver", "nccl", "training_env"]  # no fabric, RAID, GDS
     gv = yaml.safe_load(files["group_vars/all.yml"])
     assert "nvme_raid_name" not in gv and gv["healthcheck_mount_point"] == "" and gv["healthcheck_gds"] is False
 

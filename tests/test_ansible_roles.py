@@ -19,7 +19,8 @@ from gpuprov.render.ansible import render_ansible
 from plan_fixtures import sample_plan
 
 ROLES = REPO / "ansible" / "roles"
-MY_ROLES = ("gpu_preflight", "nvidia_driver", "nccl", "efa", "infiniband", "gcp_rdma", "gds", "healthcheck")
+MY_ROLES = ("gpu_preflight", "nvidia_driver", "nccl", "efa", "infiniband", "gcp_rdma", "gds", "healthcheck",
+            "node_baseline", "training_env")
 
 
 @pytest.fixture(scope="module")
@@ -170,10 +171,10 @@ ALL_REDUCE_OUTPUT = """#                                                        
 def test_health_checks_fail_with_the_measured_value(bundle, scratch):
     tools = _fake_tool(bundle, "all_reduce_perf", ALL_REDUCE_OUTPUT)
     out = _run_scenarios(bundle, "measured.yml", "healthcheck", "nccl.yml", [
-        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 400.0},
-        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 460.0},
-        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": None},
-        {"healthcheck_nccl_tests_dir": str(scratch / "none"), "healthcheck_nccl_busbw_min_gbytes_per_s": None},
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 400.0, "healthcheck_nccl_net": ""},
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 460.0, "healthcheck_nccl_net": ""},
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": None, "healthcheck_nccl_net": ""},
+        {"healthcheck_nccl_tests_dir": str(scratch / "none"), "healthcheck_nccl_busbw_min_gbytes_per_s": None, "healthcheck_nccl_net": ""},
     ])
     assert out.count("all_reduce_perf bus bandwidth 419.95 GB/s") == 2  # 400 threshold and none
     assert "measured 419.95 GB/s bus bandwidth (minimum 460.0 GB/s" in out
@@ -221,23 +222,23 @@ def test_nccl_env_files_as_written_by_the_role(bundle, scratch):
     assert seen["ODD"] == "a b 'c' $HOME"  # quoted, not expanded
 
 
-def test_cufile_json_uses_nvidia_fs_mode(bundle, scratch):
+def test_cufile_json_never_uses_p2pdma_and_falls_back_to_compat(bundle, scratch):
     dest = scratch / "cufile.json"
     play = _role_play(bundle, "cufile.yml", [{"name": "cufile", "ansible.builtin.template": {
         "src": "roles/gds/templates/cufile.json.j2", "dest": str(dest), "mode": "0644"}}],
-        {"gds_mount_point": "/scratch", "gds_allow_compat_mode": True}, gather=False)
+        {"gds_mount_point": "/scratch", "gds_mode": "compat"}, gather=False)
     result = playbook(bundle, "-i", "local-inventory.yml", play)
     assert result.returncode == 0, result.stdout[-2000:]
     data = json.loads(dest.read_text())
     assert data["properties"]["use_pci_p2pdma"] is False  # RAID0 is not supported by P2PDMA mode
     assert data["properties"]["allow_compat_mode"] is True
-    assert "/scratch" in data["_comment"]
+    assert "/scratch" in data["_comment"] and "compat mode" in data["_comment"]
 
 
 def test_gcp_mtu_check_reads_the_real_interfaces(bundle):
     out = _run_scenarios(bundle, "mtu.yml", "gcp_rdma", "main.yml", [
-        {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 100000},
-        {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 576},
+        {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 100000, "gcp_rdma_gpu_nics": ["lo"], "gcp_rdma_gpu_nic_count": 1},
+        {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 576, "gcp_rdma_gpu_nics": ["lo"], "gcp_rdma_gpu_nic_count": 1},
     ])
-    assert "No interface on node0 has MTU 100000 (found" in out
+    assert "below MTU 100000: lo " in out
     assert out.count("...ignoring") == 1  # 576 passes on any real interface

@@ -14,6 +14,11 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v ssh >/dev/null || need+=(openssh-client)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
+# the GPU roles' VM test builds signed stand-in apt repositories and a stand-in driver module
+command -v gpg >/dev/null || need+=(gpg)
+command -v dpkg-scanpackages >/dev/null || need+=(dpkg-dev)
+command -v gcc >/dev/null || need+=(gcc)
+dpkg-query -W python3-apt >/dev/null 2>&1 || need+=(python3-apt)  # copied into the minimal guest
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         warn "missing ${need[*]} and not root to apt-get install them"

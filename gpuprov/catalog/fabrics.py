@@ -14,12 +14,14 @@ from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 from gpuprov.plan import FabricInfo, Software
 
-_ENTRY_KEYS = ("nccl_env_profile", "hcas", "subnet_manager", "mtu")
+_NOT_CLOUDS = ("single_node", "multinode_allreduce")
+_ENTRY_KEYS = ("nccl_env_profile", "hcas", "subnet_manager", "mtu", "gpu_nics", "nccl_net",
+               "nccl_conf_managed_by_image", "rdma_ipv4_by")
 
 
 def _cloud_table(cloud: str) -> dict[str, Any]:
     data = load_data("fabrics.yaml")
-    clouds = [key for key in data if key != "single_node"]
+    clouds = [key for key in data if key not in _NOT_CLOUDS]
     if cloud not in clouds:
         raise GpuprovError(f"no fabric catalog for cloud {cloud!r}; known: {', '.join(sorted(clouds))}")
     return data[cloud]
@@ -50,6 +52,7 @@ def fabric_name_for(cloud: str, instance_type: str) -> str:
 def _to_fabric_info(entry: dict[str, Any]) -> FabricInfo:
     fields = {key: entry[key] for key in _ENTRY_KEYS if key in entry}
     fields["hcas"] = list(fields.get("hcas") or [])
+    fields["gpu_nics"] = list(fields.get("gpu_nics") or [])
     return FabricInfo(
         name=entry["fabric"],
         gbps_per_gpu=float(entry["gbps_per_gpu"]),
@@ -88,12 +91,14 @@ def _product_features(data: dict[str, Any], gpu: str) -> tuple[bool, bool]:
     return gpu in supported, gpu in set(data["fabric_manager"]["gpus"])
 
 
-def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: str | None = None) -> Software:
+def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: str | None = None,
+                 cloud: str | None = None) -> Software:
     """Driver branch, CUDA, NCCL, EFA installer, GDS and fabric manager for this node type.
 
     The stack (driver, CUDA, NCCL) follows the GPU architecture; GDS and fabric manager follow the
     product `gpu` (a catalog slug): GDS only on data center/professional GPUs, fabric manager only
-    for NVSwitch boards (`nvswitch`) of SXM GPUs. Without `gpu` the architecture's defaults apply."""
+    for NVSwitch boards (`nvswitch`) of SXM GPUs. Without `gpu` the architecture's defaults apply.
+    `cloud` picks what GDS can do there (gds_modes) and Google's gIB plugin on GCP RoCE."""
     data = load_data("software.yaml")
     stacks = data["stacks"]
     if gpu_architecture not in stacks:
@@ -113,6 +118,14 @@ def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: s
         sources.append(fabric_sw["source"])
     if fabric_manager:
         sources.append(data["fabric_manager"]["source"])
+    gds_mode = str(data["gds_modes"].get(cloud or "onprem", "compat"))
+    if gds:
+        sources.append(f"GDS {gds_mode} mode: {data['gds_modes']['source']}")
+    gib = data["gcp_gib"] if cloud == "gcp" and fabric_name == "roce" else None
+    env = data["python_env"]
+    sources.append(env["source"])
+    if gib:
+        sources.append(gib["source"])
     return Software(
         os=list(data["os"]["supported"]),
         driver_branch=str(stack["driver_branch"]),
@@ -123,4 +136,25 @@ def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: s
         efa_installer_version=str(fabric_sw["efa_installer_version"]) if "efa_installer_version" in fabric_sw else None,
         gds=gds,
         source="; ".join(" ".join(str(s).split()) for s in sources),
+        gds_mode=gds_mode,
+        nccl_gib_version=str(gib["nccl_gib_version"]) if gib else None,
+        python_env_path=str(env["path"]),
+        python_index_url=str(env["index_url"]),
+        python_requirements=[str(r) for r in env["requirements"]],
     )
+
+
+def fabric_allreduce_threshold(fabric: FabricInfo, gpus_per_node: int, nodes: int) -> tuple[float | None, str]:
+    """Minimum multi-node all-reduce bus bandwidth (GB/s) for this fabric, and its source.
+
+    A ring all-reduce across nodes is bounded by each node's fabric bandwidth (NVLink inside the
+    node is faster), so bus bandwidth tops out at gbps_per_gpu x GPUs / 8 GB/s; the threshold is
+    the catalog's fraction of that. None for one node or a fabric without RDMA (sockets vary)."""
+    rule = load_data("fabrics.yaml")["multinode_allreduce"]
+    if nodes < 2 or fabric.name not in rule["fabrics"]:
+        return None, "no multi-node threshold: " + ("one node" if nodes < 2 else f"fabric {fabric.name}")
+    line_rate = fabric.gbps_per_gpu * gpus_per_node / 8.0
+    minimum = round(line_rate * float(rule["fraction_of_line_rate"]), 1)
+    source = (f"{rule['fraction_of_line_rate']} x {line_rate:g} GB/s node fabric line rate "
+              f"({fabric.gbps_per_gpu:g} Gb/s x {gpus_per_node} GPUs): " + " ".join(str(rule["source"]).split()))
+    return minimum, source

@@ -16,6 +16,12 @@ GiB = 2**30
 TB = 10**12
 
 
+
+_GDS_MODES = {  # what cuFile does on the local NVMe (plan.software.gds_mode)
+    "compat": "compatibility mode: POSIX reads; nvidia-fs needs DOCA's GDS-enabled NVMe driver",
+    "nvidia-fs": "nvidia-fs mode: direct NVMe to GPU reads",
+}
+
 def _gib(n: int | float) -> str:
     return f"{n / GiB:,.1f} GiB"
 
@@ -169,7 +175,8 @@ def _stack(plan) -> list[str]:
         f"CUDA {s.cuda_version}, NCCL {s.nccl_version}"
         + (", nvidia-fabricmanager (NVSwitch)" if s.fabric_manager else "")
         + (f", EFA installer {s.efa_installer_version}" if s.efa_installer_version else "")
-        + (", GPUDirect Storage" if s.gds else ""),
+        + (f", GPUDirect Storage ({_GDS_MODES[s.gds_mode]})" if s.gds else ""),
+        f"- Training environment: {s.python_env_path} ({', '.join(s.python_requirements) or 'no pins'})",
         f"- {_fabric_words(plan).replace('fabric ', 'Fabric: ', 1) if plan.cluster.nodes > 1 else 'Fabric: none (one node)'}"
         + (f", subnet manager {f.subnet_manager}" if f.subnet_manager != "none" else "")
         + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else ""),
