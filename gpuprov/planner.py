@@ -360,7 +360,9 @@ class _Search:
         return (gpn, lay.sharding, sg, ac, mb, ga > 1, lay.tp, lay.cp)
 
     def memory(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> MemoryEstimate:
-        key = (total, gpn, lay, ac, mb, ga)
+        # the estimate sees accumulation only as "gradients live between micro-batches" (ga > 1):
+        # the planner lays out no pipeline stages, whose in-flight micro-batches would count ga
+        key = (total, gpn, lay, ac, mb, ga > 1)
         est = None if self.exhaustive else self.mem_cache.get(key)
         if est is None:
             spec = self.spec
@@ -389,7 +391,7 @@ class _Search:
 
     def fsdp_missed(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int, usable: int) -> bool | None:
         """False when FSDP over all the GPUs (same TP x CP, same shape) already misses: HSDP holds at least as much."""
-        flat = self.mem_cache.get((total, gpn, lay._replace(sharding="fsdp", sg=total), ac, mb, ga))
+        flat = self.mem_cache.get((total, gpn, lay._replace(sharding="fsdp", sg=total), ac, mb, ga > 1))
         return False if flat is not None and flat.per_gpu_bytes > usable else None
 
     # ---------------------------------------------------------------- bounds

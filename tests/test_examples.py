@@ -15,12 +15,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import regen_examples  # noqa: E402
 
 EXAMPLES = regen_examples.example_dirs()
-SEED_CASES = {"7b-full", "13b-full", "34b-full", "70b-full", "7b-lora", "13b-lora"}
+REQUIRED_CASES = {"7b-full", "13b-full", "34b-full", "70b-full", "7b-lora", "13b-lora"}
 
 
-def test_examples_cover_the_seed_cases_and_every_target() -> None:
+def test_examples_cover_the_required_cases_and_every_target() -> None:
     names = {d.name for d in EXAMPLES}
-    for case in SEED_CASES:
+    for case in REQUIRED_CASES:
         assert any(name.startswith(case) for name in names), case
     specs = [regen_examples.example_spec(d) for d in EXAMPLES]
     assert {"aws", "gcp", "azure", "oci", "onprem"} <= {s.cloud for s in specs}
