@@ -3,7 +3,7 @@
 # (NVIDIA H200 141GB HBM3e (SXM)) on azure. Source it before torchrun (train.sh and slurm.sbatch do).
 #
 # NCCL / fabric settings for the infiniband fabric come from the plan's fabric entry, the same
-# values the Ansible nccl role writes to /etc/nccl.conf (source: Azure/ai-infrastructure-on-azure hopper.conf (NCCL_TOPO_FILE, relaxed ordering, eth0); Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf (8 x 400 Gb/s mlx5_ib0..7)).
+# values the Ansible nccl role writes to /etc/nccl.conf (source: Azure/ai-infrastructure-on-azure hopper.conf (NCCL_TOPO_FILE, relaxed ordering, eth0); Azure/azurehpc-health-checks conf/nd96isr_h100_v5.conf (8 x 400 Gb/s mlx5_ib0..7); Azure/azhpc-images components/setup_sku_customizations.sh@8e9d055 (rewrites /etc/nccl.conf at boot)).
 
 export NCCL_IB_PCI_RELAXED_ORDERING=1
 export NCCL_SOCKET_IFNAME=eth0
@@ -15,3 +15,9 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-6}"
 # Fewer allocator fragments on long runs (torchtitan's default); peak memory stays comparable.
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+
+# The training environment the Ansible training_env role installed (pins: ansible/requirements-train.txt).
+if [ -z "${VIRTUAL_ENV:-}" ] && [ -r /opt/gpuprov/venv/bin/activate ]; then
+    # shellcheck disable=SC1090,SC1091
+    . /opt/gpuprov/venv/bin/activate
+fi

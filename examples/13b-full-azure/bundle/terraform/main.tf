@@ -6,6 +6,11 @@ provider "azurerm" {
   features {}
 }
 
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  tags = merge(var.tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
+}
+
 ################################################################################
 # Resource group
 ################################################################################
@@ -13,7 +18,7 @@ provider "azurerm" {
 resource "azurerm_resource_group" "this" {
   name     = var.resource_group_name
   location = var.location
-  tags     = var.tags
+  tags     = local.tags
 }
 
 resource "azurerm_proximity_placement_group" "this" {
@@ -21,7 +26,7 @@ resource "azurerm_proximity_placement_group" "this" {
   location            = azurerm_resource_group.this.location
   resource_group_name = azurerm_resource_group.this.name
   allowed_vm_sizes    = [var.vm_size]
-  tags                = var.tags
+  tags                = local.tags
 }
 
 ################################################################################
@@ -29,6 +34,7 @@ resource "azurerm_proximity_placement_group" "this" {
 ################################################################################
 
 resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
+  #checkov:skip=CKV_AZURE_97:Encryption at host needs the EncryptionAtHost feature registered on the subscription, or creation fails; managed disks stay encrypted at rest by the platform. Set encryption_at_host = true once it is registered.
   name                 = "${var.name_prefix}-vmss"
   location             = azurerm_resource_group.this.location
   resource_group_name  = azurerm_resource_group.this.name
@@ -46,8 +52,13 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
   admin_username                  = var.admin_username
   disable_password_authentication = true
   encryption_at_host_enabled      = var.encryption_at_host
-  provision_vm_agent              = true
-  extension_operations_enabled    = true
+
+  # Spot VMs are deleted when Azure reclaims them (the run resumes from its checkpoint).
+  priority                     = var.purchase_option == "spot" ? "Spot" : "Regular"
+  eviction_policy              = var.purchase_option == "spot" ? "Delete" : null
+  max_bid_price                = var.purchase_option == "spot" ? -1 : null
+  provision_vm_agent           = true
+  extension_operations_enabled = true
 
   admin_ssh_key {
     username   = var.admin_username
@@ -76,12 +87,21 @@ resource "azurerm_linux_virtual_machine_scale_set" "nodes" {
       name      = "internal"
       primary   = true
       subnet_id = azurerm_subnet.nodes.id
+
+      # With ssh_cidr every node gets a public address that only that CIDR may SSH to (the NSG
+      # rule in network.tf); without it the nodes stay private, reached through bastion_host.
+      dynamic "public_ip_address" {
+        for_each = var.ssh_cidr == null ? [] : ["${var.name_prefix}-pip"]
+        content {
+          name = public_ip_address.value
+        }
+      }
     }
   }
 
   boot_diagnostics {}
 
-  tags = var.tags
+  tags = local.tags
 
   depends_on = [azurerm_subnet_nat_gateway_association.nodes]
 }

@@ -9,7 +9,7 @@ resource "azurerm_virtual_network" "this" {
   location            = azurerm_resource_group.this.location
   resource_group_name = azurerm_resource_group.this.name
   address_space       = [var.vnet_cidr]
-  tags                = var.tags
+  tags                = local.tags
 }
 
 resource "azurerm_subnet" "nodes" {
@@ -26,7 +26,7 @@ resource "azurerm_public_ip" "nat" {
   resource_group_name = azurerm_resource_group.this.name
   allocation_method   = "Static"
   sku                 = "Standard"
-  tags                = var.tags
+  tags                = local.tags
 }
 
 resource "azurerm_nat_gateway" "this" {
@@ -34,7 +34,7 @@ resource "azurerm_nat_gateway" "this" {
   location            = azurerm_resource_group.this.location
   resource_group_name = azurerm_resource_group.this.name
   sku_name            = "Standard"
-  tags                = var.tags
+  tags                = local.tags
 }
 
 resource "azurerm_nat_gateway_public_ip_association" "this" {
@@ -51,7 +51,7 @@ resource "azurerm_network_security_group" "nodes" {
   name                = "${var.name_prefix}-nsg"
   location            = azurerm_resource_group.this.location
   resource_group_name = azurerm_resource_group.this.name
-  tags                = var.tags
+  tags                = local.tags
 }
 
 # SSH only from the operator's CIDR; without one, reach the nodes through Azure Bastion or a jump host.

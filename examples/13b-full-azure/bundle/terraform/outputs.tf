@@ -18,13 +18,23 @@ output "scale_set_id" {
   value       = azurerm_linux_virtual_machine_scale_set.nodes.id
 }
 
+output "shared_storage" {
+  description = "The shared filesystem for checkpoints (null: none)"
+  value       = local.shared_storage
+}
+
 output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
     all = {
+      vars = {
+        ansible_user            = var.admin_username
+        ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
+        shared_storage_mount    = local.shared_storage
+      }
       children = {
         gpu_nodes = {
-          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = vm.private_ip_address } }
+          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = var.ssh_cidr == null ? vm.private_ip_address : vm.public_ip_address, private_ip = vm.private_ip_address } }
         }
       }
     }

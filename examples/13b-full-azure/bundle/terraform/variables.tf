@@ -1,4 +1,4 @@
-# Defaults come from the gpuprov plan (Llama 2 13B, full, 32 x Standard_ND96isr_H200_v5, 256 GPUs, fabric infiniband);
+# Defaults come from the gpuprov plan (Llama 2 13B, full, 32 x Standard_ND96isr_H200_v5, 256 GPUs, fabric infiniband, on-demand);
 # override any of them in terraform.tfvars.
 
 variable "location" {
@@ -15,7 +15,7 @@ variable "location" {
 variable "resource_group_name" {
   description = "Resource group to create for the cluster"
   type        = string
-  default     = "gpuprov-13b-rg"
+  default     = "gpuprov-13b-6f0402-rg"
 
   validation {
     condition     = can(regex("^[-\\w.()]{1,89}[-\\w()]$", var.resource_group_name))
@@ -26,7 +26,7 @@ variable "resource_group_name" {
 variable "name_prefix" {
   description = "Prefix for every resource name"
   type        = string
-  default     = "gpuprov-13b"
+  default     = "gpuprov-13b-6f0402"
 
   validation {
     condition     = can(regex("^[a-z][a-z0-9-]{1,23}$", var.name_prefix))
@@ -57,7 +57,7 @@ variable "node_count" {
 }
 
 variable "admin_username" {
-  description = "Admin user on every VM (SSH key only)"
+  description = "Admin user on every VM (SSH key only; Ansible's ansible_user)"
   type        = string
   default     = "azureuser"
 
@@ -86,10 +86,10 @@ variable "image" {
     version   = string
   })
   default = {
-    publisher = "microsoft-dsvm"
-    offer     = "ubuntu-hpc"
-    sku       = "2204"
-    version   = "latest"
+    "publisher" = "microsoft-dsvm"
+    "offer"     = "ubuntu-hpc"
+    "sku"       = "2204"
+    "version"   = "latest"
   }
 }
 
@@ -105,9 +105,26 @@ variable "os_disk_size_gb" {
 }
 
 variable "encryption_at_host" {
-  description = "Encrypt temp and cache disks at the host (needs the EncryptionAtHost feature on the subscription)"
+  description = "Encrypt temp and cache disks at the host (register the EncryptionAtHost feature on the subscription first: az feature register --namespace Microsoft.Compute --name EncryptionAtHost)"
   type        = bool
-  default     = true
+  default     = false
+}
+
+variable "purchase_option" {
+  description = "How the VMs are bought: on-demand (Regular priority) or spot"
+  type        = string
+  default     = "on-demand"
+
+  validation {
+    condition     = contains(["on-demand", "spot"], var.purchase_option)
+    error_message = "purchase_option must be on-demand or spot."
+  }
+}
+
+variable "bastion_host" {
+  description = "Jump host (user@host) Ansible reaches the private nodes through (null: run from inside the VNet)"
+  type        = string
+  default     = null
 }
 
 variable "vnet_cidr" {
@@ -136,7 +153,54 @@ variable "tags" {
   description = "Tags on every resource"
   type        = map(string)
   default = {
-    "managed-by"    = "gpuprov"
-    "gpuprov-model" = "13b"
+    "managed-by"     = "gpuprov"
+    "gpuprov-model"  = "13b"
+    "gpuprov-bundle" = "6f0402"
+  }
+}
+
+variable "shared_storage_tib" {
+  description = "Azure Managed Lustre capacity in TiB for checkpoints and data (0: no shared filesystem)"
+  type        = number
+  default     = 4
+
+  validation {
+    condition     = var.shared_storage_tib == 0 || (var.shared_storage_tib >= 4 && var.shared_storage_tib % 4 == 0)
+    error_message = "shared_storage_tib must be 0 or a multiple of 4 (AMLFS-Durable-Premium-500 steps)."
+  }
+}
+
+variable "shared_storage_sku" {
+  description = "Azure Managed Lustre SKU (throughput per TiB)"
+  type        = string
+  default     = "AMLFS-Durable-Premium-500"
+}
+
+variable "shared_storage_zone" {
+  description = "Availability zone of the Managed Lustre file system"
+  type        = string
+  default     = "1"
+}
+
+variable "shared_mount_point" {
+  description = "Where every node mounts the shared filesystem (checkpoints under <mount>/checkpoints)"
+  type        = string
+  default     = "/shared"
+}
+
+variable "owner" {
+  description = "Who owns the cluster (tag/label owner on every resource; null: none)"
+  type        = string
+  default     = null
+}
+
+variable "expires_on" {
+  description = "Date after which the cluster may be deleted, YYYY-MM-DD (tag/label expires-on; null: none)"
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.expires_on == null || can(regex("^[0-9]{4}-[0-9]{2}-[0-9]{2}$", var.expires_on))
+    error_message = "expires_on must be a date such as 2026-12-31."
   }
 }

@@ -14,8 +14,13 @@ output "instance_ids" {
 }
 
 output "placement_group" {
-  description = "Cluster placement group holding every node"
-  value       = aws_placement_group.cluster.name
+  description = "Placement group holding every node (null: none, e.g. under a Capacity Block)"
+  value       = local.placement_group
+}
+
+output "shared_storage" {
+  description = "The shared filesystem for checkpoints (null: none)"
+  value       = local.shared_storage
 }
 
 output "security_group_id" {
@@ -27,9 +32,15 @@ output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
     all = {
+      vars = {
+        ansible_user            = var.ssh_user
+        ansible_ssh_common_args = "-o ProxyCommand=\"${local.ssh_proxy}\""
+        shared_storage_mount    = local.shared_storage
+      }
       children = {
         gpu_nodes = {
-          hosts = { for node in aws_instance.node : node.tags["Name"] => { ansible_host = node.private_ip } }
+          # SSM addresses instances by id; private_ip is kept for NCCL and the rendezvous.
+          hosts = { for node in aws_instance.node : node.tags["Name"] => { ansible_host = node.id, private_ip = node.private_ip } }
         }
       }
     }

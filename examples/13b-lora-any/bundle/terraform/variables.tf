@@ -1,10 +1,10 @@
-# Defaults come from the gpuprov plan (Llama 2 13B, lora, 1 x p5e.48xlarge, 8 GPUs, fabric none);
+# Defaults come from the gpuprov plan (Llama 2 13B, lora, 1 x p5.48xlarge, 8 GPUs, fabric none, on-demand);
 # override any of them in terraform.tfvars.
 
 variable "region" {
   description = "AWS region for every resource"
   type        = string
-  default     = "us-east-2"
+  default     = "us-east-1"
 
   validation {
     condition     = can(regex("^[a-z]{2}(-gov)?-[a-z]+-[0-9]$", var.region))
@@ -15,7 +15,7 @@ variable "region" {
 variable "name_prefix" {
   description = "Prefix for every resource name"
   type        = string
-  default     = "gpuprov-13b"
+  default     = "gpuprov-13b-d01fc5"
 
   validation {
     condition     = can(regex("^[a-z][a-z0-9-]{1,23}$", var.name_prefix))
@@ -26,7 +26,7 @@ variable "name_prefix" {
 variable "instance_type" {
   description = "EC2 instance type of every node"
   type        = string
-  default     = "p5e.48xlarge"
+  default     = "p5.48xlarge"
 
   validation {
     condition     = can(regex("^[a-z][a-z0-9-]*\\.[0-9a-z]+$", var.instance_type))
@@ -89,14 +89,25 @@ variable "capacity_reservation_id" {
   }
 }
 
-variable "capacity_block" {
-  description = "The reservation is a Capacity Block for ML (market type capacity-block)"
-  type        = bool
-  default     = false
+variable "purchase_option" {
+  description = "How the nodes are bought: on-demand, spot, capacity-block (Capacity Block for ML) or reservation (ODCR)"
+  type        = string
+  default     = "on-demand"
+
+  validation {
+    condition     = contains(["on-demand", "spot", "capacity-block", "reservation"], var.purchase_option)
+    error_message = "purchase_option must be on-demand, spot, capacity-block or reservation."
+  }
+}
+
+variable "placement_group_name" {
+  description = "Existing placement group to launch into (null: a new cluster group for on-demand and spot nodes, none in a reservation or Capacity Block)"
+  type        = string
+  default     = null
 }
 
 variable "ami_id" {
-  description = "AMI for the nodes (null: the latest Ubuntu LTS from ami_ssm_parameter)"
+  description = "AMI for the nodes (null: read ami_ssm_parameter once; running nodes keep their image)"
   type        = string
   default     = null
 
@@ -107,9 +118,9 @@ variable "ami_id" {
 }
 
 variable "ami_ssm_parameter" {
-  description = "Public SSM parameter naming the default AMI"
+  description = "Public SSM parameter naming the default AMI (Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04))"
   type        = string
-  default     = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+  default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 }
 
 variable "root_volume_size_gib" {
@@ -130,9 +141,49 @@ variable "kms_key_arn" {
 }
 
 variable "key_name" {
-  description = "EC2 key pair for SSH (null: no key; use SSM Session Manager)"
+  description = "EC2 key pair whose private key Ansible uses; SSH runs through SSM Session Manager, no port is opened"
   type        = string
-  default     = null
+}
+
+variable "ssh_user" {
+  description = "Login user of the image (Ansible's ansible_user)"
+  type        = string
+  default     = "ubuntu"
+}
+
+variable "ssh_proxy_command" {
+  description = "ProxyCommand that carries SSH to a node by instance id (%h) through SSM; --region is appended"
+  type        = string
+  default     = "aws ssm start-session --target %h --document-name AWS-StartSSHSession --parameters portNumber=%p"
+}
+
+variable "shared_storage_gib" {
+  description = "FSx for Lustre capacity in GiB for checkpoints and data (0: no shared filesystem)"
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.shared_storage_gib == 0 || var.shared_storage_gib == 1200 || (var.shared_storage_gib >= 2400 && var.shared_storage_gib % 2400 == 0)
+    error_message = "shared_storage_gib must be 0, 1200 or a multiple of 2400 (FSx for Lustre SSD sizes)."
+  }
+}
+
+variable "shared_storage_deployment_type" {
+  description = "FSx for Lustre deployment type"
+  type        = string
+  default     = "PERSISTENT_2"
+}
+
+variable "shared_storage_throughput_per_tib" {
+  description = "FSx for Lustre throughput per TiB of storage, MB/s"
+  type        = number
+  default     = 125
+}
+
+variable "shared_mount_point" {
+  description = "Where every node mounts the shared filesystem (checkpoints under <mount>/checkpoints)"
+  type        = string
+  default     = "/shared"
 }
 
 variable "ssh_cidr" {
@@ -150,7 +201,25 @@ variable "tags" {
   description = "Tags on every resource"
   type        = map(string)
   default = {
-    "managed-by"    = "gpuprov"
-    "gpuprov-model" = "13b"
+    "managed-by"     = "gpuprov"
+    "gpuprov-model"  = "13b"
+    "gpuprov-bundle" = "d01fc5"
+  }
+}
+
+variable "owner" {
+  description = "Who owns the cluster (tag/label owner on every resource; null: none)"
+  type        = string
+  default     = null
+}
+
+variable "expires_on" {
+  description = "Date after which the cluster may be deleted, YYYY-MM-DD (tag/label expires-on; null: none)"
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.expires_on == null || can(regex("^[0-9]{4}-[0-9]{2}-[0-9]{2}$", var.expires_on))
+    error_message = "expires_on must be a date such as 2026-12-31."
   }
 }

@@ -2,8 +2,11 @@
 # Fabric: cluster placement group and the EFA security group
 ################################################################################
 
-# All nodes in one placement group: EFA's low-latency path stays inside one network spine.
+# All nodes in one placement group: EFA's low-latency path stays inside one network spine. Only for
+# on-demand and spot nodes (main.tf: local.create_placement_group); the name carries the bundle id.
 resource "aws_placement_group" "cluster" {
+  count = local.create_placement_group ? 1 : 0
+
   name     = "${var.name_prefix}-cluster"
   strategy = "cluster"
 }
@@ -50,6 +53,34 @@ resource "aws_vpc_security_group_egress_rule" "http" {
   from_port         = 80
   to_port           = 80
   description       = "HTTP out: Ubuntu apt mirrors"
+}
+
+# Shared filesystems in the VPC: Lustre (FSx: 988 and 1018-1023) and NFS (2049).
+resource "aws_vpc_security_group_egress_rule" "lustre" {
+  security_group_id = aws_security_group.efa.id
+  cidr_ipv4         = data.aws_vpc.nodes.cidr_block
+  ip_protocol       = "tcp"
+  from_port         = 988
+  to_port           = 988
+  description       = "Lustre clients to FSx for Lustre servers"
+}
+
+resource "aws_vpc_security_group_egress_rule" "lustre_ports" {
+  security_group_id = aws_security_group.efa.id
+  cidr_ipv4         = data.aws_vpc.nodes.cidr_block
+  ip_protocol       = "tcp"
+  from_port         = 1018
+  to_port           = 1023
+  description       = "Lustre clients to FSx for Lustre servers (reserved ports)"
+}
+
+resource "aws_vpc_security_group_egress_rule" "nfs" {
+  security_group_id = aws_security_group.efa.id
+  cidr_ipv4         = data.aws_vpc.nodes.cidr_block
+  ip_protocol       = "tcp"
+  from_port         = 2049
+  to_port           = 2049
+  description       = "NFS clients to file servers in the VPC"
 }
 
 # SSH only from the CIDR the user names; without one, reach the nodes through SSM.

@@ -1,4 +1,15 @@
 terraform {
+  # Remote state, so that two people (or CI) cannot apply at once: uncomment, fill in, then
+  # `terraform init -migrate-state`. S3 locks with a lock file beside the state (use_lockfile,
+  # Terraform >= 1.10); local state has no lock and is lost with this folder.
+  # backend "s3" {
+  #   bucket       = "my-terraform-state"
+  #   key          = "gpuprov/NAME/terraform.tfstate"
+  #   region       = "us-east-1"
+  #   encrypt      = true
+  #   use_lockfile = true
+  # }
+
   required_version = ">= 1.5.0"
 
   required_providers {

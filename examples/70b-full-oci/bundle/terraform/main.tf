@@ -5,6 +5,15 @@ provider "oci" {
   region = var.region
 }
 
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  freeform_tags = merge(var.freeform_tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
+}
+
+data "oci_core_subnet" "nodes" {
+  subnet_id = var.subnet_id
+}
+
 locals {
   # Oracle Cloud Agent plugins that authenticate and configure the RDMA NICs of a cluster network,
   # plus the GPU/RDMA health monitor.
@@ -13,6 +22,8 @@ locals {
     "Compute HPC RDMA Auto-Configuration",
     "Compute RDMA GPU Monitoring",
   ]
+
+  node_names = [for i in range(var.node_count) : format("%s-node-%02d", var.name_prefix, i)]
 }
 
 ################################################################################
@@ -22,7 +33,7 @@ locals {
 resource "oci_core_instance_configuration" "node" {
   compartment_id = var.compartment_ocid
   display_name   = "${var.name_prefix}-node"
-  freeform_tags  = var.freeform_tags
+  freeform_tags  = local.freeform_tags
 
   instance_details {
     instance_type = "compute"
@@ -31,18 +42,19 @@ resource "oci_core_instance_configuration" "node" {
       availability_domain                 = var.availability_domain
       compartment_id                      = var.compartment_ocid
       shape                               = var.shape
-      display_name                        = "${var.name_prefix}-node"
       is_pv_encryption_in_transit_enabled = true
-      freeform_tags                       = var.freeform_tags
+      freeform_tags                       = local.freeform_tags
 
       metadata = {
         ssh_authorized_keys = var.ssh_public_key
       }
 
-      # Nodes stay private; the subnet's NAT gateway serves package downloads.
+      # Nodes stay private (the subnet's NAT gateway serves package downloads) unless ssh_cidr is
+      # given: then each gets a public address that only that CIDR may SSH to (network.tf).
       create_vnic_details {
         subnet_id        = var.subnet_id
-        assign_public_ip = false
+        assign_public_ip = var.ssh_cidr != null
+        nsg_ids          = [oci_core_network_security_group.nodes.id]
       }
 
       source_details {

@@ -1,6 +1,6 @@
 output "node_names" {
-  description = "Instance display names, in pool order"
-  value       = data.oci_core_instance.nodes[*].display_name
+  description = "Node names (name_prefix-node-NN, in pool order; OCI's display names are generated)"
+  value       = local.node_names
 }
 
 output "private_ips" {
@@ -22,9 +22,15 @@ output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
     all = {
+      vars = {
+        ansible_user            = var.ssh_user
+        ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
+        shared_storage_mount    = local.shared_storage
+      }
       children = {
         gpu_nodes = {
-          hosts = { for node in data.oci_core_instance.nodes : node.display_name => { ansible_host = node.private_ip } }
+          # Keyed by position: pool instances do not get distinct display names of our choosing.
+          hosts = { for i, node in data.oci_core_instance.nodes : local.node_names[i] => { ansible_host = var.ssh_cidr == null ? node.private_ip : node.public_ip, private_ip = node.private_ip } }
         }
       }
     }

@@ -1,4 +1,4 @@
-# Defaults come from the gpuprov plan (Llama 3.1 70B, full, 6 x BM.GPU.A100-v2.8, 48 GPUs, fabric roce);
+# Defaults come from the gpuprov plan (Llama 3.1 70B, full, 7 x BM.GPU.H100.8, 56 GPUs, fabric roce, on-demand);
 # override any of them in terraform.tfvars.
 
 variable "region" {
@@ -43,7 +43,7 @@ variable "subnet_id" {
 }
 
 variable "image_id" {
-  description = "Image OCID for the GPU shape (an Oracle Linux or Ubuntu GPU image of this region)"
+  description = "Image OCID for the GPU shape: a Canonical Ubuntu 22.04/24.04 GPU image of the region (the roles run on Ubuntu only), image_id in terraform.tfvars (the Ansible roles run on Ubuntu only)"
   type        = string
 
   validation {
@@ -55,7 +55,7 @@ variable "image_id" {
 variable "name_prefix" {
   description = "Prefix for every resource name"
   type        = string
-  default     = "gpuprov-70b"
+  default     = "gpuprov-70b-bd4a0e"
 
   validation {
     condition     = can(regex("^[a-z][a-z0-9-]{1,23}$", var.name_prefix))
@@ -66,7 +66,7 @@ variable "name_prefix" {
 variable "shape" {
   description = "Bare-metal GPU shape of every node (must support cluster networks)"
   type        = string
-  default     = "BM.GPU.A100-v2.8"
+  default     = "BM.GPU.H100.8"
 
   validation {
     condition     = can(regex("^BM\\.GPU", var.shape))
@@ -77,7 +77,7 @@ variable "shape" {
 variable "node_count" {
   description = "Number of GPU nodes (8 GPUs each)"
   type        = number
-  default     = 6
+  default     = 7
 
   validation {
     condition     = var.node_count >= 1 && floor(var.node_count) == var.node_count
@@ -106,11 +106,70 @@ variable "ssh_public_key" {
   }
 }
 
+variable "ssh_user" {
+  description = "Login user of the image (ubuntu on the Canonical Ubuntu images the roles support)"
+  type        = string
+  default     = "ubuntu"
+}
+
+variable "ssh_cidr" {
+  description = "CIDR allowed to SSH to public node addresses (null: nodes stay private; the subnet must be public otherwise)"
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.ssh_cidr == null || can(cidrhost(var.ssh_cidr, 0))
+    error_message = "ssh_cidr must be a CIDR block such as 203.0.113.0/24."
+  }
+}
+
+variable "bastion_host" {
+  description = "Jump host (user@host) Ansible reaches the private nodes through (null: run from inside the VCN)"
+  type        = string
+  default     = null
+}
+
+variable "shared_storage" {
+  description = "Create an OCI File Storage file system for checkpoints and data, mounted on every node"
+  type        = bool
+  default     = true
+}
+
+variable "kms_key_id" {
+  description = "Vault key for the shared file system (null: Oracle-managed encryption)"
+  type        = string
+  default     = null
+}
+
+variable "shared_mount_point" {
+  description = "Where every node mounts the shared filesystem (checkpoints under <mount>/checkpoints)"
+  type        = string
+  default     = "/shared"
+}
+
 variable "freeform_tags" {
   description = "Free-form tags on every resource"
   type        = map(string)
   default = {
-    "managed-by"    = "gpuprov"
-    "gpuprov-model" = "70b"
+    "managed-by"     = "gpuprov"
+    "gpuprov-model"  = "70b"
+    "gpuprov-bundle" = "bd4a0e"
+  }
+}
+
+variable "owner" {
+  description = "Who owns the cluster (tag/label owner on every resource; null: none)"
+  type        = string
+  default     = null
+}
+
+variable "expires_on" {
+  description = "Date after which the cluster may be deleted, YYYY-MM-DD (tag/label expires-on; null: none)"
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.expires_on == null || can(regex("^[0-9]{4}-[0-9]{2}-[0-9]{2}$", var.expires_on))
+    error_message = "expires_on must be a date such as 2026-12-31."
   }
 }

@@ -1,12 +1,18 @@
 # GPU nodes for the gpuprov plan: one EC2 instance per node, all from one launch template that
-# carries the EFA interfaces, the cluster placement group and the (optional) capacity reservation.
+# carries the EFA interfaces, the placement group, and the purchase option (on-demand, spot, an
+# On-Demand Capacity Reservation or a Capacity Block for ML).
 
 provider "aws" {
   region = var.region
 
   default_tags {
-    tags = var.tags
+    tags = local.tags
   }
+}
+
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  tags = merge(var.tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
 }
 
 ################################################################################
@@ -19,14 +25,46 @@ data "aws_subnet" "nodes" {
   id = var.subnet_id
 }
 
-# Canonical's public SSM parameter for the current Ubuntu LTS image; the Ansible roles install the
-# NVIDIA driver, EFA and NCCL at the versions the plan pins.
-data "aws_ssm_parameter" "ubuntu" {
+# The GPU image (AWS Deep Learning Base OSS Nvidia Driver AMI: driver, EFA, NCCL installed), read
+# from its public SSM parameter only when no ami_id is given.
+data "aws_ssm_parameter" "ami" {
+  count = var.ami_id == null ? 1 : 0
+
   name = var.ami_ssm_parameter
 }
 
+# The first apply pins the AMI the parameter named then: a newer release changes nothing, so nodes
+# added later boot the same driver and EFA stack as the running ones. Set ami_id to move on.
+resource "terraform_data" "ami" {
+  input = one(data.aws_ssm_parameter.ami[*].insecure_value)
+
+  lifecycle {
+    ignore_changes = [input]
+  }
+}
+
+data "aws_ami" "node" {
+  filter {
+    name   = "image-id"
+    values = [local.ami_id]
+  }
+}
+
+data "aws_vpc" "nodes" {
+  id = data.aws_subnet.nodes.vpc_id
+}
+
 locals {
-  ami_id = coalesce(var.ami_id, data.aws_ssm_parameter.ubuntu.insecure_value)
+  ami_id = var.ami_id != null ? var.ami_id : terraform_data.ami.output
+
+  # The purchase option as EC2 market type: spot and Capacity Blocks are market types, on-demand and
+  # an ODCR (a capacity reservation target) are not.
+  market_type = lookup({ spot = "spot", "capacity-block" = "capacity-block" }, var.purchase_option, null)
+
+  # A placement group of the bundle's own only for pay-as-you-go nodes: a Capacity Block or an ODCR
+  # carries its own placement, and a second group conflicts with it (insufficient capacity).
+  create_placement_group = var.placement_group_name == null && contains(["on-demand", "spot"], var.purchase_option) && var.node_count > 1
+  placement_group        = var.placement_group_name != null ? var.placement_group_name : one(aws_placement_group.cluster[*].name)
 
   # AWS's layout for multi-card EFA instances: network card 0 carries the ENA primary interface
   # (device 0) plus an EFA-only interface (device 1); every other card carries one EFA-only
@@ -40,6 +78,9 @@ locals {
   ) : [{ card = 0, device = 0, type = "interface" }]
 
   node_names = [for i in range(var.node_count) : format("%s-node-%02d", var.name_prefix, i)]
+
+  # How Ansible reaches the private nodes from a laptop: SSH through SSM Session Manager.
+  ssh_proxy = "${var.ssh_proxy_command} --region ${var.region}"
 }
 
 ################################################################################
@@ -78,6 +119,7 @@ resource "aws_iam_instance_profile" "node" {
 ################################################################################
 
 resource "aws_launch_template" "node" {
+  #checkov:skip=CKV_AWS_341:Containers on the nodes (NCCL tests, training images) reach IMDSv2 through one more network hop; hop limit 2 is what AWS documents for containers, and tokens stay required.
   name_prefix   = "${var.name_prefix}-"
   description   = "gpuprov ${var.instance_type} node with ${length(local.network_interfaces)} network interfaces"
   image_id      = local.ami_id
@@ -89,11 +131,11 @@ resource "aws_launch_template" "node" {
     arn = aws_iam_instance_profile.node.arn
   }
 
-  # IMDSv2 only; hop limit 1 keeps containers off the instance credentials.
+  # IMDSv2 only; hop limit 2 so that containers on the node reach it too.
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
-    http_put_response_hop_limit = 1
+    http_put_response_hop_limit = 2
   }
 
   monitoring {
@@ -101,7 +143,7 @@ resource "aws_launch_template" "node" {
   }
 
   block_device_mappings {
-    device_name = "/dev/sda1"
+    device_name = data.aws_ami.node.root_device_name
 
     ebs {
       volume_size           = var.root_volume_size_gib
@@ -113,7 +155,7 @@ resource "aws_launch_template" "node" {
   }
 
   placement {
-    group_name = aws_placement_group.cluster.name
+    group_name = local.placement_group
   }
 
   # Nodes stay private: a public IP limits an instance to a single EFA interface.
@@ -139,17 +181,25 @@ resource "aws_launch_template" "node" {
     }
   }
 
-  # A Capacity Block for ML is bought as its own market type, on top of the reservation target.
+  # Spot and Capacity Blocks for ML are market types; a Capacity Block also targets its reservation.
   dynamic "instance_market_options" {
-    for_each = var.capacity_block ? ["capacity-block"] : []
+    for_each = local.market_type == null ? [] : [local.market_type]
     content {
       market_type = instance_market_options.value
+
+      dynamic "spot_options" {
+        for_each = instance_market_options.value == "spot" ? ["one-time"] : []
+        content {
+          spot_instance_type             = spot_options.value
+          instance_interruption_behavior = "terminate"
+        }
+      }
     }
   }
 
   tag_specifications {
     resource_type = "volume"
-    tags          = var.tags
+    tags          = local.tags
   }
 
   lifecycle {
@@ -160,8 +210,12 @@ resource "aws_launch_template" "node" {
       error_message = "A capacity reservation lives in one availability zone: set availability_zone to it and pick a subnet_id in that zone."
     }
     precondition {
-      condition     = !var.capacity_block || var.capacity_reservation_id != null
-      error_message = "capacity_block = true needs capacity_reservation_id (the Capacity Block's reservation id)."
+      condition     = (var.capacity_reservation_id != null) == contains(["reservation", "capacity-block"], var.purchase_option)
+      error_message = "purchase_option reservation and capacity-block need capacity_reservation_id (the ODCR or Capacity Block id); the other options take none."
+    }
+    precondition {
+      condition     = var.purchase_option != "capacity-block" || var.placement_group_name == null
+      error_message = "A Capacity Block brings its own placement: leave placement_group_name unset."
     }
   }
 }
@@ -186,7 +240,7 @@ resource "aws_instance" "node" {
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
-    http_put_response_hop_limit = 1
+    http_put_response_hop_limit = 2
   }
 
   root_block_device {
@@ -198,5 +252,11 @@ resource "aws_instance" "node" {
 
   tags = {
     Name = local.node_names[count.index]
+  }
+
+  # A new AMI or launch template version applies to new nodes only: replacing a running node would
+  # wipe its local NVMe scratch in the middle of a run.
+  lifecycle {
+    ignore_changes = [ami, launch_template]
   }
 }

@@ -13,3 +13,9 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-14}"
 # Fewer allocator fragments on long runs (torchtitan's default); peak memory stays comparable.
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+
+# The training environment the Ansible training_env role installed (pins: ansible/requirements-train.txt).
+if [ -z "${VIRTUAL_ENV:-}" ] && [ -r /opt/gpuprov/venv/bin/activate ]; then
+    # shellcheck disable=SC1090,SC1091
+    . /opt/gpuprov/venv/bin/activate
+fi

@@ -14,6 +14,8 @@
 #   GPUPROV_RUN_ID          rendezvous id, the same on every node (default gpuprov-8b-lora)
 #   GPUPROV_TRAIN_CONFIG    config file (default train.yaml next to this script)
 #   GPUPROV_INVENTORY       Ansible inventory to read hosts from (default ../ansible/inventory.yml)
+#   GPUPROV_MAX_RESTARTS    torchrun restarts of the whole group after a failure; each resumes from the
+#                           newest checkpoint (default 3)
 #   TORCHRUN                launcher command (default: "$PYTHON -m torch.distributed.run" when PYTHON
 #                           is set, else torchrun)
 set -euo pipefail
@@ -89,5 +91,5 @@ exec "${LAUNCHER[@]}" \
     --rdzv-endpoint "$HEAD:$PORT" \
     --rdzv-id "$RUN_ID" \
     "${RDZV_CONF[@]}" \
-    --max-restarts "${GPUPROV_MAX_RESTARTS:-0}" \
+    --max-restarts "${GPUPROV_MAX_RESTARTS:-3}" \
     "$HERE/train.py" --config "$CONFIG" "$@"

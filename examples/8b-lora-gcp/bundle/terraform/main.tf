@@ -1,15 +1,39 @@
-# GPU nodes for the gpuprov plan: one Compute Engine VM per node, compact placement, a NIC per
-# fabric network (network.tf), no external IPs, host maintenance stops the VM (GPUs cannot migrate).
+# GPU nodes for the gpuprov plan: one Compute Engine VM per node, bought with the plan's provisioning
+# model (standard, spot, flex-start or a reservation), a NIC per fabric network (network.tf), no
+# external IPs, host maintenance stops the VM (GPUs cannot migrate).
 
 provider "google" {
   project        = var.project_id
   region         = var.region
   zone           = var.zone
-  default_labels = var.labels
+  default_labels = local.labels
+}
+
+# Owner and expiry on every resource: who to ask, and when a forgotten cluster may be deleted.
+locals {
+  labels = merge(var.labels, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
+}
+
+# The image family's current image, read only when no explicit image is given; the first apply
+# pins it, so VMs added later boot the same driver as the running ones. Set image to move on.
+data "google_compute_image" "family" {
+  count = var.image == null ? 1 : 0
+
+  family  = var.image_family
+  project = var.image_project
+}
+
+resource "terraform_data" "image" {
+  input = one(data.google_compute_image.family[*].self_link)
+
+  lifecycle {
+    ignore_changes = [input]
+  }
 }
 
 locals {
   node_names = [for i in range(var.node_count) : format("%s-node-%02d", var.name_prefix, i)]
+  image      = var.image != null ? var.image : terraform_data.image.output
 
   # NIC order matters to the guest: nic0 is the primary gVNIC, then the gVNIC data networks
   # (TCPX/TCPXO, or the second host network on RoCE machines), then one MRDMA NIC per RoCE subnet.
@@ -18,6 +42,21 @@ locals {
     [for s in google_compute_subnetwork.gpu : { subnetwork = s.id, nic_type = "GVNIC" }],
     [for s in google_compute_subnetwork.rdma : { subnetwork = s.id, nic_type = "MRDMA" }],
   )
+
+  # The purchase option as provisioning model. a3-ultra/a4 consume a reservation RESERVATION_BOUND.
+  reserved_model     = var.reservation_bound ? "RESERVATION_BOUND" : "STANDARD"
+  provisioning_model = lookup({ spot = "SPOT", "flex-start" = "FLEX_START", reservation = local.reserved_model }, var.purchase_option, "STANDARD")
+  standard_model     = contains(["STANDARD", "RESERVATION_BOUND"], local.provisioning_model)
+  # Spot and flex-start VMs are deleted when reclaimed or at the end of their run; Terraform recreates them.
+  termination_action = local.standard_model ? null : "DELETE"
+  # Flex-start VMs take no reservation; a named reservation is consumed specifically.
+  reservation_affinity = var.reservation_name != null ? "SPECIFIC_RESERVATION" : (var.purchase_option == "flex-start" ? "NO_RESERVATION" : null)
+
+  # Compact placement is decided here, not at generate time: a reservation carries its own placement
+  # policy and a second one on the VMs clashes with it.
+  compact_placement = var.compact_placement_supported && var.node_count > 1 && var.reservation_name == null
+
+  ssh_proxy = "${var.ssh_proxy_command} --project=${var.project_id} --zone=${var.zone}"
 }
 
 ################################################################################
@@ -25,15 +64,15 @@ locals {
 ################################################################################
 
 # Compact placement keeps the nodes close in the data-centre network (lower latency for NCCL).
+# No vm_count: a policy the VMs use would be replaced whenever node_count changes.
 resource "google_compute_resource_policy" "placement" {
-  count = var.compact_placement ? 1 : 0
+  count = local.compact_placement ? 1 : 0
 
   name   = "${var.name_prefix}-compact"
   region = var.region
 
   group_placement_policy {
     collocation = "COLLOCATED"
-    vm_count    = var.node_count
   }
 }
 
@@ -49,11 +88,11 @@ resource "google_compute_instance" "node" {
   machine_type      = var.machine_type
   zone              = var.zone
   resource_policies = google_compute_resource_policy.placement[*].id
-  labels            = var.labels
+  labels            = local.labels
 
   boot_disk {
     initialize_params {
-      image = var.image
+      image = local.image
       size  = var.boot_disk_size_gb
       type  = var.boot_disk_type
     }
@@ -68,20 +107,33 @@ resource "google_compute_instance" "node" {
     }
   }
 
-  # GPU VMs cannot live-migrate: stop on host maintenance and come back afterwards.
+  # GPU VMs cannot live-migrate: stop on host maintenance (standard VMs come back afterwards).
   scheduling {
-    on_host_maintenance = "TERMINATE"
-    automatic_restart   = true
+    on_host_maintenance         = "TERMINATE"
+    automatic_restart           = local.standard_model
+    provisioning_model          = local.provisioning_model
+    preemptible                 = local.provisioning_model == "SPOT"
+    instance_termination_action = local.termination_action
+
+    dynamic "max_run_duration" {
+      for_each = local.provisioning_model == "FLEX_START" ? [var.max_run_hours * 3600] : []
+      content {
+        seconds = max_run_duration.value
+      }
+    }
   }
 
   dynamic "reservation_affinity" {
-    for_each = var.reservation_name == null ? [] : [var.reservation_name]
+    for_each = local.reservation_affinity == null ? [] : [local.reservation_affinity]
     content {
-      type = "SPECIFIC_RESERVATION"
+      type = reservation_affinity.value
 
-      specific_reservation {
-        key    = "compute.googleapis.com/reservation-name"
-        values = [reservation_affinity.value]
+      dynamic "specific_reservation" {
+        for_each = var.reservation_name == null ? [] : [var.reservation_name]
+        content {
+          key    = "compute.googleapis.com/reservation-name"
+          values = [specific_reservation.value]
+        }
       }
     }
   }
@@ -108,9 +160,17 @@ resource "google_compute_instance" "node" {
   }
 
   lifecycle {
+    # Changing image (set on purpose) must not replace running nodes and wipe their local SSD
+    # scratch: it applies to VMs created afterwards.
+    ignore_changes = [boot_disk[0].initialize_params[0].image]
+
     precondition {
       condition     = startswith(var.zone, "${var.region}-")
       error_message = "zone must be in region (for example ${var.region}-a)."
+    }
+    precondition {
+      condition     = (var.reservation_name != null) == (var.purchase_option == "reservation")
+      error_message = "purchase_option reservation needs reservation_name; the other options take none."
     }
   }
 }

@@ -18,13 +18,24 @@ output "placement_policy" {
   value       = one(google_compute_resource_policy.placement[*].id)
 }
 
+output "shared_storage" {
+  description = "The shared filesystem for checkpoints (null: none)"
+  value       = local.shared_storage
+}
+
 output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
     all = {
+      vars = {
+        ansible_user            = var.ssh_user
+        ansible_ssh_common_args = "-o ProxyCommand=\"${local.ssh_proxy}\""
+        shared_storage_mount    = local.shared_storage
+      }
       children = {
         gpu_nodes = {
-          hosts = { for vm in google_compute_instance.node : vm.name => { ansible_host = vm.network_interface[0].network_ip } }
+          # IAP tunnels by VM name; private_ip is kept for NCCL and the rendezvous.
+          hosts = { for vm in google_compute_instance.node : vm.name => { ansible_host = vm.name, private_ip = vm.network_interface[0].network_ip } }
         }
       }
     }

@@ -1,4 +1,4 @@
-# Defaults come from the gpuprov plan (Llama 3.1 8B, lora, 1 x a3-ultragpu-8g, 8 GPUs, fabric none);
+# Defaults come from the gpuprov plan (Llama 3.1 8B, lora, 1 x a3-ultragpu-8g, 8 GPUs, fabric none, flex-start);
 # override any of them in terraform.tfvars.
 
 variable "project_id" {
@@ -35,7 +35,7 @@ variable "zone" {
 variable "name_prefix" {
   description = "Prefix for every resource name"
   type        = string
-  default     = "gpuprov-8b"
+  default     = "gpuprov-8b-a97479"
 
   validation {
     condition     = can(regex("^[a-z][a-z0-9-]{1,23}$", var.name_prefix))
@@ -131,27 +131,67 @@ variable "rdma_cidr" {
   }
 }
 
-variable "compact_placement" {
-  description = "Put the nodes under a compact (COLLOCATED) placement policy (off with a reservation: it has its own)"
+variable "purchase_option" {
+  description = "How the VMs are bought: on-demand (STANDARD), spot, flex-start (DWS) or reservation"
+  type        = string
+  default     = "flex-start"
+
+  validation {
+    condition     = contains(["on-demand", "spot", "flex-start", "reservation"], var.purchase_option)
+    error_message = "purchase_option must be on-demand, spot, flex-start or reservation."
+  }
+}
+
+variable "reservation_bound" {
+  description = "The machine type consumes reservations RESERVATION_BOUND (a3-ultragpu, a4)"
   type        = bool
   default     = false
 }
 
+variable "max_run_hours" {
+  description = "flex-start: hours a VM runs before it is deleted (at most 168)"
+  type        = number
+  default     = 168
+
+  validation {
+    condition     = var.max_run_hours >= 1 && var.max_run_hours <= 168
+    error_message = "max_run_hours must be between 1 and 168 (flex-start runs at most 7 days)."
+  }
+}
+
+variable "compact_placement_supported" {
+  description = "The machine family accepts a compact placement policy (used when node_count > 1 and no reservation is set)"
+  type        = bool
+  default     = true
+}
+
 variable "reservation_name" {
-  description = "Consume this specific reservation (null: any matching reservation or on-demand)"
+  description = "Consume this specific reservation: a name, or projects/P/reservations/R for a shared one"
   type        = string
   default     = null
 
   validation {
-    condition     = var.reservation_name == null || can(regex("^[a-z]([-a-z0-9]*[a-z0-9])?(/reservationBlocks/[-a-z0-9]+)?$", var.reservation_name))
-    error_message = "reservation_name must be a reservation name such as my-a3-reservation."
+    condition     = var.reservation_name == null || can(regex("^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]*[a-z0-9])?(/reservationBlocks/[-a-z0-9]+(/reservationSubBlocks/[-a-z0-9]+)?)?$", var.reservation_name))
+    error_message = "reservation_name must be a reservation name such as my-a3-reservation, or projects/P/reservations/R."
   }
 }
 
-variable "image" {
-  description = "Boot image (the Ansible roles install the NVIDIA driver, fabric stack and NCCL)"
+variable "image_project" {
+  description = "Project of the boot image family"
   type        = string
-  default     = "ubuntu-os-cloud/ubuntu-2204-lts"
+  default     = "ubuntu-os-accelerator-images"
+}
+
+variable "image_family" {
+  description = "Boot image family (Ubuntu 22.04 accelerator image with the NVIDIA 570 driver): its image at the first apply is pinned"
+  type        = string
+  default     = "ubuntu-accelerator-2204-amd64-with-nvidia-570"
+}
+
+variable "image" {
+  description = "An explicit boot image (self link or projects/P/global/images/NAME) instead of the pinned family image"
+  type        = string
+  default     = null
 }
 
 variable "boot_disk_type" {
@@ -188,9 +228,9 @@ variable "kms_key_self_link" {
 }
 
 variable "secure_boot" {
-  description = "Shielded VM secure boot (needs signed NVIDIA kernel modules, as Ubuntu ships them)"
+  description = "Shielded VM secure boot: off because the driver role may build DKMS modules no enrolled key signs"
   type        = bool
-  default     = true
+  default     = false
 }
 
 variable "service_account_email" {
@@ -199,8 +239,48 @@ variable "service_account_email" {
   default     = null
 }
 
+variable "ssh_user" {
+  description = "Your OS Login POSIX user name (gcloud compute os-login describe-profile --format='value(posixAccounts[0].username)')"
+  type        = string
+}
+
+variable "ssh_proxy_command" {
+  description = "ProxyCommand that tunnels SSH to a VM by name (%h) through IAP; --project and --zone are appended"
+  type        = string
+  default     = "gcloud compute start-iap-tunnel %h %p --listen-on-stdin --verbosity=warning"
+}
+
+variable "iap_cidr" {
+  description = "Source range of IAP TCP forwarding (Google's published range)"
+  type        = string
+  default     = "35.235.240.0/20"
+}
+
+variable "shared_storage_gib" {
+  description = "Filestore capacity in GiB for checkpoints and data (0: no shared filesystem)"
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.shared_storage_gib == 0 || var.shared_storage_gib >= 1024
+    error_message = "shared_storage_gib must be 0 or at least 1024 (Filestore zonal minimum)."
+  }
+}
+
+variable "shared_storage_tier" {
+  description = "Filestore service tier"
+  type        = string
+  default     = "ZONAL"
+}
+
+variable "shared_mount_point" {
+  description = "Where every node mounts the shared filesystem (checkpoints under <mount>/checkpoints)"
+  type        = string
+  default     = "/shared"
+}
+
 variable "ssh_cidr" {
-  description = "CIDR allowed to SSH to the nodes (null: only through IAP TCP forwarding)"
+  description = "CIDR also allowed to SSH to the nodes (IAP TCP forwarding is always allowed)"
   type        = string
   default     = null
 
@@ -214,7 +294,30 @@ variable "labels" {
   description = "Labels on every resource"
   type        = map(string)
   default = {
-    "managed-by"    = "gpuprov"
-    "gpuprov-model" = "8b"
+    "managed-by"     = "gpuprov"
+    "gpuprov-model"  = "8b"
+    "gpuprov-bundle" = "a97479"
+  }
+}
+
+variable "owner" {
+  description = "Who owns the cluster (tag/label owner on every resource; null: none)"
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.owner == null || can(regex("^[a-z0-9_-]{1,63}$", var.owner))
+    error_message = "owner becomes a label: up to 63 lowercase letters, digits, dashes or underscores."
+  }
+}
+
+variable "expires_on" {
+  description = "Date after which the cluster may be deleted, YYYY-MM-DD (tag/label expires-on; null: none)"
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.expires_on == null || can(regex("^[0-9]{4}-[0-9]{2}-[0-9]{2}$", var.expires_on))
+    error_message = "expires_on must be a date such as 2026-12-31."
   }
 }

@@ -1,4 +1,12 @@
 terraform {
+  # Remote state, so that two people (or CI) cannot apply at once: uncomment, fill in, then
+  # `terraform init -migrate-state`. The gcs backend locks the state itself; local state has no
+  # lock and is lost with this folder.
+  # backend "gcs" {
+  #   bucket = "my-terraform-state"
+  #   prefix = "gpuprov/NAME"
+  # }
+
   required_version = ">= 1.5.0"
 
   required_providers {

@@ -1,0 +1,246 @@
+"""Tensor and context parallelism for gpuprov's trainer: torchtitan's 4-D device mesh and TP plan.
+
+Shipped beside train.py and imported by it only when train.yaml asks for parallel.tp or
+parallel.cp above 1. The layout follows torchtitan (torchtitan@9dec370
+torchtitan/parallelisms/parallel_dims.py and parallelize_llama.py `apply_tp`), mapped onto
+Hugging Face Llama-family module names:
+
+  mesh      (dp_replicate, dp_shard, cp, tp), row-major: tp ranks are consecutive (one node's
+            NVLink domain), FSDP2 shards over dp_shard x cp (torchtitan's "dp_shard_cp", named
+            "shard" here as in train.py), HSDP replicates over dp_replicate ("replicate");
+            data-parallel ranks ("dp") are dp_replicate x dp_shard.
+  TP plan   embed_tokens rowwise (output sequence-sharded), every RMSNorm SequenceParallel,
+            attention / MLP inputs all-gathered (PrepareModuleInput), q/k/v and gate/up
+            colwise, o/down rowwise back to sequence shards, lm_head colwise with vocab-sharded
+            logits for loss_parallel.
+  CP        torch.distributed.tensor.experimental.context_parallel: inputs, labels and
+            positions sharded along the sequence, SDPA replaced by ring attention. Torch's ring
+            attention handles the CUDA flash / memory-efficient / cuDNN SDPA kernels only, so CP
+            refuses to start on CPU (gloo) with one clear line.
+
+train.yaml's parallel.shard counts the GPUs of one model replica (tp x cp x dp_shard), so
+replicate x shard = world size holds for every layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
+
+
+class LayoutError(SystemExit):
+    """A train.yaml layout the world size or the model cannot take: one line, no traceback."""
+
+    def __init__(self, message: str):
+        super().__init__(f"train.py: {message}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.dp_replicate, self.dp_shard, self.cp, self.tp)
+
+
+def enabled(par: dict) -> bool:
+    return int(par.get("tp", 1)) * int(par.get("cp", 1)) > 1
+
+
+def layout_from(par: dict, world: int) -> Layout:
+    """The 4-D mesh shape from train.yaml's parallel section, checked against the world size."""
+    tp, cp = int(par.get("tp", 1)), int(par.get("cp", 1))
+    replicate, shard, sharding = int(par["replicate"]), int(par["shard"]), par["sharding"]
+    if tp < 1 or cp < 1:
+        raise LayoutError(f"parallel.tp {tp} and parallel.cp {cp} must be positive")
+    if sharding not in ("fsdp", "hsdp"):
+        raise LayoutError(f"parallel.tp/cp combine with sharding fsdp or hsdp, not {sharding}")
+    if sharding == "fsdp" and replicate != 1:
+        raise LayoutError(f"parallel.sharding fsdp needs parallel.replicate 1, got {replicate}")
+    if shard % (tp * cp):
+        raise LayoutError(f"parallel.shard {shard} (GPUs of one replica) is not a multiple of tp {tp} x cp {cp}")
+    lay = Layout(replicate, shard // (tp * cp), cp, tp)
+    if lay.world != world:
+        raise LayoutError(
+            f"mesh dp_replicate {lay.dp_replicate} x dp_shard {lay.dp_shard} x cp {cp} x tp {tp} = {lay.world} GPUs, "
+            f"but torchrun started {world} processes: fix train.yaml or the launch")
+    return lay
+
+
+def build_mesh(device_type: str, lay: Layout) -> DeviceMesh:
+    """The world mesh, with FSDP's dimensions under the names train.py's 1-D/2-D meshes use:
+    "shard" = dp_shard x cp (torchtitan's dp_shard_cp), "replicate" = dp_replicate."""
+    mesh = init_device_mesh(device_type, lay.shape, mesh_dim_names=MESH_DIMS)
+    mesh["dp_shard", "cp"]._flatten("shard")
+    mesh["dp_replicate"]._flatten("replicate")
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")  # ranks that read different data
+    return mesh
+
+
+def fsdp_mesh(mesh: DeviceMesh, sharding: str) -> DeviceMesh:
+    """FSDP2's mesh: ("shard",) for fsdp, ("replicate", "shard") for hsdp."""
+    return mesh["replicate", "shard"] if sharding == "hsdp" else mesh["shard"]
+
+
+@dataclass
+class State:
+    """The world mesh and layout of this process (one per trainer run)."""
+
+    mesh: DeviceMesh
+    layout: Layout
+    positions: torch.Tensor | None = None  # this rank's CP share of the positions, during a step
+
+
+_STATE: list[State] = []
+
+
+def state() -> State:
+    return _STATE[0]
+
+
+def runtime(cfg: dict, runtime_cls: Any, rank: int, world: int, local_rank: int, device: torch.device) -> Any:
+    """train.py's Runtime for a TP/CP layout: FSDP's mesh, data-parallel rank and size."""
+    par = cfg["parallel"]
+    lay = layout_from(par, world)
+    if lay.cp > 1 and device.type != "cuda":
+        raise LayoutError("parallel.cp needs CUDA: torch's ring attention wraps the CUDA SDPA kernels only")
+    mesh = build_mesh(device.type, lay)
+    _STATE[:] = [State(mesh, lay)]
+    dp = mesh["dp"]
+    # CPU init draws each local shard from the rank's own generator: seed by (shard, tp) coordinate
+    shard_rank = mesh["shard"].get_local_rank() * lay.tp + mesh["tp"].get_local_rank()
+    return runtime_cls(rank, world, local_rank, device, fsdp_mesh(mesh, par["sharding"]), dp.get_local_rank(),
+                       dp.size(), shard_rank)
+
+
+# ---------------------------------------------------------------------------- tensor parallel
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF base model holding embed_tokens / layers / norm (LlamaModel, MistralModel, ...)."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
+        raise LayoutError(f"tensor parallelism needs a Llama-family model (model.layers, embed_tokens); got {type(model).__name__}")
+    return inner
+
+
+def check_divisible(config: Any, tp: int) -> None:
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    for name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv),
+                        ("intermediate_size", config.intermediate_size)):
+        if value % tp:
+            raise LayoutError(f"parallel.tp {tp} does not divide the model's {name} {value}")
+
+
+def tp_plan(num_layers: int) -> dict[str, Any]:
+    """torchtitan's apply_tp plan, in Hugging Face module names."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "model.norm": SequenceParallel(),
+        # vocab-sharded logits as a DTensor: cross-entropy runs under loss_parallel()
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    for i in range(num_layers):
+        p = f"model.layers.{i}"
+        plan.update({
+            f"{p}.input_layernorm": SequenceParallel(),
+            f"{p}.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            f"{p}.self_attn.q_proj": ColwiseParallel(),
+            f"{p}.self_attn.k_proj": ColwiseParallel(),
+            f"{p}.self_attn.v_proj": ColwiseParallel(),
+            f"{p}.self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            f"{p}.post_attention_layernorm": SequenceParallel(),
+            f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            f"{p}.mlp.gate_proj": ColwiseParallel(),
+            f"{p}.mlp.up_proj": ColwiseParallel(),
+            f"{p}.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return plan
+
+
+def _full_positions(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The embedding's output is sequence-sharded, so the HF model would count s/tp positions;
+    rotary embeddings need the positions of the whole sequence (or of this rank's CP chunks)."""
+    if kwargs.get("position_ids") is None:
+        st = state()
+        if st.positions is not None:
+            kwargs["position_ids"] = st.positions
+        else:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            kwargs["position_ids"] = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    return args, kwargs
+
+
+def parallelize(model: torch.nn.Module) -> torch.nn.Module:
+    """Apply the TP plan (before activation checkpointing and FSDP, as torchtitan does)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    st = state()
+    decoder = _decoder(model)
+    register_positions(model)
+    if st.layout.tp == 1:
+        return model
+    check_divisible(model.config, st.layout.tp)
+    if getattr(model.config, "tie_word_embeddings", False):
+        raise LayoutError("tensor parallelism here shards embed_tokens rowwise and lm_head colwise; tied embeddings need an untied model")
+    parallelize_module(model, st.mesh["tp"], tp_plan(len(decoder.layers)))
+    return model
+
+
+def register_positions(model: torch.nn.Module) -> None:
+    _decoder(model).register_forward_pre_hook(_full_positions, with_kwargs=True)
+
+
+@contextlib.contextmanager
+def step_context(inputs: torch.Tensor, labels: torch.Tensor):
+    """Forward, cross-entropy and backward of one micro-batch under the layout.
+
+    TP: loss_parallel (cross-entropy on the vocab-sharded logits). CP: inputs, labels and their
+    positions sharded along the sequence in place (load-balanced chunks) and SDPA run as ring
+    attention; the model's positions come from the sharded buffer.
+    """
+    if not _STATE:
+        yield
+        return
+    st = state()
+    with contextlib.ExitStack() as stack:
+        if st.layout.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            stack.enter_context(loss_parallel())
+        if st.layout.cp > 1:
+            from torch.distributed.tensor.experimental import context_parallel
+
+            positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs).contiguous()
+            stack.enter_context(context_parallel(st.mesh["cp"], buffers=[inputs, labels, positions],
+                                                 buffer_seq_dims=[1, 1, 1],
+                                                 no_restore_buffers={inputs, labels, positions}))
+            st.positions = positions
+            stack.callback(setattr, st, "positions", None)
+        yield
