@@ -214,12 +214,17 @@ def _aws_offerings(plan: Any, s: dict, run: Runner) -> Check:
     if data is None:
         return Check("fail", "offered (live)", "describe-instance-type-offerings failed", " ".join(argv))
     zones = sorted(o["Location"] for o in data.get("InstanceTypeOfferings", []))
+    return _offered_in(s, zones, "instance type", "set availability_zone and a subnet_id in one of those zones")
+
+
+def _offered_in(s: dict, zones: list[str], kind: str, zone_hint: str) -> Check:
+    """The live offering check from the zones the cloud lists for the plan's machine type."""
     if not zones:
         return Check("fail", "offered (live)", f"{s['instance']} is not offered in {s['region']}",
-                     "pick another region (--region) or instance type")
+                     f"pick another region (--region) or {kind}")
     if s["zone"] and s["zone"] not in zones:
         return Check("fail", "offered (live)", f"{s['instance']} is offered in {', '.join(zones)}, not {s['zone']}",
-                     "set availability_zone and a subnet_id in one of those zones")
+                     zone_hint)
     return Check("ok", "offered (live)", f"{s['instance']} in {', '.join(zones)}")
 
 
@@ -276,13 +281,7 @@ def _gcp_offerings(plan: Any, s: dict, run: Runner) -> Check:
     if data is None:
         return Check("fail", "offered (live)", "machine-types list failed", " ".join(argv))
     zones = sorted(m["zone"].rsplit("/", 1)[-1] for m in data if m["zone"].rsplit("/", 1)[-1].startswith(s["region"] + "-"))
-    if not zones:
-        return Check("fail", "offered (live)", f"{s['instance']} is not offered in {s['region']}",
-                     "pick another region (--region) or machine type")
-    if s["zone"] and s["zone"] not in zones:
-        return Check("fail", "offered (live)", f"{s['instance']} is offered in {', '.join(zones)}, not {s['zone']}",
-                     "set zone in terraform/terraform.tfvars to one of them")
-    return Check("ok", "offered (live)", f"{s['instance']} in {', '.join(zones)}")
+    return _offered_in(s, zones, "machine type", "set zone in terraform/terraform.tfvars to one of them")
 
 
 def _gcp_reservation(plan: Any, s: dict, run: Runner) -> Check:

@@ -47,8 +47,13 @@ def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, t
         activation_checkpointing=ac, micro_batch=2, grad_accum=2, seq_len=32, global_batch_tokens=2 * 2 * 32 * total))
     training = plan.training.model_copy(update=dict(
         steps=steps, warmup_steps=3, learning_rate=3e-3, checkpoint_every_steps=checkpoint_every, log_every_steps=1))
+    return write_launch(plan.model_copy(update=dict(cluster=cluster, training=training)), root)
+
+
+def write_launch(plan, root: Path) -> Path:
+    """The plan's launch/ under root, its scratch and shared mounts (checkpoints, logs) at root/scratch."""
     storage = plan.storage.model_copy(update=dict(mount_point=str(root / "scratch")))
-    update = dict(cluster=cluster, training=training, storage=storage)
+    update = dict(storage=storage)
     if plan.shared_storage is not None:  # several "nodes" checkpoint to the shared mount: this test's own
         update["shared_storage"] = plan.shared_storage.model_copy(update=dict(mount_point=str(root / "scratch")))
     plan = plan.model_copy(update=update)

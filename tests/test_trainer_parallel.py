@@ -11,14 +11,11 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
-import yaml
 
-from gpuprov.render.launch import render_launch
 from plan_fixtures import TINY_LLAMA_CONFIG, sample_plan
-from test_trainer import finish, free_port, losses, runs, start
+from test_trainer import finish, free_port, losses, runs, start, write_launch
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("torch")
@@ -33,21 +30,7 @@ def render(root: Path, *, tp: int, grad_accum: int, steps: int = 6, checkpoint_e
         micro_batch=1, grad_accum=grad_accum, seq_len=32, global_batch_tokens=4 * 32))
     training = plan.training.model_copy(update=dict(
         steps=steps, warmup_steps=2, learning_rate=3e-3, checkpoint_every_steps=checkpoint_every, log_every_steps=1))
-    storage = plan.storage.model_copy(update=dict(mount_point=str(root / "scratch")))
-    update = dict(cluster=cluster, training=training, storage=storage)
-    if plan.shared_storage is not None:  # checkpoints go to the shared mount: this test's own folder
-        update["shared_storage"] = plan.shared_storage.model_copy(update=dict(mount_point=str(root / "scratch")))
-    plan = plan.model_copy(update=update)
-    launch = root / "launch"
-    launch.mkdir(parents=True)
-    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
-        files = render_launch(plan)
-    assert yaml.safe_load(files["train.yaml"])["checkpoint"]["dir"].startswith(str(root))
-    for name, text in files.items():
-        (launch / name).write_text(text)
-        if name.endswith((".sh", ".sbatch")):
-            (launch / name).chmod(0o755)
-    return launch
+    return write_launch(plan.model_copy(update=dict(cluster=cluster, training=training)), root)
 
 
 def _base(tmp: Path) -> Path:
