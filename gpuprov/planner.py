@@ -339,6 +339,8 @@ class _Search:
         self.compute_cache: dict[tuple[str, str], float] = {}
         self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
+        self.walk_top: dict[str, int] = {}  # instance -> the most nodes an ascending walk reaches
+        self.probe_cache: dict[tuple, bool] = {}
         self.step_cache: dict[tuple, StepEstimate] = {}
         # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
         self.layer = LayerShape(arch.num_layers, arch.hidden_size,
@@ -505,6 +507,9 @@ class _Search:
             if known is False:
                 stopped.add(accumulating)
                 continue
+            if known is None and self.misses_everywhere(slot, lay, ac, x[0], x[1]):
+                stopped.add(accumulating)
+                continue
             if known is None:
                 est = self.memory(total, gpn, lay, ac, x[0], x[1])
                 if est.per_gpu_bytes > usable:
@@ -513,6 +518,34 @@ class _Search:
                     continue
             out.append(x)
         return out
+
+    def misses_everywhere(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int) -> bool:
+        """True when this sharded shape misses on the largest cluster the walk will reach: memory never
+        grows as the same state is sharded over more GPUs, so it misses on this smaller one too. One
+        estimate there settles the node counts below it. The walk records that miss when it gets there
+        (the smallest ratio, the one an unpruned walk keeps), so the misses reported stay the same."""
+        top = self.walk_top.get(slot.inst.name)
+        if top is None or lay.sharding not in ("fsdp", "zero2") or slot.nodes >= top:
+            return False  # the widest slot itself is estimated (and its miss recorded) as before
+        key = (slot.inst.gpu, slot.usable, slot.gpn, top, lay.sharding, lay.tp, lay.cp, ac, mb, ga > 1)
+        far = self.probe_cache.get(key)
+        if far is None:
+            far = self.probe_cache[key] = self._farthest_miss(slot, lay, ac, mb, ga > 1, top)
+        return slot.nodes < far
+
+    def _farthest_miss(self, slot: _Slot, lay: _Layout, ac: str, mb: int, accumulating: bool, top: int) -> int:
+        """The largest node count (<= top) with this shape, when the shape misses there; else 0."""
+        for nodes in range(top, 0, -1):
+            total = nodes * slot.gpn
+            if total % lay.mp:
+                continue
+            shape = next((x for x in self.batch_shapes(total // lay.mp) if x[0] == mb and (x[1] > 1) == accumulating),
+                         None)
+            if shape is None:
+                continue
+            est = self.memory(total, slot.gpn, lay._replace(sg=total), ac, mb, shape[1])
+            return nodes if est.per_gpu_bytes > slot.usable else 0
+        return 0
 
     # ---------------------------------------------------------------- timing and ranking
     def step(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int) -> StepEstimate:
@@ -604,7 +637,11 @@ class _Search:
             return  # a fixed --tp this machine cannot host (no NVLink, or not a divisor of its GPUs)
         max_mp = max(t * c for t, c in degrees)
         descending = self.objective == "time" and not self.exhaustive
-        for nodes in self.node_order(inst, top, only_nodes):
+        order = self.node_order(inst, top, only_nodes)
+        if isinstance(order, range) and order.step == 1 and not self.exhaustive:
+            widest = int(self.gbt * (1 + self.tol) * max_mp // (self.seq * inst.gpus))
+            self.walk_top[inst.name] = min(order.stop - 1, widest)
+        for nodes in order:
             if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp:
                 if descending:
                     continue

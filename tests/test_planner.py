@@ -415,3 +415,20 @@ def test_fixed_tp_is_honoured_and_lora_stays_data_parallel():
     assert p.cluster.tp == 4
     q = make_plan(TrainingSpec(model="70b", task="lora", tokens=10**9, max_nodes=2))
     assert q.cluster.tp == 1 and q.cluster.cp == 1
+
+
+@pytest.mark.parametrize("kw", [
+    dict(model="70b", tokens=10**10, max_nodes=4),  # g5/g6e never fit: their nearest misses are listed
+    dict(model="70b", tokens=10**10, max_nodes=1, gpus=["h100-80gb", "l40s-48gb"]),  # nothing fits
+])
+def test_pruned_search_reports_the_brute_forces_misses(kw):
+    """Shapes settled as misses without the estimator (they miss on the widest cluster) still leave the
+    nearest miss per GPU type, and overall, that the brute force finds."""
+    planned, brute = _both(TrainingSpec(**kw))
+    assert planned.memory_calls < brute.memory_calls
+    assert planned.unfit_gpus.keys() == brute.unfit_gpus.keys() and brute.unfit_gpus
+    for slug, miss in brute.unfit_gpus.items():
+        mine = planned.unfit_gpus[slug]
+        assert (mine.ratio, mine.nodes, mine.per_gpu_bytes) == (miss.ratio, miss.nodes, miss.per_gpu_bytes), slug
+    if brute.best is None:
+        assert planned.best is None and planned.nearest_miss.ratio == brute.nearest_miss.ratio
