@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vm.harness import Guest, recap, why_not_runnable
+from vm.harness import TASK_TIMER_ENV, Guest, task_times, recap, why_not_runnable
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 
@@ -112,12 +112,13 @@ def _write_bundle(root: Path, guest: Guest, built: dict, os_id: str) -> Path:
 def play(bundle: Path, step: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_PIPELINING="True", ANSIBLE_NOCOLOR="1",
                ANSIBLE_RETRY_FILES_ENABLED="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_CALLBACK_RESULT_FORMAT="yaml")
+               ANSIBLE_CALLBACK_RESULT_FORMAT="yaml", **TASK_TIMER_ENV)
     began = time.monotonic()
     result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "site.yml", "-e", "@vars.json"],
                             cwd=bundle, capture_output=True, text=True, env=env, timeout=2400)
     TIMINGS[step] = time.monotonic() - began
     result.stdout += result.stderr
+    print(f"\n[{step}: {TIMINGS[step]:.0f} s] {task_times(result.stdout)}")
     (bundle / f"{step.split()[0]}.log").write_text(result.stdout)
     return result
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vm.harness import REPO, Guest, recap, why_not_runnable
+from vm.harness import REPO, TASK_TIMER_ENV, Guest, task_times, recap, why_not_runnable
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 
@@ -32,6 +32,7 @@ DRIVES = 4
 DRIVE_BYTES = 2**30
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 TIMINGS: dict[str, float] = {}
+GATE: dict = {}  # the OS/GPU gate pointed at the guest, set once it boots
 
 _reason = why_not_runnable()
 if _reason:
@@ -102,6 +103,9 @@ def vm(request):
     began = time.monotonic()
     try:
         TIMINGS["boot"] = guest.start()
+        # site.yml's OS/GPU gate runs whatever the tags: pointed at the guest (Debian, no GPU)
+        GATE.update(gpu_preflight_supported_os=["debian-" + guest.ssh("cat /etc/debian_version").stdout.strip()],
+                    gpu_preflight_require_gpu=False)
         yield guest, bundle, note
     finally:
         guest.poweroff()
@@ -123,7 +127,7 @@ def vm(request):
 def play(bundle: Path, *extra: str, tags: str = "storage", check: bool = False,
          extra_vars: dict | None = None, step: str) -> subprocess.CompletedProcess:
     # The guest is emulated: update-initramfs takes minutes there (production keeps the default).
-    variables = {"nvme_raid_update_initramfs": False, **(extra_vars or {})}
+    variables = {"nvme_raid_update_initramfs": False, **GATE, **(extra_vars or {})}
     cmd = [str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "site.yml", "--tags", tags,
            "-e", json.dumps(variables), *extra]
     if check:
@@ -132,11 +136,12 @@ def play(bundle: Path, *extra: str, tags: str = "storage", check: bool = False,
     # tags are not selected, and fact gathering costs tens of seconds under emulation)
     env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_PIPELINING="True",
                ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="False", ANSIBLE_FORCE_COLOR="0",
-               ANSIBLE_GATHERING="smart")
+               ANSIBLE_GATHERING="smart", **TASK_TIMER_ENV)
     began = time.monotonic()
     result = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, env=env, timeout=600)
     TIMINGS[step] = time.monotonic() - began
     result.stdout += result.stderr
+    print(f"\n[{step}: {TIMINGS[step]:.0f} s] {task_times(result.stdout)}")
     return result
 
 
@@ -274,7 +279,7 @@ def test_6_gpu_roles_fail_early_without_gpu(vm):
     if "tags: [gpu]" not in site or not (bundle / "roles" / "gpu_preflight").is_dir():
         pytest.skip(f"no GPU roles in the glue yet ({note})")
     # Let the OS check pass (the guest is Debian) so the GPU check itself is what stops the play.
-    result = play(bundle, tags="gpu", extra_vars={"gpu_preflight_supported_os": ["debian-12"]},
+    result = play(bundle, tags="gpu", extra_vars={"gpu_preflight_require_gpu": True},
                   step="6 GPU roles on a GPU-less guest")
     assert result.returncode != 0
     assert re.search(r"no nvidia gpu", result.stdout, re.I), result.stdout[-3000:]

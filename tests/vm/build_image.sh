@@ -36,7 +36,8 @@ if [ -z "$mirror" ]; then
 fi
 mirror=${mirror:-http://deb.debian.org/debian}
 
-packages=linux-image-amd64,systemd-sysv,udev,kmod,openssh-server,mdadm,python3,iproute2,nvme-cli,xfsprogs,util-linux,e2fsprogs
+# dbus: the clouds' images run it, and `shutdown -r` (Ansible's reboot module) asks logind over it
+packages=linux-image-amd64,systemd-sysv,udev,kmod,openssh-server,mdadm,python3,iproute2,nvme-cli,xfsprogs,util-linux,e2fsprogs,dbus
 work="$cache.build"
 rm -rf "$work"
 mkdir -p "$work"

@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VM_CACHE", REPO / ".vm-cache" / "bookworm"))
 BUILD_SCRIPT = Path(__file__).with_name("build_image.sh")
 QEMU = "qemu-system-x86_64"
+# ansible-playbook environment that prints the slowest tasks after each run (callback_plugins/)
+TASK_TIMER_ENV = {"ANSIBLE_CALLBACK_PLUGINS": str(Path(__file__).with_name("callback_plugins")),
+                  "ANSIBLE_CALLBACKS_ENABLED": "task_timer"}
 
 
 def why_not_runnable() -> str | None:
@@ -194,3 +197,9 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     """PLAY RECAP counters per host from ansible-playbook's default output."""
     return {m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
             for m in RECAP.finditer(output)}
+
+
+def task_times(output: str) -> str:
+    """The task_timer callback's table from a run's output ('' when it is not there)."""
+    at = output.rfind("TASK TIMES (")
+    return output[at:].strip() if at >= 0 else ""
