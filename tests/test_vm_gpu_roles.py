@@ -80,6 +80,8 @@ def _variables(built: dict, os_id: str) -> dict:
         "nvidia_driver_fabric_manager": True, "nvidia_driver_gpu_architecture": "hopper",
         "nvidia_driver_cuda_repo_url": built["cuda"]["dir"], "nvidia_driver_loaded_version_file": VERSION_FILE,
         "nvidia_driver_reboot_allowed": True, "nvidia_driver_reboot_timeout": 900,
+        # update-initramfs takes ten minutes under emulation (production keeps the default)
+        "nvidia_driver_update_initramfs": False,
         "infiniband_stack": "doca", "infiniband_doca_version": "2.9.1",
         "infiniband_doca_repo_url": f"file:{built['doca']['dir']}/", "infiniband_doca_key_url": f"file://{keys['doca']}",
         "infiniband_subnet_manager": "none", "infiniband_peermem": False, "infiniband_port_delay": 1,
