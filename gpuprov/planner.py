@@ -123,7 +123,7 @@ def make_setup(*, grad_accum: int, framework: str = "gpuprov", stack: Any = None
 
         if stack is None:  # the stack any model of this task and precision gets (attention aside)
             stack = choose_stack(fields.get("task", "full"), fields.get("precision", "bf16-mixed"), "")
-        extra = setup_fields(stack)
+        extra = setup_fields(stack, tp=int(fields.get("tp", 1)))
     else:  # another framework's stack (catalog/data/frameworks.yaml); the candidate's own fields win
         from gpuprov.sizing.frameworks import preset_stack
 
@@ -132,11 +132,11 @@ def make_setup(*, grad_accum: int, framework: str = "gpuprov", stack: Any = None
     return TrainSetup(**fields, **extra, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
-def stack_for(spec: Any, arch: Any) -> Any:
+def stack_for(spec: Any, arch: Any, tp: int = 1) -> Any:
     """The Stack the bundle's trainer runs for this spec and model (gpuprov/stack.py)."""
     from gpuprov.stack import choose_stack
 
-    return choose_stack(spec.task, spec.precision, arch.model_type)
+    return choose_stack(spec.task, spec.precision, arch.model_type, tp)
 
 
 def rule_of_thumb_bytes_per_param() -> int:
@@ -865,7 +865,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
         grad_accum=c.grad_accum, tp=c.tp, cp=c.cp, framework=getattr(spec, "framework", "gpuprov"),
-        stack=stack_for(spec, arch),
+        stack=stack_for(spec, arch, c.tp),
     )
 
 
@@ -1073,7 +1073,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),
         **bringup,
-        stack=stack_for(spec, arch),
+        stack=stack_for(spec, arch, best.tp),
     )
     return _with_table(plan, spec, arch, result, best, est_fn)
 

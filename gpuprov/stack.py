@@ -26,7 +26,9 @@ def _facts() -> dict:
     return load_data("trainer.yaml")
 
 
-def choose_stack(task: str, precision: str, model_type: str) -> Stack:
+def choose_stack(task: str, precision: str, model_type: str, tp: int = 1) -> Stack:
+    """The stack for this task, precision and model type; `tp` the chosen layout's tensor-parallel
+    degree (the loss is chunked only without TP)."""
     from gpuprov.errors import GpuprovError
 
     if precision not in PRECISIONS:
@@ -41,7 +43,7 @@ def choose_stack(task: str, precision: str, model_type: str) -> Stack:
         qlora_base_replicated=task == "qlora",
         attention=attention,
         loss_impl="native",  # train.py deletes the logits before backward
-        chunked_cross_entropy=False,
+        chunked_cross_entropy=bool(facts["loss"]["chunked_cross_entropy"]) and tp == 1,
         compile=task in facts["compile"]["tasks"],
         float8=False,
         tf32=param == "float32",  # fp32 compute: the plan times it on TF32 tensor cores
@@ -50,7 +52,7 @@ def choose_stack(task: str, precision: str, model_type: str) -> Stack:
         activation_offloading=False,
         async_checkpoint=True,
         min_torch=str(facts["torch"]["min_version"]),
-        source="; ".join(facts[k]["source"] for k in ("torch", "attention", "compile")),
+        source="; ".join(facts[k]["source"] for k in ("torch", "attention", "compile", "loss")),
     )
 
 
@@ -62,9 +64,10 @@ TRAINER_CONSTANTS = dict(fsdp_version=2, autocast_fp32_params=False, shard_embed
                          compile_scope="block", loss_upcast=True)
 
 
-def setup_fields(stack: Stack) -> dict[str, Any]:
-    """The estimator's (TrainSetup) view of the stack."""
-    return dict(compile=stack.compile, chunked_cross_entropy=stack.chunked_cross_entropy,
+def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
+    """The estimator's (TrainSetup) view of the stack, for a layout of tensor-parallel degree `tp`:
+    train.py chunks the loss only without TP (with it, loss_parallel runs on vocab-sharded logits)."""
+    return dict(compile=stack.compile, chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,
                 activation_offloading=stack.activation_offloading, **TRAINER_CONSTANTS)
@@ -86,4 +89,4 @@ def setup_from_plan(plan: Plan):
         activation_checkpointing=c.activation_checkpointing, precision=c.precision, optimizer=c.optimizer,
         offload=c.offload, lora_rank=t.lora_rank or 16,
         lora_targets=tuple(t.lora_targets) if plan.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accumulation_steps=max(1, c.grad_accum), tp=c.tp, cp=c.cp, pp=c.pp, **setup_fields(plan.stack))
+        grad_accumulation_steps=max(1, c.grad_accum), tp=c.tp, cp=c.cp, pp=c.pp, **setup_fields(plan.stack, c.tp))

@@ -78,7 +78,7 @@ def test_cp_splits_the_sequence_and_adds_ring_buffers() -> None:
     assert ring == int(local * (2 * 2 * 2 * kv + 4 * (q + 2 * kv) + 2 * 4 * 2 * kv))
     assert cp["cp_ring_buffers"] in (0, ring)  # held in the backward of a block only
     # a compiled chunked loss keeps the logits small: the peak moves to a block's backward
-    long = estimate_memory(L8, _ext(gpus=8, cp=8, seq_len=262144, loss_impl="native", compile=True,
+    long = estimate_memory(L8, _ext(gpus=8, cp=8, seq_len=262144, loss_impl="native", compile=True, compile_loss=True,
                                     chunked_cross_entropy=True))
     assert long.breakdown["cp_ring_buffers"] == parallel.ring_buffers(L8, _ext(gpus=8, cp=8, seq_len=262144), 262144, 2)
 

@@ -130,7 +130,7 @@ def test_every_table_row_names_its_layout_and_the_chosen_one_is_the_cluster():
     assert chosen["layout"] in next(r for r in rows if r.lstrip().startswith("*"))
 
 def test_a_pathological_pick_is_warned_about():
-    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--objective", "gpus")
+    out = ok("plan", "--model", "13b", "--tokens", "1B", "--objective", "gpus")
     warnings = [ln for ln in out.splitlines() if "WARNING:" in ln]
     assert any("the GPUs mostly wait" in w and "MFU" in w for w in warnings), out[:2000]
     assert any("--objective gpus minimises the GPU count" in w for w in warnings)

@@ -600,3 +600,45 @@ def test_loss_over_labelled_tokens_only(trainer_module):
     loss = train.next_token_loss(Fixed(), tokens[:, :-1], labels)
     assert float(loss) == pytest.approx(60.0 / 2, rel=1e-4)
     assert float(train.next_token_loss(Fixed(), tokens[:, :-1], torch.full((1, 4), -100))) == 0.0  # no NaN
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_chunked_loss_head_equals_the_whole_sequence_loss(trainer_module, model_type):
+    """efficiency.chunked_cross_entropy (the plan's stack): same loss and gradients as the plain
+    loss, over a length the chunks do not divide, with masked labels and Gemma-2's logit soft-cap."""
+    import copy
+
+    import transformers
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    cfg = train.load_config(str(yaml_path), ["task.kind=full", "efficiency.chunked_cross_entropy=true"])
+    small = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)
+    if model_type == "gemma2":
+        config = transformers.Gemma2Config(**small, final_logit_softcapping=5.0, attn_implementation="eager")
+    else:
+        config = transformers.LlamaConfig(**small)
+    torch.manual_seed(0)
+    plain = transformers.AutoModelForCausalLM.from_config(config).float()
+    chunked = copy.deepcopy(plain)
+    train.install_chunked_loss(chunked, cfg)
+    assert type(chunked.get_output_embeddings()) is train.ChunkedLossHead
+    tokens = torch.randint(0, 97, (2, 38))
+    labels = tokens[:, 1:].clone()
+    labels[0, :9] = -100  # a prompt: no loss there
+    want = train.next_token_loss(plain, tokens[:, :-1], labels)
+    got = train.next_token_loss(chunked, tokens[:, :-1], labels)
+    want.backward()
+    got.backward()
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+    for (name, a), (_, b) in zip(plain.named_parameters(), chunked.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # the head is the plain head again outside the loss, the soft-cap back in the config
+    assert getattr(chunked.config, "final_logit_softcapping", None) == getattr(config, "final_logit_softcapping", None)
+    torch.testing.assert_close(chunked(input_ids=tokens).logits, plain(input_ids=tokens).logits)
+    # under TP the head stays plain (loss_parallel), as the plan sizes it
+    tp = train.load_config(str(yaml_path), ["task.kind=full", "efficiency.chunked_cross_entropy=true", "parallel.tp=2"])
+    again = copy.deepcopy(plain)
+    train.install_chunked_loss(again, tp)
+    assert type(again.get_output_embeddings()) is torch.nn.Linear

@@ -464,11 +464,14 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # log-softmax and its gradient in fp32, or in the logits' dtype; under autocast log_softmax runs in fp32
     amp = fp32_autocast or (s.precision == "bf16-mixed" and s.sharding in ("none", "ddp"))
     ce_elem = 4 if (s.loss_upcast or amp) else a
-    if s.chunked_cross_entropy and s.compile:
+    # the loss itself compiled: the whole model, or apart (torchtune compile_loss); per-block compile
+    # alone (torchtitan, gpuprov's trainer) leaves the loss eager
+    loss_compiled = whole_compile or (s.compile and s.compile_loss)
+    if s.chunked_cross_entropy and loss_compiled:
         ce_bytes = tokens * ce_elem * V // chunks  # fused per-chunk loss: one chunk's gradient at a time
     elif s.chunked_cross_entropy:
         ce_bytes = tokens * ce_elem * V + tokens * ce_elem * V * 2 // chunks
-    elif whole_compile or (s.compile and s.compile_loss):
+    elif loss_compiled:
         # the loss is inside the compiled graph: inductor saves the logits and the logsumexp and writes
         # the logits' gradient in one fused kernel (softmax - one-hot), no log-softmax buffer
         ce_bytes = tokens * ce_elem * V * ce["fp32_buffers_compiled"]
@@ -481,7 +484,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # At the start of backward an eager loss has saved only its fp32 log-softmax (the upcast and the model's
     # logits are not saved by autograd), so logits a loop deleted are gone; a fused (compiled) loss saves
     # its input logits and rebuilds the softmax in backward.
-    fused_loss = s.compile and (s.chunked_cross_entropy or s.compile_loss or whole_compile)
+    fused_loss = loss_compiled
     logits_at_backward = logits if (loss_impl != "native" or fused_loss) else 0
 
     # -- FSDP gathered blocks and reduce-scatter staging ------------------------------------
@@ -677,7 +680,11 @@ def _assumptions(
     out.append(ac)
     out.append("torch.compile per block (fused norms/SiLU intermediates)" if s.compile else "eager mode (RMSNorm fp32 upcast intermediates are saved)")
     if s.chunked_cross_entropy:
-        out.append("chunked cross-entropy (8 chunks, fp32 upcast per chunk)" + (", loss compiled" if s.compile else ""))
+        chunks = _c()["cross_entropy"]["chunks"]
+        loss_compiled = s.compile and (s.compile_scope == "model" or s.compile_loss)
+        out.append(f"chunked cross-entropy ({chunks} chunks, fp32 upcast per chunk), loss "
+                   + ("compiled (one chunk's fused gradient at a time)" if loss_compiled
+                      else f"eager ({arch.vocab_size} vocab: every chunk's fp32 log-softmax kept for backward)"))
     else:
         impl = getattr(s, "loss_impl", "hf")
         held = "fp32" if impl == "hf-legacy" else "compute-dtype"

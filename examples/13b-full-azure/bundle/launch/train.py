@@ -1010,6 +1010,7 @@ def prepare_model(cfg: dict, rt: Runtime, from_checkpoint: bool) -> tuple[torch.
     if cfg["task"]["kind"] in ("lora", "qlora"):
         model = apply_lora(model, cfg)
         cast_frozen(model, cfg)
+    install_chunked_loss(model, cfg)
     mp = model_parallel(cfg)
     if mp is not None:
         model = mp.parallelize(model)  # TP before float8, AC, compile and FSDP, as torchtitan orders them
@@ -1032,13 +1033,71 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
+# = catalog memory_constants.yaml cross_entropy.chunks: the plan sizes this many (torchtune's count)
+LOSS_CHUNKS = 8
+
+
+class ChunkedLossHead(torch.nn.Linear):
+    """The LM head, computing the loss a sequence chunk at a time while `labels` is set.
+
+    Each chunk's logits are upcast to fp32 and turned into a summed cross-entropy on their own, so
+    the whole sequence's logits never exist at once: what stays for backward is each chunk's fp32
+    log-softmax (the plan's chunked_cross_entropy, as torchtune's CEWithChunkedOutputLoss). It runs
+    inside the head's own forward, so FSDP2 gathers the weight once per step. With `labels` unset
+    it is the plain head (generation, export). Its class is swapped in; weights and names stay.
+    """
+
+    labels: torch.Tensor | None = None
+    softcap: float | None = None  # Gemma-2's final_logit_softcapping, applied per chunk here
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.labels is None:
+            return super().forward(hidden)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for h, y in zip(hidden.tensor_split(LOSS_CHUNKS, dim=1), self.labels.tensor_split(LOSS_CHUNKS, dim=1)):
+            logits = super().forward(h)
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            total = total + F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100,
+                                            reduction="sum")
+        return total
+
+
+def install_chunked_loss(model: torch.nn.Module, cfg: dict) -> None:
+    """efficiency.chunked_cross_entropy: the head becomes a ChunkedLossHead (before TP/FSDP wrap it).
+    Under tensor parallelism the loss already runs on vocab-sharded logits (loss_parallel), and the
+    plan sizes it unchunked there too."""
+    if not cfg["efficiency"].get("chunked_cross_entropy") or int(cfg["parallel"].get("tp", 1) or 1) > 1:
+        return
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise ConfigError(f"efficiency.chunked_cross_entropy: the output head is a {type(head).__name__}, "
+                          "not a plain Linear; set it false and re-plan")
+    head.__class__ = ChunkedLossHead
+    head.softcap = getattr(model.config, "final_logit_softcapping", None)
+
+
 def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the labelled tokens (`inputs` are the tokens before each label).
     The logits are dropped before backward: only the loss's own fp32 log-softmax stays alive (the
     plan's loss_impl "native", as torchtitan). Under TP the logits and the loss are DTensors."""
-    logits = model(input_ids=inputs).logits
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
-    del logits
+    hf = unwrap(model)
+    head = getattr(hf, "get_output_embeddings", lambda: None)()
+    if isinstance(head, ChunkedLossHead):
+        cap = getattr(hf.config, "final_logit_softcapping", None)
+        head.labels = labels
+        try:
+            if cap is not None:
+                hf.config.final_logit_softcapping = None  # the head caps each chunk itself
+            loss = model(input_ids=inputs).logits  # the head returned the summed loss
+        finally:
+            head.labels = None
+            if cap is not None:
+                hf.config.final_logit_softcapping = cap
+    else:
+        logits = model(input_ids=inputs).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+        del logits
     # a micro-batch of prompt tokens only (all masked) adds 0, not the NaN a plain mean gives
     return loss / labels.ne(-100).sum().clamp(min=1)
 
