@@ -624,6 +624,9 @@ def test_chunked_loss_head_equals_the_whole_sequence_loss(trainer_module, model_
     chunked = copy.deepcopy(plain)
     train.install_chunked_loss(chunked, cfg)
     assert type(chunked.get_output_embeddings()) is train.ChunkedLossHead
+    from gpuprov.catalog import load_data
+
+    assert train.LOSS_CHUNKS == load_data("memory_constants.yaml")["cross_entropy"]["chunks"]  # what the plan sizes
     tokens = torch.randint(0, 97, (2, 38))
     labels = tokens[:, 1:].clone()
     labels[0, :9] = -100  # a prompt: no loss there

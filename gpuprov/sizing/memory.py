@@ -188,6 +188,12 @@ class _Weights:
     trainable: int
 
 
+def _loss_compiled(s: TrainSetup) -> bool:
+    """The loss itself compiled: with the whole model, or apart (torchtune compile_loss). Per-block
+    compile alone (torchtitan, gpuprov's trainer) leaves the loss eager."""
+    return s.compile and (s.compile_scope == "model" or s.compile_loss)
+
+
 def autocast_fp32(s: TrainSetup) -> bool:
     """bf16 compute by torch.autocast over fp32 parameters: always so for bf16-mixed full training
     without sharding (DDP / one GPU); under FSDP/ZeRO or for LoRA only where the stack says so."""
@@ -464,9 +470,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     # log-softmax and its gradient in fp32, or in the logits' dtype; under autocast log_softmax runs in fp32
     amp = fp32_autocast or (s.precision == "bf16-mixed" and s.sharding in ("none", "ddp"))
     ce_elem = 4 if (s.loss_upcast or amp) else a
-    # the loss itself compiled: the whole model, or apart (torchtune compile_loss); per-block compile
-    # alone (torchtitan, gpuprov's trainer) leaves the loss eager
-    loss_compiled = whole_compile or (s.compile and s.compile_loss)
+    loss_compiled = _loss_compiled(s)
     if s.chunked_cross_entropy and loss_compiled:
         ce_bytes = tokens * ce_elem * V // chunks  # fused per-chunk loss: one chunk's gradient at a time
     elif s.chunked_cross_entropy:
@@ -681,7 +685,7 @@ def _assumptions(
     out.append("torch.compile per block (fused norms/SiLU intermediates)" if s.compile else "eager mode (RMSNorm fp32 upcast intermediates are saved)")
     if s.chunked_cross_entropy:
         chunks = _c()["cross_entropy"]["chunks"]
-        loss_compiled = s.compile and (s.compile_scope == "model" or s.compile_loss)
+        loss_compiled = _loss_compiled(s)
         out.append(f"chunked cross-entropy ({chunks} chunks, fp32 upcast per chunk), loss "
                    + ("compiled (one chunk's fused gradient at a time)" if loss_compiled
                       else f"eager ({arch.vocab_size} vocab: every chunk's fp32 log-softmax kept for backward)"))
