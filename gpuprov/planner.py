@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, flops_per_token, inter_node_gbytes, \
-    intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, utilisation
+from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, float8_applies, float8_gain, \
+    flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, \
+    utilisation
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
 GiB = 2**30
@@ -64,6 +65,7 @@ class Candidate:
     cost_usd: float | None
     tp: int = 1  # tensor-parallel degree (inside one node)
     cp: int = 1  # context-parallel degree
+    float8: bool = False  # torchao float8 linears (the spec allowed it and a measurement covers the GPU)
 
     @property
     def total_gpus(self) -> int:
@@ -132,11 +134,11 @@ def make_setup(*, grad_accum: int, framework: str = "gpuprov", stack: Any = None
     return TrainSetup(**fields, **extra, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
-def stack_for(spec: Any, arch: Any, tp: int = 1) -> Any:
+def stack_for(spec: Any, arch: Any, tp: int = 1, float8: bool = False) -> Any:
     """The Stack the bundle's trainer runs for this spec and model (gpuprov/stack.py)."""
     from gpuprov.stack import choose_stack
 
-    return choose_stack(spec.task, spec.precision, arch.model_type, tp)
+    return choose_stack(spec.task, spec.precision, arch.model_type, tp, float8)
 
 
 def rule_of_thumb_bytes_per_param() -> int:
@@ -206,6 +208,7 @@ class _Layout(NamedTuple):
     sg: int
     tp: int = 1
     cp: int = 1
+    f8: bool = False  # torchao float8 on this slot's GPU (_Search.float8_on)
 
     @property
     def mp(self) -> int:
@@ -322,10 +325,15 @@ class _Search:
         self.objective = spec.objective
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
+        self.stack_f8 = stack_for(spec, arch, float8=True)
+        self.f8_gain: dict[str, float | None] = {}  # GPU slug -> measured float8 gain (None: not covered)
+        # the linears float8 converts (every decoder block's; the head and embeddings stay bf16)
+        self.f8_params = arch.num_layers * arch.layer_linear_params()
         a = assumptions()
         self.overhead_h = float(a.raw["run"]["overhead_hours"])
         self.tol = float(a.raw["run"]["batch_tolerance"])
         self.qfac = a.qlora_factor if self.task == "qlora" else 1.0
+        self.max_f8_tp = int(a.raw["float8"]["max_tp"])
         self.mem_cache: dict[tuple, MemoryEstimate] = {}
         self.mem_calls = 0
         # Per-GPU memory never grows when the same model state is spread over more GPUs, and
@@ -359,7 +367,7 @@ class _Search:
     @staticmethod
     def _family(gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> tuple:
         sg = lay.sg if lay.sharding in ("hsdp", "ddp") else 0
-        return (gpn, lay.sharding, sg, ac, mb, ga > 1, lay.tp, lay.cp)
+        return (gpn, lay.sharding, sg, ac, mb, ga > 1, lay.tp, lay.cp, lay.f8)
 
     def memory(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> MemoryEstimate:
         # the estimate sees accumulation only as "gradients live between micro-batches" (ga > 1):
@@ -374,7 +382,7 @@ class _Search:
                 activation_checkpointing=ac, precision=spec.precision, optimizer=spec.optimizer,
                 offload=spec.offload, lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
                 tp=lay.tp, cp=lay.cp,
-                framework=getattr(spec, "framework", "gpuprov"), stack=self.stack,
+                framework=getattr(spec, "framework", "gpuprov"), stack=self.stack_f8 if lay.f8 else self.stack,
             )
             est = self.estimator(self.arch, setup)
             self.mem_calls += 1
@@ -404,8 +412,9 @@ class _Search:
         if out is None:
             gpu = self.gpus[inst.gpu]
             util, _ = utilisation(gpu)
+            gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
             out = self.compute_cache[key] = \
-                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac)
+                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain)
         return out
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
@@ -527,7 +536,7 @@ class _Search:
         top = self.walk_top.get(slot.inst.name)
         if top is None or lay.sharding not in ("fsdp", "zero2") or slot.nodes >= top:
             return False  # the widest slot itself is estimated (and its miss recorded) as before
-        key = (slot.inst.gpu, slot.usable, slot.gpn, top, lay.sharding, lay.tp, lay.cp, ac, mb, ga > 1)
+        key = (slot.inst.gpu, slot.usable, slot.gpn, top, lay.sharding, lay.tp, lay.cp, lay.f8, ac, mb, ga > 1)
         far = self.probe_cache.get(key)
         if far is None:
             far = self.probe_cache[key] = self._farthest_miss(slot, lay, ac, mb, ga > 1, top)
@@ -562,8 +571,24 @@ class _Search:
                 hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
                 params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
                 optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
+                float8_gain=self.gain(gpu) if lay.f8 else 1.0, float8_params=self.f8_params if lay.f8 else 0,
             )
         return out
+
+    # ---------------------------------------------------------------- float8
+    def gain(self, gpu: Any) -> float | None:
+        """The measured float8 speed-up on this GPU for this model, when the spec allows float8 and
+        the measurements cover the setup (catalog/data/throughput.yaml float8); else None."""
+        if gpu.slug not in self.f8_gain:
+            allowed = getattr(self.spec, "float8", False) and float8_applies(
+                task=self.task, precision=self.spec.precision, compiled=self.stack.compile,
+                moe=self.arch.is_moe, tp=1)
+            found = float8_gain(gpu, self.arch.params) if allowed else None
+            self.f8_gain[gpu.slug] = found[0] if found else None
+        return self.f8_gain[gpu.slug]
+
+    def float8_on(self, gpu: Any, tp: int) -> bool:
+        return tp <= self.max_f8_tp and self.gain(gpu) is not None
 
     def timed(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int, batch: int) -> Candidate:
         gpu = slot.gpu
@@ -574,7 +599,7 @@ class _Search:
         price = slot.inst.price_per_hour_usd
         cost = None if price is None else hours * slot.nodes * price
         return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,
-                         hours, cost, lay.tp, lay.cp)
+                         hours, cost, lay.tp, lay.cp, lay.f8)
 
     def over_limits(self, cand: Candidate) -> bool:
         deadline, budget = self.spec.deadline_hours, self.spec.budget_usd
@@ -656,6 +681,7 @@ class _Search:
         """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
         missed: set[tuple[int, int]] = set()  # (tp, cp) whose FSDP fits nothing on this slot
         for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees):
+            lay = lay._replace(f8=self.float8_on(slot.gpu, lay.tp))
             if lay.sharding == "hsdp" and (lay.tp, lay.cp) in missed and not self.exhaustive:
                 continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
             if self.walk_layout(slot, lay) and lay.sharding == "fsdp":
@@ -865,7 +891,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
         grad_accum=c.grad_accum, tp=c.tp, cp=c.cp, framework=getattr(spec, "framework", "gpuprov"),
-        stack=stack_for(spec, arch, c.tp),
+        stack=stack_for(spec, arch, c.tp, c.float8),
     )
 
 
@@ -910,6 +936,8 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                 f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb / 1000:.2f} TB < "
                 f"{_tbs(rot)} by its own 18 B/param rule: the model states cannot fit one node "
                 f"(and activations need room on top); plan multi-node sharding or LoRA")
+    if getattr(spec, "float8", False):
+        notes.append(_float8_note(spec, arch, best))
     if best.batch_tokens != spec.global_batch_tokens:
         notes.append(f"Global batch is {best.batch_tokens:,} tokens ({best.micro_batch} x {spec.seq_len} x "
                      f"{best.total_gpus} GPUs x {best.grad_accum} accumulation), "
@@ -927,6 +955,28 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         if spec.objective == "cost":
             notes.append(f"{name} has no public on-demand price (quote only); not ranked by cost")
     return notes
+
+
+def _float8_note(spec: Any, arch: Any, best: Candidate) -> str:
+    """What --float8 did to this plan, and why not where it did nothing."""
+    from gpuprov.sizing.throughput import float8_gain
+
+    if best.float8:
+        gain = float8_gain(best.gpu, arch.params)[0]
+        return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather): compute timed x{gain:.2f} "
+                f"faster, the measured float8/bf16 tokens/s ratio for a {arch.params / 1e9:.0f}B model on "
+                f"{best.gpu.architecture.capitalize()}; blocks gathered at 1 byte per linear weight; MFU is counted "
+                "against the BF16 peak")
+    why = []
+    if spec.task != "full" or spec.precision != "bf16-mixed":
+        why.append(f"the measured float8 runs are full bf16-mixed training, not {spec.task} {spec.precision}")
+    if arch.is_moe:
+        why.append("the measurements are for dense models")
+    if best.tp > 1:
+        why.append(f"the chosen layout uses TP {best.tp} (the trainer converts linears after TP)")
+    if not why and float8_gain(best.gpu, arch.params) is None:
+        why.append(f"no published float8 speed-up covers {best.gpu.slug}")
+    return "float8 allowed but off in this plan: " + ("; ".join(why) or "bf16 is faster or cheaper here")
 
 
 def _nominal_gb(gpu: Any) -> float:
@@ -1073,7 +1123,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),
         **bringup,
-        stack=stack_for(spec, arch, best.tp),
+        stack=stack_for(spec, arch, best.tp, best.float8),
     )
     return _with_table(plan, spec, arch, result, best, est_fn)
 

@@ -95,6 +95,8 @@ class TrainingSpec(BaseModel):
     tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
+    float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
+                         "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
 
     @field_validator("region")
     @classmethod

@@ -26,9 +26,9 @@ def _facts() -> dict:
     return load_data("trainer.yaml")
 
 
-def choose_stack(task: str, precision: str, model_type: str, tp: int = 1) -> Stack:
+def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8: bool = False) -> Stack:
     """The stack for this task, precision and model type; `tp` the chosen layout's tensor-parallel
-    degree (the loss is chunked only without TP)."""
+    degree (the loss is chunked only without TP); `float8` as the planner decided it for the GPU."""
     from gpuprov.errors import GpuprovError
 
     if precision not in PRECISIONS:
@@ -45,7 +45,7 @@ def choose_stack(task: str, precision: str, model_type: str, tp: int = 1) -> Sta
         loss_impl="native",  # train.py deletes the logits before backward
         chunked_cross_entropy=bool(facts["loss"]["chunked_cross_entropy"]) and tp == 1,
         compile=task in facts["compile"]["tasks"],
-        float8=False,
+        float8=float8,
         tf32=param == "float32",  # fp32 compute: the plan times it on TF32 tensor cores
         optimizer_impl="fused",
         lora_dropout=0.0,
@@ -70,7 +70,7 @@ def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
     return dict(compile=stack.compile, chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,
-                activation_offloading=stack.activation_offloading, **TRAINER_CONSTANTS)
+                activation_offloading=stack.activation_offloading, float8=stack.float8, **TRAINER_CONSTANTS)
 
 
 def setup_from_plan(plan: Plan):

@@ -101,8 +101,9 @@ def test_gpuprov_preset_is_the_plans_stack(task: str) -> None:
     fields = setup_fields(choose_stack(task, "bf16-mixed", "llama"))
     preset = frameworks.gpuprov_stack(task, "fsdp")
     assert {k: fields[k] for k in preset} == preset
+    # float8: the planner decides it per GPU (a measured gain on that class), not the preset
     assert set(fields) - set(preset) <= {"chunked_cross_entropy", "activation_offloading", "compile_scope",
-                                         "qlora_base_replicated"}
+                                         "qlora_base_replicated", "float8"}
 
 
 def test_plan_and_estimate_agree_on_the_qlora_base_and_the_stack() -> None:

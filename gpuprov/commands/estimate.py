@@ -306,6 +306,9 @@ class _FrameworkChoice(click.Choice):
                    "accelerate's accumulate(), Lightning): the full unsharded gradients stay between micro-batches.  [default: no]")
 @click.option("--fp32-logits/--no-fp32-logits", default=None,
               help="The model returns fp32 logits (torchtune's unembed .float(); transformers < 4.45).  [default: no]")
+@click.option("--float8/--no-float8", default=None,
+              help="torchao float8 linears with FSDP2 float8 all-gather (full training): the blocks' linear "
+                   "weights are gathered at 1 byte per parameter.  [default: no]")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
 @click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
@@ -318,7 +321,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, tp, cp, pp, suggest, fail_if_not_fits, precise,
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, float8, tp, cp, pp, suggest, fail_if_not_fits, precise,
              as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
@@ -349,7 +352,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         "autocast_fp32_params": autocast_fp32_params, "compile_scope": compile_scope, "loss_upcast": loss_upcast,
         "shard_embeddings": shard_embeddings, "fsdp1_frozen_grads": fsdp1_frozen_grads,
         "compile_loss": compile_loss, "defer_grad_sync": defer_grad_sync,
-        "fp32_logits": fp32_logits,
+        "fp32_logits": fp32_logits, "float8": float8,
     }
     stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus, model_parallel=tp * cp * pp)
     shape = dict(task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
@@ -420,6 +423,7 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
     "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
     "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
+    "float8": ("--float8", "bool"),
 }
 
 

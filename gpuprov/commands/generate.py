@@ -92,6 +92,8 @@ precision: {precision}
 optimizer: {optimizer}
 # CPU offload: none, optimizer or full
 offload: {offload}
+# torchao float8 training where a published speed-up covers the GPU (Hopper; full bf16-mixed, no TP)
+float8: {float8}
 # LoRA/QLoRA only
 lora_rank: {lora_rank}
 lora_targets: {lora_targets}
@@ -114,7 +116,8 @@ def starter_spec() -> str:
     targets = defaults.lora_targets if isinstance(defaults.lora_targets, str) else json.dumps(defaults.lora_targets)
     return STARTER.format(model=defaults.model, task=defaults.task, seq_len=defaults.seq_len, cloud=defaults.cloud,
                           max_nodes=defaults.max_nodes, objective=defaults.objective, precision=defaults.precision,
-                          optimizer=defaults.optimizer, offload=defaults.offload, lora_rank=defaults.lora_rank,
+                          optimizer=defaults.optimizer, offload=defaults.offload, float8=str(defaults.float8).lower(),
+                          lora_rank=defaults.lora_rank,
                           lora_targets=targets, safety_margin=defaults.safety_margin)
 
 

@@ -64,8 +64,14 @@ def _mfu_text(plan) -> str:
                          c.activation_checkpointing)
     recompute = 1 - fl.model / fl.executed if fl.executed else 0.0
     exposed = t.comm_time_s / t.step_time_s if t.step_time_s else 0.0
+    fp8 = ""
+    if plan.stack is not None and plan.stack.float8:
+        from gpuprov.catalog.gpus import get_gpu
+
+        kw = _float8_kw(plan, get_model(plan.spec.model), get_gpu(plan.gpu.slug))
+        fp8 = f" in bf16, and float8 linears run it x{kw['float8_gain']:.2f} faster (measured ratio)"
     return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
-            f"reach {t.mfu_assumed:.0%} of peak on the work it executes; re-running the forward for activation "
+            f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
             f"exposed communication is {exposed:.0%} of the step")
 
@@ -208,6 +214,15 @@ def explain(spec) -> None:
     click.echo(render_explain(spec, _plan(spec)))
 
 
+def _float8_kw(plan, arch, gpu) -> dict:
+    """The step estimate's float8 arguments, as the planner passed them (plan.stack.float8)."""
+    if plan.stack is None or not plan.stack.float8:
+        return {}
+    from gpuprov.sizing.throughput import float8_gain
+
+    return {"float8_gain": float8_gain(gpu, arch.params)[0], "float8_params": arch.num_layers * arch.layer_linear_params()}
+
+
 def render_explain(spec, plan) -> str:
     """The plan's arithmetic, term by term; the 18 B/param rule of thumb beside the model states."""
     from gpuprov.catalog.gpus import get_gpu
@@ -232,7 +247,7 @@ def render_explain(spec, plan) -> str:
                        flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
                        hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
                        params=n_params, trainable=trainable, num_layers=L, task=plan.task, optimizer=c.optimizer,
-                       precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen)
+                       precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen, **_float8_kw(plan, arch, gpu))
     out: list[str] = []
     w = out.append
     w(f"== {plan.model.display_name}: {c.nodes} x {c.instance_type}, {c.total_gpus} x {gpu.slug}, {c.sharding}, "

@@ -54,9 +54,11 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
     "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
     "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1)"),
+    "float8": (("--float8/--no-float8",), None, "Allow torchao float8 training where a measured speed-up covers the "
+               "GPU (Hopper: full bf16-mixed, no TP); the plan counts its gain and memory"),
 }
 
-FLAG_NAMES = {field: decls[0] for field, (decls, _, _) in _FLAGS.items()}
+FLAG_NAMES = {field: decls[0].split("/")[0] for field, (decls, _, _) in _FLAGS.items()}
 FLAG_NAMES["hosts"] = "--hosts"
 
 
@@ -118,8 +120,9 @@ def spec_options(func: Callable) -> Callable:
     ]
     for field, (decls, kind, help_text) in _FLAGS.items():
         default = _default_text(field)
+        extra = {} if kind is None else {"type": kind, "multiple": field == "gpus"}  # None: an on/off switch
         options.append(click.option(
-            *decls, field, type=kind, default=None, multiple=field == "gpus",
+            *decls, field, default=None, **extra,
             help=help_text + (f"  [default: {default}]" if default else ""),
         ))
     for option in reversed(options):

@@ -200,6 +200,11 @@ def autocast_fp32(s: TrainSetup) -> bool:
     return s.precision == "bf16-mixed" and bool(s.autocast_fp32_params)
 
 
+def float8_gather(s: TrainSetup) -> bool:
+    """torchao float8 with FSDP2 float8 all-gather (full training: the float8 linears are trainable)."""
+    return bool(s.float8) and s.task == "full" and s.sharding in ("fsdp", "hsdp") and s.fsdp_version == 2
+
+
 def unsharded_accumulation(s: TrainSetup) -> bool:
     return bool(s.defer_grad_sync) and s.grad_accumulation_steps > 1 and s.sharding in ("fsdp", "hsdp")
 
@@ -245,6 +250,11 @@ def _weights(arch: ModelArch, s: TrainSetup, n_gpus: int, shard: int) -> _Weight
             master = 0
             opt = _optimizer_bytes_per_param(s.optimizer, elem) * P / d_opt
         layer_compute = act * layer_params
+        if float8_gather(s):
+            # the linears' weights are cast to float8 before the all-gather and held so (torchao
+            # WeightWithDynamicFloat8CastTensor); norms stay in the compute dtype, the root is not float8
+            linear = arch.layer_linear_params()
+            layer_compute = _c()["float8"]["gather_bytes"] * linear + act * (layer_params - linear)
         root_compute = act * root_params
         layer_trainable = layer_params
     else:
@@ -683,6 +693,9 @@ def _assumptions(
     }[s.activation_checkpointing]
     out.append(ac)
     out.append("torch.compile per block (fused norms/SiLU intermediates)" if s.compile else "eager mode (RMSNorm fp32 upcast intermediates are saved)")
+    if float8_gather(s):
+        out.append("torchao float8 linears with FSDP2 float8 all-gather: each block's linear weights gathered and held "
+                   "at 1 B/param; saved activations stay bf16 (torchao saves the high-precision input)")
     if s.chunked_cross_entropy:
         chunks = _c()["cross_entropy"]["chunks"]
         loss_compiled = _loss_compiled(s)

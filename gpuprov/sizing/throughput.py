@@ -84,6 +84,32 @@ def utilisation(gpu: Any) -> tuple[float, str]:
     return assumptions().utilisation[gpu_class(gpu)]
 
 
+# --------------------------------------------------------------------------- float8
+def float8_gain(gpu: Any, params: int) -> tuple[float, str] | None:
+    """(measured float8 / bf16 tokens/s ratio for a model of `params`, its source), or None where
+    no measurement covers this GPU class: log-linear between the measured sizes, clamped at the ends."""
+    import math
+
+    entry = assumptions().raw["float8"]["gain_by_class"].get(gpu_class(gpu))
+    if entry is None:
+        return None
+    pts = [(math.log(float(b) * 1e9), float(g)) for b, g in entry["points"]]
+    x = math.log(max(1, params))
+    if x <= pts[0][0]:
+        return pts[0][1], entry["source"]
+    for (x0, g0), (x1, g1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return g0 + (g1 - g0) * (x - x0) / (x1 - x0), entry["source"]
+    return pts[-1][1], entry["source"]
+
+
+def float8_applies(*, task: str, precision: str, compiled: bool, moe: bool, tp: int) -> bool:
+    """Whether the measured float8 runs cover this setup (catalog/data/throughput.yaml float8)."""
+    f = assumptions().raw["float8"]
+    return (task in f["tasks"] and precision in f["precisions"] and (compiled or not f["needs_compile"])
+            and not (moe and f["dense_only"]) and tp <= int(f["max_tp"]))
+
+
 # --------------------------------------------------------------------------- FLOPs per token
 @dataclass(frozen=True)
 class Flops:
@@ -187,11 +213,15 @@ def step_estimate(
     precision: str = "bf16-mixed",
     offload: str = "none",
     pcie_gen: int = 4,
+    float8_gain: float = 1.0,
+    float8_params: int = 0,
 ) -> StepEstimate:
+    """`float8_gain` > 1: torchao float8 linears (measured speed-up on the step's compute);
+    `float8_params` of the parameters are then all-gathered in float8 (1 byte each)."""
     a = assumptions()
     prec = a.raw["precision"][precision]
     n = shape.total_gpus
-    speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"])
+    speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"]) * float8_gain
     tokens_mb = shape.micro_batch * shape.seq_len
     compute_mb = tokens_mb * flops.executed / (peak_tflops * 1e12 * speed)
     compute = compute_mb * shape.grad_accum
@@ -201,6 +231,8 @@ def step_estimate(
     frozen = params - trainable if task != "full" else 0
     # bytes in one full copy of what is gathered / reduced
     gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * param_bytes
+    if float8_params:
+        gather_buf -= float8_params * (param_bytes - float(a.raw["float8"]["gather_bytes"]))
     grad_buf = trainable * float(prec["reduce_bytes"])
 
     per_mb_comm = 0.0  # hides under each micro-batch's compute

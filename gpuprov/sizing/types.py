@@ -83,6 +83,9 @@ class TrainSetup:
     tp: int = 1
     cp: int = 1
     pp: int = 1
+    # torchao float8 linears with FSDP2 float8 all-gather: the decoder blocks' linear weights are gathered
+    # (and held unsharded) at 1 byte per parameter
+    float8: bool = False
 
 
 @dataclass(frozen=True)
