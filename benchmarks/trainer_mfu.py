@@ -60,15 +60,15 @@ def predicted_peak(plan, args) -> int | None:
     return estimate_memory(get_model(args.model), setup).per_gpu_bytes
 
 
-def run_trainer(launch: Path, root: Path, args, peak_tflops: float) -> dict:
-    metrics = root / "metrics.jsonl"
+def run_trainer(launch: Path, root: Path, args, peak_tflops: float, float8: bool = False) -> dict:
+    metrics = root / ("metrics-float8.jsonl" if float8 else "metrics.jsonl")
     sets = {"parallel.sharding": "fsdp", "parallel.replicate": 1, "parallel.shard": args.gpus,
             "parallel.activation_checkpointing": args.ac, "batch.micro_batch": args.micro_batch,
             "batch.grad_accum": 1, "batch.seq_len": args.seq_len, "schedule.steps": args.steps,
             "schedule.warmup_steps": 2, "checkpoint.every_steps": 0, "checkpoint.dir": str(root / "ckpt"),
             "logging.every_steps": 1, "logging.metrics_file": str(metrics), "data.synthetic": True,
             "model.init": "random", "model.pretrained_path": None, "export.at_end": False,
-            "mfu.peak_tflops_per_gpu": peak_tflops}
+            "mfu.peak_tflops_per_gpu": peak_tflops, "efficiency.float8": float8}
     if args.tiny:
         sets.update({f"model.hf_config.{k}": v for k, v in TINY.items()})
         sets.update({"runtime.device": "cpu", "precision.param_dtype": "float32"})
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak of this GPU (default: the plan's GPU)")
     ap.add_argument("--torchtitan-config", help="torchtitan TOML for the same model shape")
     ap.add_argument("--tiny", action="store_true", help="CPU wiring check: tiny model, 2 processes")
+    ap.add_argument("--float8", action="store_true",
+                    help="also run the trainer with efficiency.float8 and print the measured float8/bf16 "
+                         "tokens/s ratio beside the planner's (catalog/data/throughput.yaml float8)")
     args = ap.parse_args(argv)
     if args.tiny:
         args.gpus, args.seq_len, args.micro_batch, args.steps = 2, 32, 2, 6
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, launch = render_launch_dir(args.model, args.task, Path(work))
         peak = args.peak_tflops or plan.gpu.bf16_tflops
         ours = run_trainer(launch, Path(work), args, peak)
+        fp8 = run_trainer(launch, Path(work), args, peak, float8=True) if args.float8 and not args.tiny else None
     if args.tiny and "error" not in ours:
         ours["mfu"] = None  # the plan's FLOPs per token are the full model's, not the tiny shape's
     theirs = run_torchtitan(args) if not args.tiny else {"error": "skipped with --tiny"}
@@ -153,7 +157,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in (("gpuprov", ours), ("torchtitan", theirs)):
         if "error" in row:
             print(f"{name}: {row['error'].strip().splitlines()[-1] if row['error'].strip() else 'failed'}")
+    if fp8 is not None:
+        print_float8(plan, args, ours, fp8)
     return 1 if "error" in ours else 0
+
+
+def print_float8(plan, args, bf16: dict, fp8: dict) -> None:
+    """Measured float8 / bf16 tokens/s of the same trainer and shape, beside the gain the planner uses."""
+    from gpuprov.catalog.gpus import get_gpu
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing.throughput import float8_gain
+
+    found = float8_gain(get_gpu(plan.gpu.slug), get_model(args.model).params)
+    planned = f"x{found[0]:.2f}" if found else "none (no measurement for this GPU class)"
+    if "error" in fp8 or "error" in bf16:
+        print(f"float8: {(fp8.get('error') or bf16.get('error') or 'failed').strip().splitlines()[-1]}")
+        return
+    print(f"float8: {fp8['tokens_per_s']:,.0f} tokens/s, peak {fp8['peak_bytes'] / GiB:.2f} GiB; "
+          f"measured float8/bf16 x{fp8['tokens_per_s'] / bf16['tokens_per_s']:.2f}, planner {planned}")
 
 
 if __name__ == "__main__":
