@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--ac", default="selective", choices=["none", "selective", "full"])
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak of this GPU (default: the plan's GPU)")
+    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak of this GPU (default: --gpu's)")
+    ap.add_argument("--gpu", help="catalog slug of the GPU this runs on, e.g. h200-141gb (default: the plan's GPU)")
     ap.add_argument("--torchtitan-config", help="torchtitan TOML for the same model shape")
     ap.add_argument("--tiny", action="store_true", help="CPU wiring check: tiny model, 2 processes")
     ap.add_argument("--float8", action="store_true",
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         args.gpus, args.seq_len, args.micro_batch, args.steps = 2, 32, 2, 6
     with tempfile.TemporaryDirectory(prefix="gpuprov-mfu-") as work:
         plan, launch = render_launch_dir(args.model, args.task, Path(work))
-        peak = args.peak_tflops or plan.gpu.bf16_tflops
+        from gpuprov.catalog.gpus import get_gpu
+
+        peak = args.peak_tflops or get_gpu(args.gpu or plan.gpu.slug).bf16_tflops
         ours = run_trainer(launch, Path(work), args, peak)
         fp8 = run_trainer(launch, Path(work), args, peak, float8=True) if args.float8 and not args.tiny else None
     if args.tiny and "error" not in ours:
@@ -168,7 +171,7 @@ def print_float8(plan, args, bf16: dict, fp8: dict) -> None:
     from gpuprov.catalog.models import get_model
     from gpuprov.sizing.throughput import float8_gain
 
-    found = float8_gain(get_gpu(plan.gpu.slug), get_model(args.model).params)
+    found = float8_gain(get_gpu(args.gpu or plan.gpu.slug), get_model(args.model).params)
     planned = f"x{found[0]:.2f}" if found else "none (no measurement for this GPU class)"
     if "error" in fp8 or "error" in bf16:
         print(f"float8: {(fp8.get('error') or bf16.get('error') or 'failed').strip().splitlines()[-1]}")
