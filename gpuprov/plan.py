@@ -144,6 +144,7 @@ class Throughput(_Strict):
     compute_time_s: float
     comm_time_s: float  # exposed (not overlapped) communication per step
     bound: Literal["compute", "communication"]
+    float8_gain: float = 1.0  # measured float8/bf16 speed-up the compute was timed with (1: bf16)
 
 
 class HostCheck(_Strict):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, float8_applies, float8_gain, \
+from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, float8_refusal, float8_step_kw, \
     flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, \
     utilisation
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
@@ -326,14 +326,14 @@ class _Search:
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
         self.stack_f8 = stack_for(spec, arch, float8=True)
-        self.f8_gain: dict[str, float | None] = {}  # GPU slug -> measured float8 gain (None: not covered)
-        # the linears float8 converts (every decoder block's; the head and embeddings stay bf16)
-        self.f8_params = arch.num_layers * arch.layer_linear_params()
+        # GPU slug -> step_estimate's float8 arguments ({}: float8 not allowed or not measured there)
+        self.f8_kw: dict[str, dict[str, float]] = {}
+        self.f8_allowed = getattr(spec, "float8", False) and float8_refusal(
+            task=self.task, precision=spec.precision, compiled=self.stack.compile, moe=arch.is_moe, tp=1) is None
         a = assumptions()
         self.overhead_h = float(a.raw["run"]["overhead_hours"])
         self.tol = float(a.raw["run"]["batch_tolerance"])
         self.qfac = a.qlora_factor if self.task == "qlora" else 1.0
-        self.max_f8_tp = int(a.raw["float8"]["max_tp"])
         self.mem_cache: dict[tuple, MemoryEstimate] = {}
         self.mem_calls = 0
         # Per-GPU memory never grows when the same model state is spread over more GPUs, and
@@ -571,24 +571,24 @@ class _Search:
                 hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
                 params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
                 optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
-                float8_gain=self.gain(gpu) if lay.f8 else 1.0, float8_params=self.f8_params if lay.f8 else 0,
+                **(self.float8_kw(gpu) if lay.f8 else {}),
             )
         return out
 
     # ---------------------------------------------------------------- float8
+    def float8_kw(self, gpu: Any) -> dict[str, float]:
+        """step_estimate's float8 arguments on this GPU when the spec allows float8 and a measurement
+        covers the setup (catalog/data/throughput.yaml float8); else {}."""
+        if gpu.slug not in self.f8_kw:
+            self.f8_kw[gpu.slug] = float8_step_kw(gpu, self.arch) if self.f8_allowed else {}
+        return self.f8_kw[gpu.slug]
+
     def gain(self, gpu: Any) -> float | None:
-        """The measured float8 speed-up on this GPU for this model, when the spec allows float8 and
-        the measurements cover the setup (catalog/data/throughput.yaml float8); else None."""
-        if gpu.slug not in self.f8_gain:
-            allowed = getattr(self.spec, "float8", False) and float8_applies(
-                task=self.task, precision=self.spec.precision, compiled=self.stack.compile,
-                moe=self.arch.is_moe, tp=1)
-            found = float8_gain(gpu, self.arch.params) if allowed else None
-            self.f8_gain[gpu.slug] = found[0] if found else None
-        return self.f8_gain[gpu.slug]
+        return self.float8_kw(gpu).get("float8_gain")
 
     def float8_on(self, gpu: Any, tp: int) -> bool:
-        return tp <= self.max_f8_tp and self.gain(gpu) is not None
+        return self.gain(gpu) is not None and float8_refusal(
+            task=self.task, precision=self.spec.precision, compiled=self.stack.compile, moe=self.arch.is_moe, tp=tp) is None
 
     def timed(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int, batch: int) -> Candidate:
         gpu = slot.gpu
@@ -959,24 +959,15 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
 
 def _float8_note(spec: Any, arch: Any, best: Candidate) -> str:
     """What --float8 did to this plan, and why not where it did nothing."""
-    from gpuprov.sizing.throughput import float8_gain
-
     if best.float8:
-        gain = float8_gain(best.gpu, arch.params)[0]
+        gain = float8_step_kw(best.gpu, arch)["float8_gain"]
         return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather): compute timed x{gain:.2f} "
                 f"faster, the measured float8/bf16 tokens/s ratio for a {arch.params / 1e9:.0f}B model on "
                 f"{best.gpu.architecture.capitalize()}; blocks gathered at 1 byte per linear weight; MFU is counted "
                 "against the BF16 peak")
-    why = []
-    if spec.task != "full" or spec.precision != "bf16-mixed":
-        why.append(f"the measured float8 runs are full bf16-mixed training, not {spec.task} {spec.precision}")
-    if arch.is_moe:
-        why.append("the measurements are for dense models")
-    if best.tp > 1:
-        why.append(f"the chosen layout uses TP {best.tp} (the trainer converts linears after TP)")
-    if not why and float8_gain(best.gpu, arch.params) is None:
-        why.append(f"no published float8 speed-up covers {best.gpu.slug}")
-    return "float8 allowed but off in this plan: " + ("; ".join(why) or "bf16 is faster or cheaper here")
+    why = float8_refusal(task=spec.task, precision=spec.precision, compiled=stack_for(spec, arch).compile,
+                         moe=arch.is_moe, tp=best.tp)
+    return "float8 allowed but off in this plan: " + (why or f"no published float8 speed-up covers {best.gpu.slug}")
 
 
 def _nominal_gb(gpu: Any) -> float:
@@ -1108,7 +1099,8 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         throughput=Throughput(tokens_per_s=step.tokens_per_s, mfu=step.mfu, mfu_assumed=util, mfu_source=util_src,
                               flops_per_token=fl.model, attention_flops_per_token=fl.attention, step_time_s=step.step_time_s,
                               compute_time_s=step.compute_time_s, comm_time_s=step.exposed_comm_s,
-                              bound=step.bound),
+                              bound=step.bound,
+                              float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0),
         time_hours=best.time_hours,
         cost_usd=best.cost_usd,
         host=host,

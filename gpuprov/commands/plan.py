@@ -65,11 +65,8 @@ def _mfu_text(plan) -> str:
     recompute = 1 - fl.model / fl.executed if fl.executed else 0.0
     exposed = t.comm_time_s / t.step_time_s if t.step_time_s else 0.0
     fp8 = ""
-    if plan.stack is not None and plan.stack.float8:
-        from gpuprov.catalog.gpus import get_gpu
-
-        kw = _float8_kw(plan, get_model(plan.spec.model), get_gpu(plan.gpu.slug))
-        fp8 = f" in bf16, and float8 linears run it x{kw['float8_gain']:.2f} faster (measured ratio)"
+    if t.float8_gain != 1.0:
+        fp8 = f" in bf16, and float8 linears run it x{t.float8_gain:.2f} faster (measured ratio)"
     return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
             f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
@@ -214,13 +211,11 @@ def explain(spec) -> None:
     click.echo(render_explain(spec, _plan(spec)))
 
 
-def _float8_kw(plan, arch, gpu) -> dict:
-    """The step estimate's float8 arguments, as the planner passed them (plan.stack.float8)."""
-    if plan.stack is None or not plan.stack.float8:
+def _float8_kw(plan, arch) -> dict:
+    """The step estimate's float8 arguments, as the planner passed them (the Plan's gain)."""
+    if plan.throughput.float8_gain == 1.0:
         return {}
-    from gpuprov.sizing.throughput import float8_gain
-
-    return {"float8_gain": float8_gain(gpu, arch.params)[0], "float8_params": arch.num_layers * arch.layer_linear_params()}
+    return {"float8_gain": plan.throughput.float8_gain, "float8_params": arch.num_layers * arch.layer_linear_params()}
 
 
 def render_explain(spec, plan) -> str:
@@ -247,7 +242,7 @@ def render_explain(spec, plan) -> str:
                        flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
                        hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
                        params=n_params, trainable=trainable, num_layers=L, task=plan.task, optimizer=c.optimizer,
-                       precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen, **_float8_kw(plan, arch, gpu))
+                       precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen, **_float8_kw(plan, arch))
     out: list[str] = []
     w = out.append
     w(f"== {plan.model.display_name}: {c.nodes} x {c.instance_type}, {c.total_gpus} x {gpu.slug}, {c.sharding}, "
@@ -298,8 +293,10 @@ def render_explain(spec, plan) -> str:
     if c.sharding in ("fsdp", "hsdp"):
         g = c.shard_group // c.tp  # FSDP runs over dp x cp; each rank gathers its TP shard (1/tp)
         if plan.task == "full":
-            what = (f"(2 all-gathers x {a.param_gather_bytes:g} B + reduce-scatter {a.grad_reduce_bytes:g} B) "
-                    f"per parameter")
+            gathers = f"{a.param_gather_bytes:g} B"
+            if t.float8_gain != 1.0:  # the blocks' linears travel as float8
+                gathers = f"{a.f8_gather_bytes:g} B (block linears, float8) or {a.param_gather_bytes:g} B"
+            what = f"(2 all-gathers x {gathers} + reduce-scatter {a.grad_reduce_bytes:g} B) per parameter"
         else:
             base = a.qlora_gather_bytes if plan.task == "qlora" else a.param_gather_bytes
             what = (f"(2 all-gathers of the frozen base x {base:g} B/param + reduce-scatter of the adapter "

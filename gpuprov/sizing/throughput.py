@@ -41,6 +41,7 @@ class Assumptions:
     lat_inter: float
     opt_bytes: float
     opt_bytes_8bit: float
+    f8_gather_bytes: float  # memory_constants.yaml float8 (one figure for memory and communication)
     raw: dict[str, Any]
 
 
@@ -68,6 +69,7 @@ def assumptions() -> Assumptions:
         lat_inter=float(c["latency_s"]["inter_node"]),
         opt_bytes=float(d["optimizer"]["bytes_per_param"]),
         opt_bytes_8bit=float(d["optimizer"]["bytes_per_param_8bit"]),
+        f8_gather_bytes=float(load_data("memory_constants.yaml")["float8"]["gather_bytes"]),
         raw=d,
     )
 
@@ -103,11 +105,29 @@ def float8_gain(gpu: Any, params: int) -> tuple[float, str] | None:
     return pts[-1][1], entry["source"]
 
 
-def float8_applies(*, task: str, precision: str, compiled: bool, moe: bool, tp: int) -> bool:
-    """Whether the measured float8 runs cover this setup (catalog/data/throughput.yaml float8)."""
+def float8_refusal(*, task: str, precision: str, compiled: bool, moe: bool, tp: int) -> str | None:
+    """Why the measured float8 runs do not cover this setup (catalog/data/throughput.yaml float8); None if they do."""
     f = assumptions().raw["float8"]
-    return (task in f["tasks"] and precision in f["precisions"] and (compiled or not f["needs_compile"])
-            and not (moe and f["dense_only"]) and tp <= int(f["max_tp"]))
+    why = []
+    if task not in f["tasks"] or precision not in f["precisions"]:
+        why.append(f"the measured float8 runs are {'/'.join(f['tasks'])} {'/'.join(f['precisions'])} training, "
+                   f"not {task} {precision}")
+    if f["needs_compile"] and not compiled:
+        why.append("the measured float8 runs are compiled; this stack is not")
+    if moe and f["dense_only"]:
+        why.append("the measurements are for dense models")
+    if tp > int(f["max_tp"]):
+        why.append(f"the layout uses TP {tp} (the trainer converts linears after TP)")
+    return "; ".join(why) or None
+
+
+def float8_step_kw(gpu: Any, arch: Any) -> dict[str, float]:
+    """step_estimate's float8 arguments for this GPU and model: the measured gain and the parameters
+    gathered in float8 (every decoder block's linears; embeddings and head stay bf16); {} without a gain."""
+    found = float8_gain(gpu, arch.params)
+    if found is None:
+        return {}
+    return {"float8_gain": found[0], "float8_params": arch.num_layers * arch.layer_linear_params()}
 
 
 # --------------------------------------------------------------------------- FLOPs per token
@@ -232,7 +252,7 @@ def step_estimate(
     # bytes in one full copy of what is gathered / reduced
     gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * param_bytes
     if float8_params:
-        gather_buf -= float8_params * (param_bytes - float(a.raw["float8"]["gather_bytes"]))
+        gather_buf -= float8_params * (param_bytes - a.f8_gather_bytes)
     grad_buf = trainable * float(prec["reduce_bytes"])
 
     per_mb_comm = 0.0  # hides under each micro-batch's compute
