@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import zipfile
@@ -27,6 +26,7 @@ from gpuprov.catalog import load_data
 from gpuprov.catalog.fabrics import fabric_allreduce_threshold, get_fabric, get_software
 from gpuprov.render.ansible import render_ansible
 from plan_fixtures import sample_plan
+from ports import free_port
 
 ROLES = REPO / "ansible" / "roles"
 CLOUDS = ("aws", "gcp", "azure", "oci", "onprem")
@@ -661,12 +661,6 @@ def get_fabric_name(cloud: str, instance: str) -> str:
     return fabric_name_for(cloud, instance)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_multinode_allreduce_runs_across_nodes_and_fails_below_the_threshold():
     """Two inventory nodes (both this machine) run the role's probe at once: a real two-node
@@ -684,7 +678,7 @@ def test_multinode_allreduce_runs_across_nodes_and_fails_below_the_threshold():
         (root / "play.yml").write_text(yaml.safe_dump([{"name": "t", "hosts": "gpu_nodes", "gather_facts": True,
             "vars": {**_preflight_ok(), "healthcheck_venv": str(venv), "healthcheck_fabric_backend": "gloo",
                      "healthcheck_expected_gpus": 1, "healthcheck_fabric_bytes": 1 << 20, "healthcheck_fabric_iters": 3,
-                     "healthcheck_fabric_master": "127.0.0.1", "healthcheck_fabric_port": _free_port(),
+                     "healthcheck_fabric_master": "127.0.0.1", "healthcheck_fabric_port": free_port(),
                      "healthcheck_fabric_timeout": 300, "healthcheck_nccl_net": "IB",
                      "healthcheck_fabric_busbw_min_gbytes_per_s": 1.0e6,
                      "healthcheck_fabric_probe": str(root / "probe" / "allreduce_bench.py")},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 
 import pytest
 
@@ -22,15 +21,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from gpuprov.catalog import load_data  # noqa: E402
+from ports import free_port  # noqa: E402
 
 LAYERS = 4
 WRAPS = ("fsdp-qlora", "per-block")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model(wrap: str):
@@ -77,8 +71,8 @@ def _observe(wrap: str) -> dict:
         model.enable_input_require_grads()  # as fsdp_qlora train.py does before reentrant AC
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=impl),
                                    check_fn=lambda m: isinstance(m, LlamaDecoderLayer))
-    block_numel = max(h.flat_param._unpadded_unsharded_size.numel() for h in _handles(model) if not _is_root(h, model))
-    root = next(h for h in _handles(model) if _is_root(h, model))
+    root = model._handle  # the outermost FSDP unit: embeddings, final norm, head
+    block_numel = max(h.flat_param._unpadded_unsharded_size.numel() for h in _handles(model) if h is not root)
     live: set[int] = set()
     seen = {"max_blocks": 0, "root_reshards_in_forward": 0, "root_unsharded_at_backward": None}
     phase = {"forward": True}
@@ -119,10 +113,6 @@ def _handles(model):
     return [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
 
 
-def _is_root(handle, model) -> bool:
-    return handle is model._handle
-
-
 def _worker(rank: int, port: int, out_path: str) -> None:
     import torch.distributed as dist
 
@@ -142,7 +132,7 @@ def observed(tmp_path_factory) -> dict:
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("fsdp1") / "units.json"
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=2)
     return json.loads(out.read_text(encoding="utf-8"))
 
 

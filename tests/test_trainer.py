@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ import yaml
 
 from gpuprov.render.launch import render_launch
 from plan_fixtures import sample_plan
+from ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def render_small(root: Path, *, nodes: int, gpus_per_node: int, sharding: str, task: str = "full",
