@@ -635,6 +635,8 @@ def test_training_env_role_installs_exactly_the_bundle_requirements(bundle):
                 "training_env_cuda_version": "", "training_env_imports": ["gpuprovstandin"]}
         first = _run_cases(bundle, "venv.yml", "training_env", "main.yml", [case])
         assert "...ignoring" not in first and "training venv:" in first and '"gpuprovstandin": "1.2.3"' in first
+        # venv and pip are installed here, so apt (and its cache refresh over the network) is not asked
+        assert re.search(r"TASK \[training_env : Install Python's venv and pip\] \**\nskipping:", first), first
         again = _run_cases(bundle, "venv.yml", "training_env", "main.yml", [case])
         assert recap(again)["changed"] == 0
         assert (root / "venv" / "requirements-train.txt").read_text() == req.read_text()
