@@ -252,6 +252,10 @@ def test_4_wiped_drives_rebuilt_at_boot(vm):
 def test_5_foreign_filesystem_is_never_destroyed(vm):
     guest, bundle, _ = vm
     victim = guest.by_id(1)
+    # The old array's XFS survives the wipefs below (it sits in md's data area, not at the
+    # members' offset 0): a new array must get a new filesystem, never that stale one.
+    stale_uuid = array_state(guest)["mount"]["uuid"]
+    guest.ssh(f"touch {MOUNT}/stale-marker && sync")
     guest.ssh(f"systemctl stop scratch.mount && mdadm --stop /dev/md/{NAME} && "
               f"wipefs --all --quiet {' '.join(guest.by_id(i) for i in range(DRIVES))} && "
               f"mkfs.ext4 -q -F {victim} && mkdir -p /mnt/v && mount {victim} /mnt/v && "
@@ -269,7 +273,8 @@ def test_5_foreign_filesystem_is_never_destroyed(vm):
     result = play(bundle, extra_vars={"nvme_raid_force": True}, step="5 nvme_raid_force: true")
     assert result.returncode == 0, result.stdout[-6000:]
     assert "WARNING nvme_raid_force: wiping" in result.stdout
-    assert_built(guest)
+    assert assert_built(guest)["mount"]["uuid"] != stale_uuid
+    assert guest.ssh(f"ls -A {MOUNT}").stdout.strip() == ""
     assert guest.ssh(f"blkid -p -o value -s TYPE {victim}").stdout.strip() == "linux_raid_member"
 
 
