@@ -199,6 +199,9 @@ def test_framework_preset_names_what_it_set_and_flags_override_it() -> None:
     assert all("@" in v["source"] for v in d["framework"]["set"].values())
     plain = json.loads(run(*base[:-2], "--json").stdout)
     assert plain["framework"] is None and plain["setup"]["loss_impl"] == "hf"
+    hint = "no --framework: the stack flags not given are generic defaults"
+    assert hint not in text.stdout
+    assert hint in run(*base[:-2]).stdout and "torchtune" in run(*base[:-2]).stdout.split(hint)[1]
 
 
 def test_help_lists_every_stack_flag_and_preset() -> None:

@@ -508,6 +508,12 @@ def render_stack(d: dict) -> str:
         lines += ["", f"framework {fw['name']}: {fw['title']}"]
         lines += [f"  sets {item['flag']:<34} ({item['source']})" for item in fw["set"].values()] or \
             ["  (every setting overridden by your flags)"]
+    else:
+        from gpuprov.sizing.frameworks import names
+
+        # The largest errors on measured runs come from a stack the estimate was not told.
+        lines += ["", "no --framework: the stack flags not given are generic defaults (listed above); "
+                  f"--framework {{{','.join(names())}}} sizes the stack that framework's code runs"]
     s = d["setup"]
     if s["task"] == "qlora":
         lines += ["", f"QLoRA base: NF4 {s['qlora_base']}" + (
