@@ -98,3 +98,20 @@ def test_repo_copy_of_the_reference_matches_the_shared_one() -> None:
     if not shared.is_file():
         pytest.skip("no ../shared/reference in this checkout: the benchmarks/ copy is the reference")
     assert acc.load_rows(shared) == acc.load_rows(REPO / "benchmarks" / "measured-peaks.yaml")
+
+
+def test_readme_states_the_measured_accuracy() -> None:
+    """README's accuracy paragraph quotes what benchmarks/accuracy.py measures today, not an older run."""
+    import re
+
+    acc = _accuracy()
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    ref = acc.evaluate(acc.load_rows(acc.reference_file()))
+    hold = acc.evaluate(acc.load_rows(REPO / "benchmarks" / "more-measured-peaks.yaml"))
+    for results, label in ((ref, "reference"), (hold, "hold-out")):
+        s, d = acc.summary(results), acc.summary(results, "default_error_pct")
+        ratio = d["mape_pct"] / s["mape_pct"]
+        assert f"MAPE {s['mape_pct']:.1f}%" in readme, label
+        assert f"{ratio:.1f}x ({label}, {d['mape_pct']:.1f}%)" in readme, (label, ratio, d["mape_pct"])
+    worst = acc.summary(ref)["worst_underestimate_pct"]
+    assert re.search(rf"worst underestimate {worst:.1f}%", readme), worst
