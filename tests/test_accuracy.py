@@ -115,3 +115,5 @@ def test_readme_states_the_measured_accuracy() -> None:
         assert f"{ratio:.1f}x ({label}, {d['mape_pct']:.1f}%)" in readme, (label, ratio, d["mape_pct"])
     worst = acc.summary(ref)["worst_underestimate_pct"]
     assert re.search(rf"worst underestimate {worst:.1f}%", readme), worst
+    held_worst = acc.summary(hold)["worst_underestimate_pct"]
+    assert f"(down to {held_worst:.0f}%)" in readme, held_worst
