@@ -192,7 +192,7 @@ def setup_for(row: dict[str, Any], stack: bool = True):
 def evaluate(rows: list[dict[str, Any]], precise: bool = False) -> list[dict[str, Any]]:
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.models import get_model
-    from gpuprov.sizing.memory import allocator_bytes, estimate_memory
+    from gpuprov.sizing.memory import NON_ALLOCATOR_TERMS, allocator_bytes, estimate_memory
 
     out = []
     for row in rows:
@@ -207,6 +207,9 @@ def evaluate(rows: list[dict[str, Any]], precise: bool = False) -> list[dict[str
         est = estimate_memory(arch, setup, memory)
         comparable = allocator_bytes(est, memory)[key]
         default = allocator_bytes(estimate_memory(arch, plain, memory), memory)[key]
+        # the most `reserved` can read on this GPU (its memory less the CUDA context and NCCL, see
+        # allocator_bytes): a row near it measured a full card, a bound on the run's need, not the need
+        ceiling = memory - sum(est.breakdown.get(t, 0) for t in NON_ALLOCATOR_TERMS)
         result = {
             "id": row["id"],
             "framework": framework_of(row)[0] or "(none)",
@@ -217,6 +220,7 @@ def evaluate(rows: list[dict[str, Any]], precise: bool = False) -> list[dict[str
             "estimated_bytes": comparable,
             "per_gpu_bytes": est.per_gpu_bytes,
             "error_pct": 100.0 * (comparable - measured) / measured,
+            "of_ceiling_pct": 100.0 * measured / ceiling if key == "reserved" else None,
         }
         if precise:
             from gpuprov.sizing.precise import estimate_precise
@@ -269,7 +273,7 @@ def render_frameworks(results: list[dict[str, Any]]) -> list[str]:
 
 
 def render(results: list[dict[str, Any]], precise: bool) -> str:
-    head = f"{'id':<46}{'framework':>11}{'metric':>9}{'measured':>10}{'estimated':>10}{'error':>9}{'defaults':>9}{'per-GPU':>9}"
+    head = f"{'id':<46}{'framework':>11}{'metric':>9}{'measured':>10}{'estimated':>10}{'error':>9}{'defaults':>9}{'per-GPU':>9}{'of card':>9}"
     if precise:
         head += f"{'precise':>9}{'error':>9}"
     lines = [head + "   (GiB)"]
@@ -279,6 +283,7 @@ def render(results: list[dict[str, Any]], precise: bool) -> str:
             f"{mark}{r['id']:<45}{r['framework']:>11}{r['metric']:>9}{r['measured_bytes'] / GIB:>10.2f}"
             f"{r['estimated_bytes'] / GIB:>10.2f}{r['error_pct']:>+8.1f}%{r['default_error_pct']:>+8.1f}%"
             f"{r['per_gpu_bytes'] / GIB:>9.2f}"
+            + (f"{r['of_ceiling_pct']:>8.0f}%" if r["of_ceiling_pct"] is not None else f"{'':>9}")
         )
         if precise:
             line += f"{r['precise_bytes'] / GIB:>9.2f}{r['precise_error_pct']:>+8.1f}%"
@@ -301,7 +306,9 @@ def render(results: list[dict[str, Any]], precise: bool) -> str:
         lines.append(f"precise:  MAPE {p['mape_pct']:.1f}%, worst underestimate {p['worst_underestimate_pct']:+.1f}%")
     lines += render_frameworks(results)
     lines.append("estimated = the estimate of what the source measured (reserved or active), with the row's framework "
-                 "preset; defaults = the same with no stack flags; per-GPU adds CUDA context + NCCL")
+                 "preset; defaults = the same with no stack flags; per-GPU adds CUDA context + NCCL; of card = a reserved "
+                 "row's share of the most reserved can read on its GPU (near 100%: the allocator filled the card, "
+                 "so the row bounds the run's need rather than measuring it)")
     return "\n".join(lines)
 
 
