@@ -88,7 +88,7 @@ class TrainingSpec(BaseModel):
                           "or Capacity Block given)")
     placement_group: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$",
                                         description="AWS: launch into this existing placement group")
-    gpu_count: PositiveInt | None = Field(None, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
+    gpu_count: PositiveInt | None = Field(None, le=v.MAX_GPUS, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
     framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
                            "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")
 

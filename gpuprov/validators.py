@@ -19,6 +19,7 @@ MAX_SEQ_LEN = 2**24  # 16M-token samples
 MAX_BATCH_TOKENS = 2**36  # 64 Gi tokens per optimizer step (Llama 3 405B used 16M)
 MAX_TOKENS = 10**16  # 10 quadrillion training tokens (Llama 3: 15.6T)
 MAX_NODES = 100_000
+MAX_GPUS = 2**24  # 16M GPUs; the largest training clusters hold ~10^5
 MAX_HOSTS = 100_000
 MAX_LORA_RANK = 2**16
 MAX_HOURS = 24 * 365 * 100  # a century

@@ -82,6 +82,12 @@ def test_human_table_shows_gib_and_fit() -> None:
         (["--task", "lora", "--lora-rank", "100000"], "hidden size"),
         (["--sharding", "hsdp", "--gpus", "12"], "does not divide"),
         (["--task", "lora", "--lora-targets", "q_proj,nope"], "unknown LoRA target"),
+        # the spec's sanity bounds hold for estimate too (it printed exabytes and exit 0)
+        (["--seq-len", "99999999999999999999"], "--seq-len 99999999999999999999 is beyond any real run"),
+        (["--gpus", "99999999999999999999"], "--gpus 99999999999999999999 is beyond"),
+        (["--micro-batch", "9999999999999", "--seq-len", "16"], "--micro-batch x --seq-len"),
+        (["--grad-accumulation", "0"], "--grad-accumulation"),
+        (["--grad-accumulation", "99999999999999999999"], "--grad-accumulation 99999999999999999999 is beyond"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle) -> None:

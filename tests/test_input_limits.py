@@ -158,3 +158,22 @@ def test_deeply_nested_lock_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "gpuprov.lock").write_text("[" * 100_000 + "]" * 100_000)
     line = assert_one_line_error(*cli("check", str(tmp_path))[::2])
     assert "unreadable lock" in line
+
+
+@pytest.mark.parametrize("args,word", [
+    # `--spec "$SPEC"` with SPEC unset planned (and generated) the defaults as if no file were meant
+    (["--spec", ""], "--spec is empty"),
+    (["--hosts", " "], "--hosts is empty"),
+    # an empty filter widened the search to every GPU / purchase option instead of restricting it
+    (["--gpu", ""], "--gpu '' names nothing"),
+    (["--gpu", " , "], "names nothing"),
+    (["--purchase", ""], "--purchase '' names nothing"),
+    (["--task", "lora", "--lora-targets", ","], "--lora-targets ',' names nothing"),
+    (["--gpus", "99999999999999999999"], "--gpus"),
+])
+@pytest.mark.parametrize("command", ["plan", "generate"])
+def test_empty_or_absurd_flags_are_refused(tmp_path: Path, command: str, args: list[str], word: str) -> None:
+    out = ["-o", str(tmp_path / "out")] if command == "generate" else []
+    line = assert_one_line_error(*cli(command, "--model", "7b", *args, *out)[::2])
+    assert word in line
+    assert not (tmp_path / "out").exists()

@@ -75,17 +75,21 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
     """Build the TrainingSpec: file values, overridden by the flags the user gave."""
     from gpuprov.specfile import apply_units, build_spec, load_hosts, load_spec_data
 
+    # `--spec "$SPEC"` with SPEC unset must not plan the defaults as if no file were meant
+    for flag, path in (("--spec", spec_file), ("--hosts", hosts_file)):
+        if path is not None and not path.strip():
+            raise GpuprovError(f"{flag} is empty: give a file, or leave {flag} out")
     overrides: dict[str, Any] = {}
     for field, value in values.items():
         if value is None or value == ():
             continue
-        if field == "gpus":
-            overrides[field] = [g.strip() for item in value for g in item.split(",") if g.strip()]
-        elif field == "purchase":
-            overrides[field] = [p.strip() for p in value.split(",") if p.strip()]
-        elif field == "lora_targets":
-            parts = [t.strip() for t in value.split(",") if t.strip()]
-            overrides[field] = parts if len(parts) > 1 else (parts[0] if parts else value)
+        if field in ("gpus", "purchase", "lora_targets"):
+            items = value if field == "gpus" else (value,)
+            parts = [t.strip() for item in items for t in item.split(",") if t.strip()]
+            if not parts:  # an empty list would mean "no restriction": say so instead of widening the search
+                raise GpuprovError(f"{FLAG_NAMES[field]} {', '.join(map(repr, items))} names nothing; "
+                                   f"leave {FLAG_NAMES[field]} out for the default")
+            overrides[field] = parts if field != "lora_targets" or len(parts) > 1 else parts[0]
         else:
             overrides[field] = value
     apply_units(overrides, where=FLAG_NAMES)

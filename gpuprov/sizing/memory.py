@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprov import validators as v
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing import parallel
@@ -118,6 +119,13 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _at_most(name: str, value: int, limit: int) -> None:
+    """The spec's sanity bounds (gpuprov.validators) for `estimate` too: past them the arithmetic is
+    meaningless (a 10^20-token sample), so say so instead of printing exabytes."""
+    if value > limit:
+        raise GpuprovError(f"{name} {value} is beyond any real run (at most {limit:,})")
+
+
 def shard_group_size(setup: TrainSetup) -> int:
     """HSDP shard-group size: explicit, else the GPUs of one node (never more than all GPUs)."""
     group = setup.shard_group if setup.shard_group is not None else min(setup.gpus_per_node, setup.gpus)
@@ -129,6 +137,11 @@ def validate_setup(arch: ModelArch, setup: TrainSetup) -> None:
     _positive("--micro-batch", setup.micro_batch)
     _positive("--gpus", setup.gpus)
     _positive("GPUs per node", setup.gpus_per_node)
+    _positive("--grad-accumulation", setup.grad_accumulation_steps)
+    _at_most("--seq-len", setup.seq_len, v.MAX_SEQ_LEN)
+    _at_most("--gpus", setup.gpus, v.MAX_GPUS)
+    _at_most("--micro-batch x --seq-len", setup.micro_batch * setup.seq_len, v.MAX_BATCH_TOKENS)
+    _at_most("--grad-accumulation", setup.grad_accumulation_steps, v.MAX_BATCH_TOKENS)
     for name, value, allowed in (
         ("--task", setup.task, TASKS),
         ("--sharding", setup.sharding, SHARDINGS),
