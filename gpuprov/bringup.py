@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -287,7 +288,7 @@ def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
 
 def display(step: Step, root: Path) -> str:
     where = step.cwd.relative_to(root).as_posix() if step.cwd.is_relative_to(root) else str(step.cwd)
-    return f"(cd {where} && {' '.join(step.argv)})"
+    return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
 
 
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
@@ -320,14 +321,14 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         if step.name == "terraform-plan" and missing:
             write_state(root, {**state, "completed": done, "failed": step.name})
             raise StepFailed(f"step {number}/{total} '{step.name}' needs Terraform variables: "
-                             f"{_variables_hint(tf, missing)}; then re-run `gpuprov up {root}`")
+                             f"{_variables_hint(tf, missing)}; then re-run `gpuprov up {shlex.quote(str(root))}`")
         echo(f"[{number}/{total}] {step.title}")
         echo(f"  $ {display(step, root)}")
         code = run_step(root, step, echo)
         if code != 0:
             write_state(root, {**state, "completed": done, "failed": step.name})
             raise StepFailed(f"step {number}/{total} '{step.name}' failed (exit {code}). Next: {step.hint}; "
-                             f"then re-run `gpuprov up {root}` to continue from this step")
+                             f"then re-run `gpuprov up {shlex.quote(str(root))}` to continue from this step")
         done.append(step.name)
         write_state(root, {"lock_sha256": digest, "completed": done})
     echo(f"cluster ready ({plan.cluster.nodes} node(s), {plan.cluster.total_gpus} GPUs). Start training:")

@@ -20,6 +20,7 @@ import importlib
 import io
 import json
 import os
+import shlex
 import shutil
 import stat
 import tarfile
@@ -385,7 +386,7 @@ def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = Fal
         if problems and not force:
             shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
             raise GpuprovError(f"refusing to overwrite files edited by hand in {target}: {shown} "
-                               f"(see `gpuprov check {target}`; --force overwrites them)")
+                               f"(see `gpuprov check {shlex.quote(str(target))}`; --force overwrites them)")
         # without a readable lock (forced), nothing counts as generated: carry everything not regenerated
         carried = [p for p in existing if p not in files and p not in tracked and p != LOCK_NAME]
     if old_lock is not None and old_lock.get("keep") is not None and LOCK_NAME in files:

@@ -297,3 +297,27 @@ def test_summary_names_the_hosts_the_plan_leaves_out(tmp_path: Path) -> None:
                  "--hosts", str(hosts), "-o", str(tmp_path / "infra"))
     assert result.returncode == 0, result.stderr
     assert b"1 x hgx-h100-8" in result.stderr and b"hosts left out: n2, n3" in result.stderr
+
+
+def test_commands_printed_for_the_shell_quote_the_bundle_path(tmp_path: Path) -> None:
+    """`next: gpuprov validate DIR && ...` and the `gpuprov check DIR` hint are lines users paste into a
+    shell: a path with a space or `;` stays one word (it was printed raw: `-o 'x; rm -rf ~'` ran rm)."""
+    import shlex
+
+    out = tmp_path / "my infra;touch pwned"
+    r = run("generate", "--model", "7b", "--cloud", "aws", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    nxt = next(ln for ln in r.stderr.decode().splitlines() if ln.startswith("next: "))
+    assert shlex.split(nxt[len("next: "):]) == ["gpuprov", "validate", str(out), "&&", "gpuprov", "up", str(out),
+                                                "--dry-run"]
+    (out / "README.md").write_text("edited\n")
+    line = one_line_error(run("generate", "--model", "7b", "--cloud", "aws", "-o", str(out)))
+    assert f"`gpuprov check {shlex.quote(str(out))}`" in line
+
+
+@pytest.mark.parametrize("output,word", [("", "-o is empty"), (" ", "-o is empty"),
+                                         ("a\nb", "control character"), ("x\x1b[31m", "control character")])
+def test_generate_refuses_an_empty_or_control_character_output(tmp_path: Path, output: str, word: str) -> None:
+    """An empty -o meant the current directory; a newline made a folder no shell line names cleanly."""
+    assert word in one_line_error(run("generate", "--model", "7b", "-o", output, cwd=tmp_path))
+    assert list(tmp_path.iterdir()) == []

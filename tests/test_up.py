@@ -61,8 +61,8 @@ def fakes(tmp_path: Path) -> dict:
     return {"env": env, "log": log}
 
 
-def _bundle(tmp_path: Path, cloud: str = "aws", nodes: int = 2) -> Path:
-    root = tmp_path / "infra"
+def _bundle(tmp_path: Path, cloud: str = "aws", nodes: int = 2, name: str = "infra") -> Path:
+    root = tmp_path / name
     bundle.write_bundle(root, bundle.build_bundle(sample_plan(cloud, nodes=nodes), standin_renderers()), force=True)
     return root
 
@@ -284,3 +284,13 @@ def test_down_on_prem_has_nothing_to_destroy(tmp_path: Path, fakes: dict) -> Non
     result = _down(root, fakes["env"], "--yes")
     assert result.returncode == 0 and "nothing to destroy" in result.stdout
     assert _calls(fakes["log"], root) == []
+
+
+def test_rerun_hint_quotes_the_bundle_path(tmp_path: Path, fakes: dict) -> None:
+    """The hint is pasted into a shell: a bundle folder with a space or `;` stays one word."""
+    import shlex
+
+    root = _bundle(tmp_path, name="my infra;x")
+    failed = _up(root, fakes["env"], fail="terraform apply")
+    assert failed.returncode == 1
+    assert f"re-run `gpuprov up {shlex.quote(str(root))}` to continue" in failed.stderr

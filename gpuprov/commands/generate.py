@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import unicodedata
 from pathlib import Path
 
 import click
@@ -29,6 +30,16 @@ def _summary(plan, where: str, files: int) -> str:
             f"{c.sharding}, ~{plan.time_hours:,.1f} h{cost}{left_out}")
 
 
+def _check_output_path(output: str) -> None:
+    """An empty -o resolved to the current directory; a control character makes a folder no shell
+    line or Makefile names cleanly. Both are refused before anything is planned or written."""
+    if not output.strip():
+        raise GpuprovError("-o is empty: give the bundle directory (e.g. -o infra/), or - for a tar on stdout")
+    bad = next((ch for ch in output if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if bad is not None:
+        raise GpuprovError(f"-o {output!r} holds the control character {bad!r}; choose a plain directory name")
+
+
 @click.command()
 @spec_options
 @click.option("-o", "--output", "output", metavar="DIR|-",
@@ -47,6 +58,8 @@ def generate(spec, output: str | None, force: bool) -> None:
         if sys.stdout.isatty():
             raise GpuprovError("say where the bundle goes: -o DIR, or redirect stdout for a tar (> infra.tar)")
         output = "-"
+    if output != "-":
+        _check_output_path(output)
     plan = make_plan(spec)
     files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
     if output == "-":
@@ -62,7 +75,10 @@ def generate(spec, output: str | None, force: bool) -> None:
         click.echo(f"note: removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left", err=True)
     if result.leftover:
         click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
-    click.echo(f"next: gpuprov validate {output} && gpuprov up {output} --dry-run", err=True)
+    from gpuprov.render.escape import shell_word
+
+    where = shell_word(output)  # a line to paste into a shell: the path as one word, whatever it holds
+    click.echo(f"next: gpuprov validate {where} && gpuprov up {where} --dry-run", err=True)
 
 
 STARTER = """\

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -21,7 +22,7 @@ def _load(directory: str):
     edited = bundle.edited_files(root, lock)
     if edited:
         click.echo(f"note: {len(edited)} file(s) changed since `gpuprov generate` ({', '.join(edited[:3])}"
-                   f"{', ...' if len(edited) > 3 else ''}); `gpuprov check {directory}` shows how", err=True)
+                   f"{', ...' if len(edited) > 3 else ''}); `gpuprov check {shlex.quote(str(directory))}` shows how", err=True)
     try:
         plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
     except FileNotFoundError:
