@@ -321,3 +321,19 @@ def test_generate_refuses_an_empty_or_control_character_output(tmp_path: Path, o
     """An empty -o meant the current directory; a newline made a folder no shell line names cleanly."""
     assert word in one_line_error(run("generate", "--model", "7b", "-o", output, cwd=tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model,word", [("", "--model: model is empty"), (" ", "model is empty"),
+                                        ("a\nb", "control character")])
+def test_init_checks_the_model_before_writing(tmp_path: Path, model: str, word: str) -> None:
+    """A bad -m left an invalid gpuprov.yaml behind (the check ran after the write); "" fell back to 7b."""
+    assert word in one_line_error(run("init", "-m", model, cwd=tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_hint_quotes_the_spec_path(tmp_path: Path) -> None:
+    import shlex
+
+    r = run("init", "my run.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"gpuprov generate -f {shlex.quote('my run.yaml')} -o infra/" in r.stderr.decode()

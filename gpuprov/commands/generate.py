@@ -152,15 +152,17 @@ def init(path: str, model: str | None, cloud: str | None) -> None:
 
     from ruamel.yaml import YAML
 
-    from gpuprov.specfile import load_spec
+    from gpuprov.specfile import build_spec, load_spec
 
     target = Path(path)
     if target.exists():
         raise GpuprovError(f"{target} exists; not overwriting it (remove it or pick another name)")
+    if model is not None:  # checked as a flag, before anything is written ("" too: `-m "$MODEL"` unset)
+        build_spec({}, {"model": model}, flag_names={"model": "--model"})
     yaml = YAML(typ="rt")
     document = yaml.load(starter_spec())
     # edits through ruamel's round trip keep every comment in place
-    if model:
+    if model is not None:
         document["model"] = model
     if cloud:
         document["cloud"] = cloud
@@ -173,8 +175,14 @@ def init(path: str, model: str | None, cloud: str | None) -> None:
         raise GpuprovError(f"{target} exists; not overwriting it") from None
     except OSError as exc:
         raise GpuprovError(f"cannot write {target}: {exc.strerror}") from None
-    load_spec(target)  # the starter must itself be a valid spec
-    click.echo(f"wrote {target}; edit it, then: gpuprov generate -f {target} -o infra/", err=True)
+    try:
+        load_spec(target)  # the starter must itself be a valid spec
+    except GpuprovError:
+        target.unlink()  # never leave a starter that does not load
+        raise
+    from gpuprov.render.escape import shell_word
+
+    click.echo(f"wrote {target}; edit it, then: gpuprov generate -f {shell_word(target)} -o infra/", err=True)
 
 
 UNIT_PATTERNS = {
