@@ -37,6 +37,7 @@ class HostEntry(BaseModel):
     name: HostName
     address: Address
     user: UserName | None = None
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default 22; Ansible's ansible_port)")
     # what the host holds (written by hand or by `gpuprov hosts probe`); gpu and gpus go together
     gpu: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$", description="GPU slug, e.g. a100-80gb")
     gpus: PositiveInt | None = Field(None, description="GPUs in this host")

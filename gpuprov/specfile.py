@@ -301,6 +301,12 @@ def _hosts_from_ini(path: Path, text: str) -> list[dict[str, Any]]:
                     entry["address"] = value
                 elif key in ("ansible_user", "user"):
                     entry["user"] = value
+                elif key in ("ansible_port", "port"):
+                    entry["port"] = value
+                else:  # dropped silently, a port or key file would be lost between this file and the bundle
+                    raise GpuprovError(f"{path}:{number}: host variable {key!r} is not read by gpuprov (it reads "
+                                       "ansible_host, ansible_user, ansible_port); set other Ansible variables "
+                                       "in the bundle's ansible/group_vars")
             elif "address" not in entry:
                 entry["address"] = token
         entry.setdefault("address", name)  # a bare name resolves through DNS, as in Ansible
@@ -353,6 +359,13 @@ def load_hosts(path: str | Path) -> list:
                     entry = {"name": str(name), "address": value.get("ansible_host", value.get("address", name))}
                     if value.get("ansible_user") or value.get("user"):
                         entry["user"] = value.get("ansible_user") or value.get("user")
+                    if value.get("ansible_port") is not None or value.get("port") is not None:
+                        entry["port"] = value.get("ansible_port", value.get("port"))
+                    unread = sorted(set(value) - {"ansible_host", "address", "ansible_user", "user",
+                                                  "ansible_port", "port"})
+                    if unread:
+                        raise GpuprovError(f"{path}: host {name}: variable {unread[0]!r} is not read by gpuprov "
+                                           "(it reads ansible_host, ansible_user, ansible_port)")
                 else:
                     entry = {"name": str(name), "address": value if value is not None else str(name)}
                 entries.append(entry)

@@ -109,6 +109,12 @@ def test_hosts_file_formats(tmp_path: Path) -> None:
     for path in (listed, mapping, ini, inventory):
         hosts = load_hosts(path)
         assert [(h.name, h.address) for h in hosts] == [("gpu0", "10.0.0.10"), ("gpu1", "10.0.0.11")], path
+    # the SSH port, in each format that can state it
+    p_ini, p_list, p_inv = (tmp_path / "p.ini", tmp_path / "p.yaml", tmp_path / "p-inventory.yml")
+    p_ini.write_text("gpu0 ansible_host=10.0.0.10 ansible_port=2222\n")
+    p_list.write_text("- {name: gpu0, address: 10.0.0.10, port: 2222}\n")
+    p_inv.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        gpu0: {ansible_host: 10.0.0.10, ansible_port: 2222}\n")
+    assert all(load_hosts(p)[0].port == 2222 for p in (p_ini, p_list, p_inv))
     spec = _spec("--hosts", str(listed))
     assert spec["cloud"] == "onprem" and spec["hosts"][1]["user"] == "ubuntu"
 
@@ -119,6 +125,12 @@ def test_hosts_file_formats(tmp_path: Path) -> None:
     ("- name: gpu0\n", "address"),
     ("", "no hosts"),
     ("[gpu_nodes]\n=broken\n", "expected"),
+    # host variables gpuprov does not carry into the bundle are refused, not dropped
+    ("gpu0 ansible_host=10.0.0.10 ansible_ssh_private_key_file=~/.ssh/k\n", "'ansible_ssh_private_key_file' is not read"),
+    ("all:\n  children:\n    gpu_nodes:\n      hosts:\n        gpu0: {ansible_host: 10.0.0.1, ansible_become: true}\n",
+     "'ansible_become' is not read"),
+    ("gpu0 ansible_host=10.0.0.10 ansible_port=70000\n", "port"),
+    ("- {name: gpu0, address: 10.0.0.10, port: 0}\n", "port"),
 ])
 def test_bad_hosts_file(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "hosts"

@@ -442,10 +442,11 @@ def _fake_ssh(tmp_path, by_address: dict[str, str]) -> dict:
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    cases = "".join(f'  {addr}|*@{addr}) cat "{PROBE_DATA / name}";;\n' for addr, name in by_address.items())
-    # gpuprov runs: ssh -o BatchMode=yes -o ConnectTimeout=N [user@]address SCRIPT
+    cases = "".join(f'    {addr}|*@{addr}) cat "{PROBE_DATA / name}"; exit 0;;\n' for addr, name in by_address.items())
+    # gpuprov runs: ssh -o BatchMode=yes -o ConnectTimeout=N [-p PORT] [user@]address SCRIPT
     (bin_dir / "ssh").write_text("#!/bin/sh\n" f'echo "$@" >> "{tmp_path / "ssh.log"}"\n'
-                                 f'case "$5" in\n{cases}  *) echo "ssh: connect to host: No route to host" >&2; exit 255;;\nesac\n')
+                                 f'for arg in "$@"; do\n  case "$arg" in\n{cases}  esac\ndone\n'
+                                 'echo "ssh: connect to host: No route to host" >&2; exit 255\n')
     (bin_dir / "ssh").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
@@ -465,6 +466,26 @@ def test_hosts_probe_fills_the_file_from_recorded_output(tmp_path):
     out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", str(hosts))
     assert "Chosen: 4 x 8x-a100-80gb (onprem)" in out and "have 2,016 GiB" in out
     assert "infiniband 200 Gb/s per GPU" in out and "Bill of materials" not in out
+
+
+def test_hosts_probe_connects_on_the_hosts_ssh_port_and_keeps_it(tmp_path):
+    """ansible_port / port: probe, the written file and the bundle's inventory all use it (it was dropped)."""
+    hosts = tmp_path / "hosts.ini"
+    hosts.write_text("box ansible_host=10.0.0.9 ansible_user=ops ansible_port=2222\n")
+    env = _fake_ssh(tmp_path, {"10.0.0.9": "workstation-2x4090.txt"})
+    r = run("hosts", "probe", str(hosts), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "-p 2222 ops@10.0.0.9" in (tmp_path / "ssh.log").read_text()
+    assert "- {name: box, address: 10.0.0.9, user: ops, port: 2222, gpu: rtx-4090-24gb" in r.stdout
+    filled = tmp_path / "hosts.yaml"
+    filled.write_text(r.stdout)
+    out = tmp_path / "bundle"
+    assert run("generate", "--model", "llama-3.2-1b", "--task", "lora", "--hosts", str(filled),
+               "-o", str(out)).returncode == 0
+    from gpuprov.specfile import load_hosts
+
+    back = load_hosts(out / "ansible" / "inventory.yml")  # the bundle's inventory reads back the same
+    assert [(h.name, h.address, h.user, h.port) for h in back] == [("box", "10.0.0.9", "ops", 2222)]
 
 
 def test_hosts_probe_reads_a_workstation_and_names_an_unreachable_host(tmp_path):

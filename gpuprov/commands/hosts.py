@@ -28,7 +28,8 @@ def _ssh(host, script: str, timeout: int) -> str:
     if ssh is None:
         raise GpuprovError("ssh not found on PATH (install openssh-client)")
     target = f"{host.user}@{host.address}" if host.user else host.address
-    cmd = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}", target, script]
+    port = ["-p", str(host.port)] if host.port else []
+    cmd = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}", *port, target, script]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * 6)
     except subprocess.TimeoutExpired:
@@ -68,7 +69,7 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
             raise GpuprovError(f"{h.name} ({h.address}): {exc}") from None
         entry = {**h.model_dump(exclude_none=True), **found}
         HostEntry.model_validate(entry)  # what is written reads back
-        lines.append(_line({k: entry.get(k) for k in ("name", "address", "user", *FIELDS)}))
+        lines.append(_line({k: entry.get(k) for k in ("name", "address", "user", "port", *FIELDS)}))
     text = "# filled by `gpuprov hosts probe`\n" + "\n".join(lines) + "\n"
     if write:
         Path(hosts_file).write_text(text, encoding="utf-8")

@@ -140,6 +140,12 @@ def _alternatives(plan) -> list[str]:
                     [chosen] + rows), ""]
 
 
+def _login(entry) -> str:
+    """' (user U, port P)' for a host that states them, else ''."""
+    parts = ([f"user {md(entry.user)}"] if entry.user else []) + ([f"port {entry.port}"] if entry.port else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _hosts(plan) -> list[str]:
     h = plan.host
     out = [
@@ -156,8 +162,7 @@ def _hosts(plan) -> list[str]:
     if h.bill_of_materials:
         out += ["Bill of materials per node:", ""] + [f"- {item}" for item in h.bill_of_materials] + [""]
     if plan.hosts:
-        out += ["Hosts:", ""] + [f"- {md_code(e.name)}: {md(e.address)}" + (f" (user {md(e.user)})" if e.user else "")
-                                 for e in plan.hosts] + [""]
+        out += ["Hosts:", ""] + [f"- {md_code(e.name)}: {md(e.address)}" + _login(e) for e in plan.hosts] + [""]
     left = hosts_left_out(plan)
     if left:
         out += [f"Left out ({len(left)} of the {len(plan.spec.hosts)} hosts listed; not in the Ansible inventory, "
