@@ -77,6 +77,13 @@ def test_qkv_bias_and_tying_change_counts() -> None:
           "intermediate_size": 128, "vocab_size": 10}, "hidden_size"),
         ({"model_type": "mixtral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
           "intermediate_size": 128, "vocab_size": 10}, "num_local_experts"),
+        # sizes past any real model: the estimate printed yottabytes with exit 0
+        ({"model_type": "llama", "hidden_size": 10**30, "num_attention_heads": 4, "num_hidden_layers": 2,
+          "intermediate_size": 128, "vocab_size": 10}, "'hidden_size' = 10+ is beyond any real model"),
+        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+          "intermediate_size": 128, "vocab_size": 10, "head_dim": 2**25}, "head_dim 33554432 is beyond"),
+        ({"model_type": "llama", "hidden_size": 2**20, "num_attention_heads": 4, "num_hidden_layers": 2**20,
+          "intermediate_size": 2**20, "vocab_size": 10}, "parameters is beyond any real model"),
     ],
 )
 def test_bad_configs(cfg: dict, message: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import LORA_TARGET_PRESETS
+from gpuprov.validators import MAX_CONFIG_COUNT, MAX_PARAMS
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "mixtral", "qwen2", "gemma2")
 
@@ -190,6 +191,8 @@ def _req(cfg: dict[str, Any], key: str, where: str) -> int:
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise GpuprovError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
+    if value > MAX_CONFIG_COUNT:  # past it the sizes are meaningless (a 10^30-wide layer printed yottabytes)
+        raise GpuprovError(f"{where}: field {key!r} = {value} is beyond any real model (at most {MAX_CONFIG_COUNT:,})")
     return value
 
 
@@ -244,7 +247,9 @@ def arch_from_hf_config(
     # HF defaults per model_type where config.json omits the key.
     tie_default = model_type == "gemma2"
     tie = _flag(cfg, "tie_word_embeddings", tie_default, where)
-    return ModelArch(
+    if head_dim > MAX_CONFIG_COUNT:
+        raise GpuprovError(f"{where}: head_dim {head_dim} is beyond any real model (at most {MAX_CONFIG_COUNT:,})")
+    arch = ModelArch(
         name=name,
         display_name=display_name or name,
         model_type=model_type,
@@ -265,3 +270,6 @@ def arch_from_hf_config(
         hf_config=copy.deepcopy(dict(cfg)),
         source=source,
     )
+    if arch.params > MAX_PARAMS:
+        raise GpuprovError(f"{where}: {arch.params:.3g} parameters is beyond any real model (at most {MAX_PARAMS:.0e})")
+    return arch
