@@ -254,3 +254,23 @@ def test_qlora_text_says_which_base_it_sized() -> None:
     assert "QLoRA base: NF4 sharded by FSDP" in run(*base).stdout
     out = run(*base, "--framework", "gpuprov").stdout
     assert "QLoRA base: NF4 replicated on every GPU" in out and "gpuprov plan" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "mistral-7b", "--gpu", "rtx-4090-24gb", "--gpus", "1", "--seq-len", "2048", "--micro-batch", "4",
+     "--task", "lora", "--framework", "gpuprov"],
+    ["--model", "llama-3.1-8b", "--gpu", "l4-24gb", "--gpus", "8", "--seq-len", "8192", "--task", "lora",
+     "--framework", "litgpt"],
+    ["--model", "llama-3.1-8b", "--gpu", "rtx-4090-24gb", "--gpus", "2", "--gpus-per-node", "2", "--seq-len", "4096",
+     "--task", "lora", "--framework", "hf-trainer"],
+])
+def test_each_suggestion_sizes_what_its_command_sizes(args) -> None:
+    """A change of --task or --sharding changes what a framework preset sets (its `when:` rules): the
+    suggestion's bytes came from the old preset settings while its command re-resolved them."""
+    import shlex
+
+    d = json.loads(run("estimate", *args, "--suggest", "--json").stdout)
+    assert d["suggestions"]
+    for s in d["suggestions"]:
+        again = json.loads(run(*shlex.split(s["command"])[1:], "--json").stdout)
+        assert again["fits"] and again["per_gpu_bytes"] == s["per_gpu_bytes"], s

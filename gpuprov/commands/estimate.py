@@ -249,6 +249,31 @@ class _FrameworkChoice(click.Choice):
 
 
 
+def setup_from_params(p: dict):
+    """(setup, explicit stack flags, shape, what the preset set) from estimate's option values: one path
+    for the run itself and for each suggested command, so a suggestion sizes what its command sizes
+    (a preset's `when:` rules follow a changed --task or --sharding)."""
+    qlora_base, fsdp_version = p["qlora_base"], p["fsdp_version"]
+    explicit = {field: p[field] for field in _EXPLICIT_STACK}
+    explicit.update(compile=p["use_compile"],
+                    qlora_base_replicated=None if qlora_base is None else qlora_base == "replicated",
+                    fsdp_version=None if fsdp_version is None else int(fsdp_version))
+    task, gpus = p["task"], p["gpus"]
+    stack, applied = resolve_stack(p["framework"], explicit, task=task, gpus=gpus,
+                                   model_parallel=p["tp"] * p["cp"] * p["pp"])
+    shape = {k: p[k] for k in ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group",
+                               "lora_rank", "lora_targets", "tp", "cp", "pp")}
+    setup = build_setup(**shape, grad_accumulation=p["grad_accumulation"], stack=stack)
+    return setup, explicit, shape, applied
+
+
+# stack flags whose option name is the TrainSetup field (compile, qlora_base and fsdp_version convert)
+_EXPLICIT_STACK = ("sharding", "activation_checkpointing", "precision", "optimizer", "offload", "chunked_cross_entropy",
+                   "activation_offloading", "optimizer_impl", "loss_impl", "lora_dropout", "autocast_fp32_params",
+                   "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "compile_loss",
+                   "defer_grad_sync", "fp32_logits", "float8")
+
+
 @click.command(name="estimate")
 @click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) or config.json path.")
 @click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
@@ -342,22 +367,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
 
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
-    explicit = {
-        "sharding": sharding, "activation_checkpointing": activation_checkpointing, "precision": precision,
-        "optimizer": optimizer, "offload": offload, "compile": use_compile,
-        "chunked_cross_entropy": chunked_cross_entropy, "activation_offloading": activation_offloading,
-        "optimizer_impl": optimizer_impl, "loss_impl": loss_impl, "lora_dropout": lora_dropout,
-        "qlora_base_replicated": None if qlora_base is None else qlora_base == "replicated",
-        "fsdp_version": None if fsdp_version is None else int(fsdp_version),
-        "autocast_fp32_params": autocast_fp32_params, "compile_scope": compile_scope, "loss_upcast": loss_upcast,
-        "shard_embeddings": shard_embeddings, "fsdp1_frozen_grads": fsdp1_frozen_grads,
-        "compile_loss": compile_loss, "defer_grad_sync": defer_grad_sync,
-        "fp32_logits": fp32_logits, "float8": float8,
-    }
-    stack, applied = resolve_stack(framework, explicit, task=task, gpus=gpus, model_parallel=tp * cp * pp)
-    shape = dict(task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
-                 shard_group=shard_group, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, cp=cp, pp=pp)
-    setup = build_setup(**shape, grad_accumulation=grad_accumulation, stack=stack)
+    params = click.get_current_context().params
+    setup, explicit, shape, applied = setup_from_params(params)
     if precise and tp * cp * pp > 1:
         raise GpuprovError("--precise simulates FSDP on one rank; it does not model --tp/--cp/--pp yet (drop --precise)")
     analytic = estimate_memory(arch, setup, gpu.memory_bytes)
@@ -372,7 +383,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
         from gpuprov.sizing.suggest import suggest as find
 
         base_cmd = command_words(model_name, gpu_slug, framework, shape, grad_accumulation, explicit)
-        found = find(arch, gpu, setup, estimate_memory, gpu.memory_bytes)
+        found = find(arch, gpu, setup, estimate_memory, gpu.memory_bytes,
+                     rebuild=lambda flags: setup_from_params(params_with_flags(params, flags))[0])
         d["suggestions"] = [suggestion_dict(x, base_cmd) for x in found]
     click.echo(json.dumps(d, indent=2) if as_json else render_table(d) + render_stack(d))
     if fail_if_not_fits and not fits:
@@ -488,10 +500,21 @@ def with_flags(words: list[tuple[str, str | None]], flags: dict[str, str]) -> st
     return shlex.join(out)
 
 
+def params_with_flags(params: dict, flags: dict[str, str]) -> dict:
+    """estimate's option values with a suggestion's flags (e.g. {"--task": "qlora"}) applied as typed."""
+    ctx = click.get_current_context()
+    by_flag = {opt: opt_param for opt_param in ctx.command.params for opt in opt_param.opts}
+    out = dict(params)
+    for flag, value in flags.items():
+        param = by_flag[flag]
+        out[param.name] = param.type_cast_value(ctx, value)
+    return out
+
+
 def suggestion_dict(x, base_cmd: list[tuple[str, str | None]]) -> dict:
-    flags: dict[str, str] = {}
-    for c in x.changes:
-        flags.update(c.flags)
+    from gpuprov.sizing.suggest import flags_of
+
+    flags = flags_of(x.changes)
     return {
         "change": x.summary,
         "per_gpu_bytes": x.per_gpu_bytes,

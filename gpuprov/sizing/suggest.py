@@ -143,6 +143,13 @@ def _apply(s: TrainSetup, changes: tuple[Change, ...]) -> TrainSetup:
     return replace(s, **merged)
 
 
+def flags_of(changes: tuple[Change, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for c in changes:
+        out.update(c.flags)
+    return out
+
+
 def gpu_seconds_per_token(arch: Any, gpu: Any, s: TrainSetup, trainable: int) -> float:
     """GPU-seconds per trained token for this setup, from the planner's step model."""
     from gpuprov.sizing.throughput import (Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes,
@@ -193,8 +200,12 @@ def offload_notes(arch: Any, s: TrainSetup, trainable: int, base_breakdown: dict
 
 
 def suggest(arch: Any, gpu: Any, setup: TrainSetup, estimator: Callable, memory_bytes: int,
-            limit: int = 3) -> list[Suggestion]:
-    """The `limit` cheapest single changes or pairs of changes that fit, cheapest first."""
+            limit: int = 3, rebuild: Callable[[dict[str, str]], TrainSetup] | None = None) -> list[Suggestion]:
+    """The `limit` cheapest single changes or pairs of changes that fit, cheapest first.
+
+    `rebuild(flags)` gives the setup the command with those flags changed would size (the CLI passes
+    its own flag resolution, so a framework preset's task- or sharding-dependent settings follow the
+    change); without it the change's fields are applied to `setup` as they are."""
     base = estimator(arch, setup, memory_bytes)
     changes = candidate_changes(setup)
     combos: list[tuple[Change, ...]] = [(c,) for c in changes]
@@ -202,7 +213,7 @@ def suggest(arch: Any, gpu: Any, setup: TrainSetup, estimator: Callable, memory_
     found: list[Suggestion] = []
     for combo in combos:
         try:
-            s = _apply(setup, combo)
+            s = rebuild(flags_of(combo)) if rebuild else _apply(setup, combo)
             est = estimator(arch, s, memory_bytes)
         except Exception:  # a change the model cannot size here (e.g. a rank the shard group refuses)
             continue
