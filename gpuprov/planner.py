@@ -129,7 +129,7 @@ def make_setup(*, grad_accum: int, framework: str = "gpuprov", stack: Any = None
     else:  # another framework's stack (catalog/data/frameworks.yaml); the candidate's own fields win
         from gpuprov.sizing.frameworks import preset_stack
 
-        preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"))
+        preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"), int(fields.get("tp", 1)))
         extra = {k: v for k, v in preset.items() if k not in fields}
     return TrainSetup(**fields, **extra, grad_accumulation_steps=max(1, int(grad_accum)))
 

@@ -93,13 +93,16 @@ def test_gpuprov_preset_matches_the_bundled_trainer_code() -> None:
     assert "dropout: {{ stack.lora_dropout | y }}" in yaml  # the Plan's Stack, which test_stack holds to this preset
 
 
-@pytest.mark.parametrize("task", ["full", "lora", "qlora"])
-def test_gpuprov_preset_is_the_plans_stack(task: str) -> None:
-    """`estimate --framework gpuprov` and the Plan's Stack (gpuprov/stack.py) size one trainer."""
+@pytest.mark.parametrize("task,tp", [("full", 1), ("lora", 1), ("qlora", 1), ("full", 4)])
+def test_gpuprov_preset_is_the_plans_stack(task: str, tp: int) -> None:
+    """`estimate --framework gpuprov` and the Plan's Stack (gpuprov/stack.py) size one trainer, with
+    tensor parallelism too (the trainer does not chunk the loss under TP; the preset said it did)."""
     from gpuprov.stack import choose_stack, setup_fields
 
-    fields = setup_fields(choose_stack(task, "bf16-mixed", "llama"))
-    preset = frameworks.gpuprov_stack(task, "fsdp")
+    fields = setup_fields(choose_stack(task, "bf16-mixed", "llama", tp), tp)
+    preset = frameworks.gpuprov_stack(task, "fsdp", tp)
+    if tp > 1:
+        assert preset["chunked_cross_entropy"] is False
     assert {k: fields[k] for k in preset} == preset
     # float8: the planner decides it per GPU (a measured gain on that class), not the preset
     assert set(fields) - set(preset) <= {"chunked_cross_entropy", "activation_offloading", "compile_scope",
@@ -130,3 +133,26 @@ def test_plan_and_estimate_agree_on_the_qlora_base_and_the_stack() -> None:
     other = json.loads(cli("plan", "--model", "llama-2-7b", "--task", "qlora", "--framework", "fsdp-qlora", "--json"))
     assert any("sized for the fsdp-qlora stack" in n for n in other["notes"])
     assert not any("QLoRA base" in n for n in other["notes"])
+
+
+def test_plan_and_estimate_agree_on_a_tensor_parallel_layout() -> None:
+    """The plan's TP x FSDP layout, given to `estimate --framework gpuprov`, is the same figure."""
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    plan = cli("plan", "--model", "70b", "--tp", "4", "--json")
+    c = plan["cluster"]
+    assert c["tp"] == 4
+    est = cli("estimate", "--model", "70b", "--framework", "gpuprov", "--json", "--gpu", c["gpu"],
+              "--gpus", str(c["total_gpus"]), "--gpus-per-node", str(c["gpus_per_node"]), "--tp", "4",
+              "--sharding", c["sharding"], "--activation-checkpointing", c["activation_checkpointing"],
+              "--micro-batch", str(c["micro_batch"]), "--seq-len", str(c["seq_len"]),
+              "--grad-accumulation", str(c["grad_accum"]))
+    assert est["per_gpu_bytes"] == plan["memory"]["per_gpu_bytes"]
+    assert est["setup"]["chunked_cross_entropy"] is False

@@ -32,12 +32,13 @@ def _default_sharding(gpus: int, model_parallel: int = 1) -> str:
     return "none" if gpus == 1 and model_parallel == 1 else "fsdp"
 
 
-def resolve_stack(framework, explicit: dict, *, task: str, gpus: int, model_parallel: int = 1):
+def resolve_stack(framework, explicit: dict, *, task: str, gpus: int, model_parallel: int = 1, tp: int = 1):
     """Stack fields from explicit flags > the --framework preset > stack_defaults(); and what the preset set."""
     from gpuprov.sizing.frameworks import resolve
 
     def shape_of(values: dict) -> dict:
-        return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus, model_parallel)}
+        return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus, model_parallel),
+                "tensor_parallel": tp > 1}
 
     values, applied = resolve(framework, explicit, stack_defaults(), shape_of)
     if values["sharding"] is None:
@@ -260,7 +261,7 @@ def setup_from_params(p: dict):
                     fsdp_version=None if fsdp_version is None else int(fsdp_version))
     task, gpus = p["task"], p["gpus"]
     stack, applied = resolve_stack(p["framework"], explicit, task=task, gpus=gpus,
-                                   model_parallel=p["tp"] * p["cp"] * p["pp"])
+                                   model_parallel=p["tp"] * p["cp"] * p["pp"], tp=p["tp"])
     shape = {k: p[k] for k in ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group",
                                "lora_rank", "lora_targets", "tp", "cp", "pp")}
     setup = build_setup(**shape, grad_accumulation=p["grad_accumulation"], stack=stack)

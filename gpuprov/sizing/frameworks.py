@@ -1,7 +1,8 @@
 """Framework presets: the TrainSetup fields a training framework's own code sets (catalog/data/frameworks.yaml).
 
 A preset is a plain mapping of TrainSetup field -> value, each with the file@commit that shows it,
-plus `when:` entries that apply where the run's task or sharding matches. The user's explicit flags
+plus `when:` entries that apply where the run's task, sharding or tensor parallelism (tensor_parallel:
+true for TP > 1) matches. The user's explicit flags
 win over a preset; a preset wins over gpuprov's defaults. Pure functions, no I/O beyond the catalog.
 """
 
@@ -93,16 +94,17 @@ def resolve(name: str | None, explicit: dict[str, Any], defaults: dict[str, Any]
     return values, applied
 
 
-def preset_stack(name: str, task: str, sharding: str) -> dict[str, Any]:
-    """A preset's TrainSetup fields for one task and sharding (what `gpuprov plan` sizes)."""
-    return dict(_preset_stack(name, task, sharding))
+def preset_stack(name: str, task: str, sharding: str, tp: int = 1) -> dict[str, Any]:
+    """A preset's TrainSetup fields for one task, sharding and tensor-parallel degree (what `gpuprov plan` sizes)."""
+    return dict(_preset_stack(name, task, sharding, tp > 1))
 
 
-def gpuprov_stack(task: str, sharding: str) -> dict[str, Any]:
+def gpuprov_stack(task: str, sharding: str, tp: int = 1) -> dict[str, Any]:
     """The TrainSetup fields of gpuprov's own trainer (what the bundle runs)."""
-    return preset_stack("gpuprov", task, sharding)
+    return preset_stack("gpuprov", task, sharding, tp)
 
 
 @lru_cache(maxsize=None)
-def _preset_stack(name: str, task: str, sharding: str) -> tuple[tuple[str, Any], ...]:
-    return tuple((k, v.value) for k, v in preset_settings(name, {"task": task, "sharding": sharding}).items())
+def _preset_stack(name: str, task: str, sharding: str, tensor_parallel: bool) -> tuple[tuple[str, Any], ...]:
+    shape = {"task": task, "sharding": sharding, "tensor_parallel": tensor_parallel}
+    return tuple((k, v.value) for k, v in preset_settings(name, shape).items())
