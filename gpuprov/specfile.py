@@ -327,6 +327,20 @@ def _looks_like_ini(path: Path) -> bool:
                             or any(re.search(r"\s\w+=\S", ln) for ln in lines))
 
 
+def hosts_format(path: str | Path) -> str:
+    """Which of load_hosts' formats a hosts file is: "ini", "inventory", "mapping" or "list"."""
+    path = Path(path)
+    if _looks_like_ini(path):
+        return "ini"
+    tree = load_yaml(path)
+    if tree is None or isinstance(tree, str):
+        return "ini"
+    data = _plain(tree)
+    if isinstance(data, dict):
+        return "inventory" if "all" in data else "mapping"
+    return "list"
+
+
 def load_hosts(path: str | Path) -> list:
     """Hosts file -> [HostEntry]: a YAML list of {name, address[, user]}, a YAML mapping
     name -> address, an Ansible YAML inventory (all.children.gpu_nodes.hosts), or ini lines."""

@@ -488,6 +488,20 @@ def test_hosts_probe_connects_on_the_hosts_ssh_port_and_keeps_it(tmp_path):
     assert [(h.name, h.address, h.user, h.port) for h in back] == [("box", "10.0.0.9", "ops", 2222)]
 
 
+@pytest.mark.parametrize("name,text", [
+    ("hosts.ini", "box ansible_host=10.0.0.9\n"),
+    ("inventory.yml", "all:\n  children:\n    gpu_nodes:\n      hosts:\n        box: {ansible_host: 10.0.0.9}\n"),
+])
+def test_hosts_probe_write_keeps_an_ini_or_inventory_file(tmp_path, name, text):
+    """--write put a YAML list into hosts.ini (which then no longer loaded) or over an Ansible inventory."""
+    hosts = tmp_path / name
+    hosts.write_text(text)
+    r = run("hosts", "probe", str(hosts), "--write", env=_fake_ssh(tmp_path, {"10.0.0.9": "workstation-2x4090.txt"}))
+    assert r.returncode == 2 and "> hosts.yaml" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert hosts.read_text() == text
+    assert not (tmp_path / "ssh.log").exists()  # refused before any host is reached
+
+
 def test_hosts_probe_reads_a_workstation_and_names_an_unreachable_host(tmp_path):
     from gpuprov.catalog.gpus import list_gpus
     from gpuprov.probe import parse_probe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,13 +41,25 @@ def _ssh(host, script: str, timeout: int) -> str:
     return proc.stdout
 
 
+def _replace(path: Path, text: str) -> None:
+    """Write beside the file, then rename over it: an interrupted run leaves the old file whole."""
+    temporary = path.with_name(f".{path.name}.gpuprov-tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        shutil.copymode(path, temporary)
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise GpuprovError(f"cannot write {path}: {exc.strerror or type(exc).__name__}") from None
+
+
 def _line(entry: dict) -> str:
     return "- {" + ", ".join(f"{k}: {v}" for k, v in entry.items() if v is not None) + "}"
 
 
 @hosts.command()
 @click.argument("hosts_file", metavar="FILE", type=click.Path(dir_okay=False, exists=True))
-@click.option("--write", is_flag=True, help="Update FILE in place instead of printing it")
+@click.option("--write", is_flag=True, help="Update FILE (a YAML list or mapping) in place instead of printing it")
 @click.option("--timeout", type=click.IntRange(min=1), default=10, show_default=True, help="SSH connect timeout, s")
 def probe(hosts_file: str, write: bool, timeout: int) -> None:
     """Read GPUs (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
@@ -57,9 +70,16 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
     """
     from gpuprov.catalog.gpus import list_gpus
     from gpuprov.probe import PROBE_SCRIPT, parse_probe
+    from gpuprov.render.escape import shell_word
     from gpuprov.spec import HostEntry
-    from gpuprov.specfile import load_hosts
+    from gpuprov.specfile import hosts_format, load_hosts
 
+    if write and (kind := hosts_format(hosts_file)) in ("ini", "inventory"):
+        # --write replaces the file with a YAML list: an ini file would no longer parse as the .ini it
+        # is named, and an Ansible inventory would lose the structure Ansible reads
+        raise GpuprovError(f"--write would replace the {'ini lines' if kind == 'ini' else 'Ansible inventory'} "
+                           f"in {hosts_file} with a YAML list; print it instead: "
+                           f"gpuprov hosts probe {shell_word(hosts_file)} > hosts.yaml")
     catalog = list_gpus()
     lines = []
     for h in load_hosts(hosts_file):
@@ -72,7 +92,7 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
         lines.append(_line({k: entry.get(k) for k in ("name", "address", "user", "port", *FIELDS)}))
     text = "# filled by `gpuprov hosts probe`\n" + "\n".join(lines) + "\n"
     if write:
-        Path(hosts_file).write_text(text, encoding="utf-8")
+        _replace(Path(hosts_file), text)
         click.echo(f"wrote {hosts_file} ({len(lines)} hosts)")
     else:
         click.echo(text, nl=False)
