@@ -260,8 +260,9 @@ def test_down_destroys_with_ups_arguments_and_resets_progress(tmp_path: Path, fa
     root = _bundle(tmp_path)
     assert _up(root, fakes["env"]).returncode == 0
     fakes["log"].unlink()
-    refused = _down(root, fakes["env"])  # no --yes, no answer: nothing is destroyed
-    assert refused.returncode != 0 and _calls(fakes["log"], root) == []
+    refused = _down(root, fakes["env"])  # no --yes and no terminal to ask: one line, nothing destroyed
+    assert refused.returncode == 2 and "--yes" in refused.stderr and _calls(fakes["log"], root) == []
+    assert len(refused.stderr.strip().splitlines()) == 1
     result = _down(root, fakes["env"], "--yes")
     assert result.returncode == 0, result.stderr
     assert _calls(fakes["log"], root) == [DESTROY]
@@ -294,3 +295,21 @@ def test_rerun_hint_quotes_the_bundle_path(tmp_path: Path, fakes: dict) -> None:
     failed = _up(root, fakes["env"], fail="terraform apply")
     assert failed.returncode == 1
     assert f"re-run `gpuprov up {shlex.quote(str(root))}` to continue" in failed.stderr
+
+
+def test_down_asks_on_a_terminal_and_no_destroys_nothing(tmp_path: Path, fakes: dict) -> None:
+    """Answered "n" at the prompt: exit 1, "nothing destroyed" (it was exit 130, as for Ctrl-C)."""
+    import os
+
+    root = _bundle(tmp_path)
+    master, slave = os.openpty()
+    os.write(master, b"n\n")
+    try:
+        result = subprocess.run([sys.executable, "-m", "gpuprov", "down", str(root)], stdin=slave,
+                                capture_output=True, text=True, env=fakes["env"], timeout=60)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert result.returncode == 1, result.stderr
+    assert "Destroy every resource" in result.stdout and "nothing destroyed" in result.stderr
+    assert _calls(fakes["log"], root) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import click
@@ -66,6 +67,10 @@ def down(directory: str, dry_run: bool, yes: bool) -> None:
 
     root, plan = _load(directory)
     if not dry_run and not yes and plan.cluster.cloud != "onprem":
-        click.confirm(f"Destroy every resource of {root} ({plan.cluster.nodes} x {plan.cluster.instance_type})?",
-                      abort=True)
+        if not sys.stdin.isatty():  # a pipeline cannot answer: say what it needs instead of a dead prompt
+            raise GpuprovError(f"down asks before it destroys and stdin is not a terminal: pass --yes "
+                               f"(gpuprov down {shlex.quote(str(directory))} --yes)")
+        if not click.confirm(f"Destroy every resource of {root} ({plan.cluster.nodes} x {plan.cluster.instance_type})?"):
+            click.echo("nothing destroyed", err=True)
+            raise SystemExit(1)
     tear_down(root, plan, dry_run=dry_run, echo=lambda line: click.echo(line))
