@@ -349,3 +349,12 @@ def test_init_hint_quotes_the_spec_path(tmp_path: Path) -> None:
     r = run("init", "my run.yaml", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"gpuprov generate -f {shlex.quote('my run.yaml')} -o infra/" in r.stderr.decode()
+
+
+def test_generate_summary_names_the_layout_as_plan_does(tmp_path: Path) -> None:
+    """The one-line summary said "fsdp" for a TP4 x FSDP 14 plan: it now uses the candidates table's label."""
+    r = run("generate", "--model", "70b", "--tp", "4", "--cloud", "aws", "-o", str(tmp_path / "infra"))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "infra" / "plan.json").read_text())
+    dp = plan["cluster"]["total_gpus"] // 4
+    assert f"TP4 x FSDP {dp}, ~" in r.stderr.decode().splitlines()[0]

@@ -26,8 +26,11 @@ def _summary(plan, where: str, files: int) -> str:
 
     unused = hosts_left_out(plan) if c.cloud == "onprem" else []
     left_out = f"; hosts left out: {', '.join(h.name for h in unused)} (see README.md)" if unused else ""
+    from gpuprov.candidates import layout_label
+
+    layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)  # as plan's table names it
     return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
-            f"{c.sharding}, ~{plan.time_hours:,.1f} h{cost}{left_out}")
+            f"{layout}, ~{plan.time_hours:,.1f} h{cost}{left_out}")
 
 
 def _check_output_path(output: str) -> None:
