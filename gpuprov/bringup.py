@@ -265,8 +265,10 @@ def write_inventory(root: Path, output_json: str) -> int:
     buffer = io.StringIO()
     yaml.dump(inventory, buffer)
     target = root / "ansible" / INVENTORY
-    target.write_text("# written by `gpuprov up` from `terraform output ansible_inventory`\n" + buffer.getvalue(),
-                      encoding="utf-8")
+    temporary = target.with_name(target.name + ".tmp")  # renamed over it: never a half-written inventory
+    temporary.write_text("# written by `gpuprov up` from `terraform output ansible_inventory`\n" + buffer.getvalue(),
+                         encoding="utf-8")
+    os.replace(temporary, target)
     return len(hosts)
 
 
