@@ -282,6 +282,11 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None):
 _INI_HOST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\s+(.*))?$")
 
 
+# host variables gpuprov carries into the bundle; any other is refused, never dropped without a word
+_UNREAD = ("is not read by gpuprov (it reads ansible_host, ansible_user, ansible_port); set other Ansible "
+           "variables in the bundle's ansible/group_vars")
+
+
 def _hosts_from_ini(path: Path, text: str) -> list[dict[str, Any]]:
     """Ansible-style ini: `name ansible_host=10.0.0.1 ansible_user=ubuntu`, or `name address`."""
     hosts = []
@@ -304,9 +309,7 @@ def _hosts_from_ini(path: Path, text: str) -> list[dict[str, Any]]:
                 elif key in ("ansible_port", "port"):
                     entry["port"] = value
                 else:  # dropped silently, a port or key file would be lost between this file and the bundle
-                    raise GpuprovError(f"{path}:{number}: host variable {key!r} is not read by gpuprov (it reads "
-                                       "ansible_host, ansible_user, ansible_port); set other Ansible variables "
-                                       "in the bundle's ansible/group_vars")
+                    raise GpuprovError(f"{path}:{number}: host variable {key!r} {_UNREAD}")
             elif "address" not in entry:
                 entry["address"] = token
         entry.setdefault("address", name)  # a bare name resolves through DNS, as in Ansible
@@ -349,15 +352,14 @@ def load_hosts(path: str | Path) -> list:
     from gpuprov.spec import HostEntry
 
     path = Path(path)
-    if _looks_like_ini(path):
-        entries = _hosts_from_ini(path, read_text(path))
-        tree = None
-    elif isinstance(tree := load_yaml(path), str) or tree is None:
+    kind = hosts_format(path)
+    if kind == "ini":
         entries = _hosts_from_ini(path, read_text(path))
         tree = None
     else:
+        tree = load_yaml(path)
         data = _plain(tree)
-        if isinstance(data, dict) and "all" in data:  # an Ansible YAML inventory
+        if kind == "inventory":  # an Ansible YAML inventory
             try:
                 data = data["all"]["children"]["gpu_nodes"]["hosts"]
             except (KeyError, TypeError):
@@ -378,8 +380,7 @@ def load_hosts(path: str | Path) -> list:
                     unread = sorted(set(value) - {"ansible_host", "address", "ansible_user", "user",
                                                   "ansible_port", "port"})
                     if unread:
-                        raise GpuprovError(f"{path}: host {name}: variable {unread[0]!r} is not read by gpuprov "
-                                           "(it reads ansible_host, ansible_user, ansible_port)")
+                        raise GpuprovError(f"{path}: host {name}: variable {unread[0]!r} {_UNREAD}")
                 else:
                     entry = {"name": str(name), "address": value if value is not None else str(name)}
                 entries.append(entry)

@@ -89,7 +89,8 @@ def slug(value: str) -> str:
     return value
 
 
-def _safe_text(value: str, what: str) -> None:
+def safe_text(value: str, what: str) -> None:
+    """ValueError when `value` holds a control, format or line/paragraph separator character."""
     bad = next((ch for ch in value if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")), None)
     if bad is not None:
         raise ValueError(f"{what} {_show(value)} holds the control character U+{ord(bad):04X}")
@@ -99,7 +100,7 @@ def model_ref(value: str) -> str:
     """A preset name or a config.json path: printable, within the filesystem's limits."""
     if not value.strip():
         raise ValueError("model is empty; give a preset name (see `gpuprov models`) or a config.json path")
-    _safe_text(value, "model")
+    safe_text(value, "model")
     if len(value.encode("utf-8")) > MAX_PATH_BYTES:
         raise ValueError(f"model path is longer than {MAX_PATH_BYTES} bytes")
     long = next((part for part in value.split("/") if len(part.encode("utf-8")) > MAX_NAME_BYTES), None)
@@ -116,7 +117,7 @@ def display_name(value: object, what: str) -> str:
     the punctuation model names and paths use; no quotes, `$`, braces, `<>`, `|`, `;`, `#`."""
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {type(value).__name__}")
-    _safe_text(value, what)
+    safe_text(value, what)
     bad = next((ch for ch in value if not (ch.isalnum() or ch in _DISPLAY_PUNCTUATION)), None)
     if bad is not None:
         raise ValueError(f"{what} {_show(value)} holds {bad!r}; use letters, digits and {''.join(sorted(_DISPLAY_PUNCTUATION))}")

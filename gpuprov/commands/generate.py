@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import unicodedata
 from pathlib import Path
 
 import click
@@ -36,11 +35,14 @@ def _summary(plan, where: str, files: int) -> str:
 def _check_output_path(output: str) -> None:
     """An empty -o resolved to the current directory; a control character makes a folder no shell
     line or Makefile names cleanly. Both are refused before anything is planned or written."""
+    from gpuprov.validators import safe_text
+
     if not output.strip():
         raise GpuprovError("-o is empty: give the bundle directory (e.g. -o infra/), or - for a tar on stdout")
-    bad = next((ch for ch in output if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")), None)
-    if bad is not None:
-        raise GpuprovError(f"-o {output!r} holds the control character {bad!r}; choose a plain directory name")
+    try:
+        safe_text(output, "-o")
+    except ValueError as exc:
+        raise GpuprovError(f"{exc}; choose a plain directory name") from None
 
 
 @click.command()
