@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Regenerate every example bundle: examples/<name>/gpuprov.yaml (+ hosts.yaml) -> examples/<name>/bundle/.
+"""Regenerate the examples: examples/<name>/gpuprov.yaml (+ hosts.yaml) -> what the example shows.
 
-    python scripts/regen_examples.py            # rewrite the bundles
-    python scripts/regen_examples.py --check    # exit 1 if any bundle would change (what CI runs)
+    python scripts/regen_examples.py            # rewrite them
+    python scripts/regen_examples.py --check    # exit 1 if any would change (what the tests run)
 
-The same code path as `gpuprov generate -f gpuprov.yaml [--hosts hosts.yaml] -o bundle` and
-`gpuprov check bundle`.
+One example (FULL_BUNDLE) keeps its whole bundle in examples/<name>/bundle/, so a reader sees every
+file gpuprov writes; the others keep what tells a user something about their case (plan.json, the
+bundle's README.md) and the tests generate the rest. The same code path as
+`gpuprov generate -f gpuprov.yaml [--hosts hosts.yaml] -o bundle` and `gpuprov check bundle`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FULL_BUNDLE = "70b-full-aws-p5"
+SHOWN = ("plan.json", "README.md")  # what the other examples keep of their bundle
 
 
 def example_dirs() -> list[Path]:
@@ -30,10 +34,18 @@ def example_spec(directory: Path):
 
 
 def example_files(directory: Path) -> dict[str, str]:
+    """Every file of the example's bundle, generated now."""
     from gpuprov import bundle
     from gpuprov.commands.generate import make_plan
 
     return bundle.build_bundle(make_plan(example_spec(directory)))
+
+
+def committed_files(directory: Path, files: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """Where the example's committed files live and which of the generated files they are."""
+    if directory.name == FULL_BUNDLE:
+        return directory / "bundle", files
+    return directory / "shown", {name: files[name] for name in SHOWN}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,19 +62,25 @@ def main(argv: list[str] | None = None) -> int:
             continue
         started = time.perf_counter()
         try:
-            files = example_files(directory)
+            target, files = committed_files(directory, example_files(directory))
         except GpuprovError as exc:
             print(f"{directory.name}: error: {exc}", file=sys.stderr)
             status = 2
             continue
-        target = directory / "bundle"
         if args.check:
-            differences = bundle.compare_bundle(target, files)
+            differences = bundle.compare_bundle(target, files) if target.name == "bundle" else [
+                name for name, text in files.items()
+                if not (target / name).is_file() or (target / name).read_text() != text]
             for d in differences:
-                print(f"{directory.name}: {d.status} {d.path}")
+                print(f"{directory.name}: {getattr(d, 'status', 'changed')} {getattr(d, 'path', d)}")
             status = max(status, 1 if differences else 0)
             continue
-        bundle.write_bundle(target, files, force=True)
+        if target.name == "bundle":
+            bundle.write_bundle(target, files, force=True)
+        else:
+            target.mkdir(exist_ok=True)
+            for name, text in files.items():
+                (target / name).write_text(text)
         print(f"{directory.name}: {len(files)} files in {time.perf_counter() - started:.2f} s")
     return status
 
