@@ -26,6 +26,7 @@ from typing import Callable
 
 from gpuprov.bundle import LOCK_NAME, UP_STATE_NAME
 from gpuprov.errors import GpuprovError
+from gpuprov.safefile import read_bytes, read_text, write_atomic
 
 TF_PLAN_FILE = "tfplan"
 INVENTORY = "inventory.yml"
@@ -144,6 +145,7 @@ def training_command(root: Path, plan) -> str:
     return "\n".join(lines) or f"see {launch}/ for the launch scripts"
 
 
+_JINJA = re.compile(r"\{[{%#]")
 _VARIABLE = re.compile(r'^variable\s+"([A-Za-z0-9_-]+)"\s*\{', re.M)
 
 
@@ -151,7 +153,7 @@ def required_variables(tf: Path) -> list[str]:
     """Terraform variables declared without a default (terraform plan -input=false needs a value)."""
     required = []
     for path in sorted(tf.glob("*.tf")):
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, what="Terraform file")
         for match in _VARIABLE.finditer(text):
             depth, index = 1, match.end()
             while depth and index < len(text):  # the block's body, braces matched
@@ -168,8 +170,8 @@ def missing_variables(tf: Path) -> list[str]:
     """Required variables set neither in terraform.tfvars / *.auto.tfvars(.json) nor as TF_VAR_*."""
     given = ""
     for path in [tf / "terraform.tfvars", tf / "terraform.tfvars.json", *sorted(tf.glob("*.auto.tfvars*"))]:
-        if path.is_file():
-            given += path.read_text(encoding="utf-8") + "\n"
+        if os.path.lexists(path):
+            given += read_text(path, what="variables file") + "\n"
     return [name for name in required_variables(tf)
             if f"TF_VAR_{name}" not in os.environ
             and not re.search(rf'^\s*"?{re.escape(name)}"?\s*[=:]', given, re.M)]
@@ -186,25 +188,22 @@ def _variables_hint(tf: Path, missing: list[str]) -> str:
 
 
 def lock_digest(root: Path) -> str:
-    return hashlib.sha256((root / LOCK_NAME).read_bytes()).hexdigest()
+    return hashlib.sha256(read_bytes(root / LOCK_NAME, what="lock")).hexdigest()
 
 
 def read_state(root: Path) -> dict:
     path = root / UP_STATE_NAME
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return {}
-    except (OSError, ValueError):
+    try:  # a FIFO, device or symlink there is refused (exit 2), never read
+        state = json.loads(read_text(path, limit=1 << 20, what="state file"))
+    except (ValueError, RecursionError):
         return {}  # a damaged state only costs a full re-run
     return state if isinstance(state, dict) else {}
 
 
 def write_state(root: Path, state: dict) -> None:
-    path = root / UP_STATE_NAME
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    write_atomic(root / UP_STATE_NAME, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------- running
@@ -264,11 +263,12 @@ def write_inventory(root: Path, output_json: str) -> int:
     yaml.default_flow_style = False
     buffer = io.StringIO()
     yaml.dump(inventory, buffer)
-    target = root / "ansible" / INVENTORY
-    temporary = target.with_name(target.name + ".tmp")  # renamed over it: never a half-written inventory
-    temporary.write_text("# written by `gpuprov up` from `terraform output ansible_inventory`\n" + buffer.getvalue(),
-                         encoding="utf-8")
-    os.replace(temporary, target)
+    text = buffer.getvalue()
+    if _JINJA.search(text):  # Ansible templates inventory values: a marker would run at the first step
+        raise StepFailed("terraform output ansible_inventory holds a Jinja marker ({{, {% or {#); refused")
+    # a fresh mkstemp file renamed over it: never half-written, never through a planted symlink
+    write_atomic(root / "ansible" / INVENTORY,
+                 "# written by `gpuprov up` from `terraform output ansible_inventory`\n" + text)
     return len(hosts)
 
 

@@ -20,6 +20,7 @@ import importlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -68,7 +69,9 @@ def sha256_text(text: str) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    from gpuprov.safefile import read_bytes
+
+    return hashlib.sha256(read_bytes(path)).hexdigest()
 
 
 def is_executable(path: str) -> bool:
@@ -143,7 +146,35 @@ def lock_keep(lock: dict | None) -> list[str]:
         return list(USER_FILES)
     if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
         raise GpuprovError(f"{LOCK_NAME}: keep must be a list of file patterns")
+    hiding = next((k for k in keep if k not in USER_FILES and _could_hide_code(k)), None)
+    if hiding is not None:
+        raise GpuprovError(f"{LOCK_NAME}: keep pattern {hiding!r} could hide an added {'/'.join(CHECKED_FOLDERS)} "
+                           f"file that runs ({', '.join('*' + s for s in CODE_SUFFIXES)}); keep only files "
+                           "with another extension, e.g. \"terraform/*.tfvars.json\"")
     return keep
+
+
+# what Terraform, Ansible and the launch scripts read or run: an added one is never "kept"
+CODE_SUFFIXES = (".tf", ".tf.json", ".yml", ".yaml", ".sh", ".sbatch", ".py", ".j2")
+
+
+def _could_hide_code(pattern: str) -> bool:
+    """Whether fnmatch `pattern` (`*` spans /) can match a file with a CODE_SUFFIXES name in a
+    checked folder. Decided on the literal tail after the last wildcard: the wildcard can supply any
+    start, so the pattern can end in suffix S when the tail ends with S or S ends with the tail."""
+    literal_head = re.split(r"[*?[]", pattern, maxsplit=1)[0]
+    if "/" in literal_head and literal_head.split("/", 1)[0] not in CHECKED_FOLDERS:
+        return False  # another folder: check does not look there
+    tail = re.split(r"[*?\]]", pattern)[-1]
+    if tail == pattern or "/" in tail:  # the file name itself is literal
+        name = tail.rsplit("/", 1)[-1]
+        return not name or name.endswith(CODE_SUFFIXES)
+    return any(tail.endswith(suffix) or suffix.endswith(tail) for suffix in CODE_SUFFIXES)
+
+
+def extra_keep(keep: Iterable[str]) -> list[str]:
+    """The lock's keep patterns beyond the defaults (check lists them)."""
+    return [k for k in keep if k not in USER_FILES]
 
 
 def is_kept(path: str, keep: Iterable[str]) -> bool:
@@ -154,11 +185,13 @@ def is_kept(path: str, keep: Iterable[str]) -> bool:
 
 
 def read_lock(directory: Path) -> dict:
+    from gpuprov.safefile import read_text
+
     path = Path(directory) / LOCK_NAME
+    if not os.path.lexists(path):
+        raise GpuprovError(f"{directory}: not a gpuprov bundle (no {LOCK_NAME})")
     try:
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GpuprovError(f"{directory}: not a gpuprov bundle (no {LOCK_NAME})") from None
+        lock = json.loads(read_text(path, what="lock"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise GpuprovError(f"{path}: unreadable lock ({type(exc).__name__}); regenerate with --force") from None
     if (not isinstance(lock, dict) or not isinstance(lock.get("files"), dict)
@@ -349,7 +382,10 @@ def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = Fal
     # absolute: `-o .` must stage beside the directory, not inside it
     target = Path(target).absolute()
     if target.is_symlink():
-        target = target.resolve()
+        try:
+            target = target.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (Python 3.11 raises RuntimeError)
+            raise GpuprovError(f"{target}: is a symbolic link that loops; cannot write a bundle there") from None
     if not target.exists():
         _recover_parked(target)
     if target.exists() and not target.is_dir():
@@ -491,16 +527,22 @@ def compare_bundle(directory: str | Path, files: dict[str, str], *, diff_lines: 
         for path in sorted(set(old_lock["files"]) - set(files)):
             if os.path.lexists(directory / path):
                 differences.append(Difference("stale", path, ""))
-    keep = lock_keep(old_lock)
     known = set(files) | set(old_lock["files"] if old_lock else ())
+    differences += [Difference("added", path, "") for path in added_files(directory, known, lock_keep(old_lock))]
+    return differences
+
+
+def added_files(directory: Path, known: Iterable[str], keep: Iterable[str]) -> list[str]:
+    """Files in terraform/, ansible/ or launch/ that are neither generated (`known`) nor kept."""
+    known, keep, added = set(known), list(keep), []
     for folder in CHECKED_FOLDERS:
         if not (directory / folder).is_dir() or (directory / folder).is_symlink():
             continue
         for rel in _walk_files(directory / folder):
             path = f"{folder}/{rel}"
             if path not in known and not is_kept(path, keep):
-                differences.append(Difference("added", path, ""))
-    return differences
+                added.append(path)
+    return added
 
 
 def _compare_one(directory: Path, path: str, text: str, diff_lines: int) -> list[Difference]:
@@ -509,11 +551,15 @@ def _compare_one(directory: Path, path: str, text: str, diff_lines: int) -> list
         return [Difference("symlink", path, "")]  # never followed: it could point anywhere
     if not on_disk.is_file():
         return [Difference("missing", path, "")]
+    from gpuprov.safefile import read_bytes
+
     try:
-        data = on_disk.read_bytes()
+        data = read_bytes(on_disk)
         mode = stat.S_IMODE(on_disk.stat().st_mode)
     except OSError as exc:
         return [Difference("unreadable", path, f"{exc.strerror or exc}\n")]
+    except GpuprovError as exc:
+        return [Difference("unreadable", path, f"{exc}\n")]
     if data != text.encode("utf-8"):
         old = data.decode("utf-8", errors="replace")
         return [Difference("modified", path, _short_diff(path, old, text, diff_lines))]

@@ -120,6 +120,8 @@ def _json_error(argv: list[str] | None, message: str, code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if sys.stdout is None:  # started with stdout closed (`gpuprov schema >&-`): Python gives None
+        _stdout_closed()
     try:
         rc = cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints "Exception ignored"
@@ -146,6 +148,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never exit 1
         _unexpected(exc)
     sys.exit(_exit_code(rc))
+
+
+def _stdout_closed() -> None:
+    """One line and exit 2 before any command runs: its output would have nowhere to go."""
+    try:
+        sys.stderr.write("gpuprov: error: standard output is closed; redirect it (> file, or > /dev/null)\n")
+    except (OSError, ValueError, AttributeError):  # stderr closed as well
+        pass
+    sys.exit(2)
 
 
 def _one_line(text: str, limit: int = 300) -> str:

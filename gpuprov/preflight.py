@@ -11,7 +11,9 @@ tests answer with recorded CLI JSON.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -31,6 +33,11 @@ class Check:
     fix: str = ""
 
 
+def _q(value: Any) -> str:
+    """One shell word: a fix line is pasted into a shell, and tfvars values are the user's text."""
+    return shlex.quote(str(value))
+
+
 def run_cli(argv: list[str]) -> tuple[int, str]:
     """(exit code, stdout) of a cloud CLI; 127 when it is not on PATH."""
     if shutil.which(argv[0]) is None:
@@ -47,15 +54,29 @@ _TFVAR = re.compile(r'^\s*([a-z_][a-z0-9_]*)\s*=\s*(?:"([^"]*)"|([0-9]+|true|fal
 
 def tfvars(root: Path) -> dict[str, Any]:
     """Scalar values set in terraform/terraform.tfvars (what `up` passes over the plan defaults)."""
+    from gpuprov.safefile import read_text
+
     path = root / "terraform" / "terraform.tfvars"
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
     out: dict[str, Any] = {}
-    for key, text, bare in _TFVAR.findall(path.read_text(encoding="utf-8")):
+    for key, text, bare in _TFVAR.findall(read_text(path, what="variables file")):
         out[key] = text if not bare else {"true": True, "false": False, "null": None}.get(bare, bare)
         if bare.isdigit():
             out[key] = int(bare)
     return out
+
+
+def _node_count(value: Any) -> int:
+    """terraform.tfvars node_count as a whole number within MAX_NODES, or one GpuprovError line."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.validators import MAX_NODES
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NODES:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise GpuprovError(f"terraform/terraform.tfvars: node_count = {shown} is not a whole number "
+                           f"from 1 to {MAX_NODES:,}")
+    return value
 
 
 def settings(plan: Any, root: Path) -> dict[str, Any]:
@@ -68,7 +89,7 @@ def settings(plan: Any, root: Path) -> dict[str, Any]:
     return {
         "instance": given.get(instance_key, plan.instance.name),
         "region": given.get(region_key, plan.instance.region),
-        "nodes": int(given.get("node_count", plan.cluster.nodes)),
+        "nodes": _node_count(given.get("node_count", plan.cluster.nodes)),
         "purchase": given.get("purchase_option", plan.purchase.option),
         "held": given.get(held_key, plan.purchase.held),
         "zone": given.get("availability_zone" if cloud == "aws" else "zone"),
@@ -121,7 +142,7 @@ def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
     if plan.cluster.cloud == "aws" and not s["zone"]:
         return Check("fail", "reservation zone", f"{s['held']} lives in one availability zone: "
                      "availability_zone is not set", "aws ec2 describe-capacity-reservations --capacity-reservation-ids "
-                     f"{s['held']} --query 'CapacityReservations[0].AvailabilityZone'")
+                     f"{_q(s['held'])} --query 'CapacityReservations[0].AvailabilityZone'")
     return Check("ok", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} (checked live)")
 
 
@@ -147,22 +168,22 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
             return Check("ok", "quota", f"{s['purchase']}: the reservation's capacity counts, not {quota_code}")
         return Check("ok", "quota", f"request {need} vCPUs of {quota_code} ({code['name']}) in {s['region']}",
                      f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
-                     f"{quota_code} --desired-value {need} --region {s['region']}")
+                     f"{_q(quota_code)} --desired-value {need} --region {_q(s['region'])}")
     metric = entry["metrics"].get(_family("gcp", inst.name))
     need = s["nodes"] * inst.gpus
     if metric is None:
         return Check("skip", "quota", f"no quota metric for {inst.name}: request {need} GPUs")
     metric = (entry["preemptible_prefix"] if spot else "") + metric
     return Check("ok", "quota", f"request {need} of {metric} in {s['region']}",
-                 f"gcloud compute regions describe {s['region']} --format=json  (quotas: {metric})")
+                 f"gcloud compute regions describe {_q(s['region'])} --format=json  (quotas: {metric})")
 
 
 def _offerings_command(cloud: str, name: str, region: str) -> str:
     if cloud == "aws":
         return (f"aws ec2 describe-instance-type-offerings --location-type availability-zone "
-                f"--filters Name=instance-type,Values={name} --region {region}")
+                f"--filters {_q('Name=instance-type,Values=' + name)} --region {_q(region)}")
     if cloud == "gcp":
-        return f"gcloud compute machine-types list --filter=name={name} --format=json"
+        return f"gcloud compute machine-types list {_q('--filter=name=' + name)} --format=json"
     return ""
 
 
@@ -212,7 +233,7 @@ def _aws_offerings(plan: Any, s: dict, run: Runner) -> Check:
             "--filters", f"Name=instance-type,Values={s['instance']}", "--region", s["region"], "--output", "json"]
     data = _json(run, argv)
     if data is None:
-        return Check("fail", "offered (live)", "describe-instance-type-offerings failed", " ".join(argv))
+        return Check("fail", "offered (live)", "describe-instance-type-offerings failed", shlex.join(argv))
     zones = sorted(o["Location"] for o in data.get("InstanceTypeOfferings", []))
     return _offered_in(s, zones, "instance type", "set availability_zone and a subnet_id in one of those zones")
 
@@ -234,7 +255,7 @@ def _aws_reservation(plan: Any, s: dict, run: Runner) -> Check:
     data = _json(run, argv)
     found = (data or {}).get("CapacityReservations") or []
     if not found:
-        return Check("fail", "reservation (live)", f"{s['held']} not found in {s['region']}", " ".join(argv))
+        return Check("fail", "reservation (live)", f"{s['held']} not found in {s['region']}", shlex.join(argv))
     r = found[0]
     problems = []
     if r.get("State") not in ("active", "scheduled"):
@@ -264,12 +285,12 @@ def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
             "--region", s["region"], "--output", "json"]
     data = _json(run, argv)
     if data is None:
-        return Check("fail", "quota (live)", f"get-service-quota {code} failed", " ".join(argv))
+        return Check("fail", "quota (live)", f"get-service-quota {code} failed", shlex.join(argv))
     have, need = float(data["Quota"]["Value"]), s["nodes"] * (inst.vcpus or 0)
     if have < need:
         return Check("fail", "quota (live)", f"{code}: {have:.0f} vCPUs allowed, the plan needs {need}",
                      f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-                     f"--desired-value {need} --region {s['region']}")
+                     f"--desired-value {need} --region {_q(s['region'])}")
     return Check("ok", "quota (live)", f"{code}: {have:.0f} vCPUs allowed >= {need} needed")
 
 
@@ -279,7 +300,7 @@ def _gcp_offerings(plan: Any, s: dict, run: Runner) -> Check:
         argv.append(f"--project={s['project']}")
     data = _json(run, argv)
     if data is None:
-        return Check("fail", "offered (live)", "machine-types list failed", " ".join(argv))
+        return Check("fail", "offered (live)", "machine-types list failed", shlex.join(argv))
     zones = sorted(m["zone"].rsplit("/", 1)[-1] for m in data if m["zone"].rsplit("/", 1)[-1].startswith(s["region"] + "-"))
     return _offered_in(s, zones, "machine type", "set zone in terraform/terraform.tfvars to one of them")
 
@@ -289,7 +310,7 @@ def _gcp_reservation(plan: Any, s: dict, run: Runner) -> Check:
     argv = ["gcloud", "compute", "reservations", "describe", name, f"--zone={s['zone']}", "--format=json"]
     data = _json(run, argv)
     if not data:
-        return Check("fail", "reservation (live)", f"reservation {name} not found in {s['zone']}", " ".join(argv))
+        return Check("fail", "reservation (live)", f"reservation {name} not found in {s['zone']}", shlex.join(argv))
     spec = data.get("specificReservation", {})
     free = int(spec.get("count", 0)) - int(spec.get("inUseCount", 0))
     machine = spec.get("instanceProperties", {}).get("machineType")
@@ -301,7 +322,7 @@ def _gcp_reservation(plan: Any, s: dict, run: Runner) -> Check:
     if free < s["nodes"]:
         problems.append(f"{free} VMs free, the plan needs {s['nodes']}")
     if problems:
-        return Check("fail", "reservation (live)", f"{name}: " + "; ".join(problems), " ".join(argv))
+        return Check("fail", "reservation (live)", f"{name}: " + "; ".join(problems), shlex.join(argv))
     return Check("ok", "reservation (live)", f"{name}: {free} x {s['instance']} free in {s['zone']}")
 
 
@@ -318,7 +339,7 @@ def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
     argv = ["gcloud", "compute", "regions", "describe", s["region"], "--format=json"]
     data = _json(run, argv)
     if data is None:
-        return Check("fail", "quota (live)", "regions describe failed", " ".join(argv))
+        return Check("fail", "quota (live)", "regions describe failed", shlex.join(argv))
     row = next((q for q in data.get("quotas", []) if q.get("metric") == metric), None)
     need = s["nodes"] * inst.gpus
     if row is None or float(row["limit"]) - float(row.get("usage", 0)) < need:

@@ -8,10 +8,13 @@ cores), lsblk (NVMe data drives, the OS disk left out), ip/sysfs and ibstat (NIC
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 GiB = 2**30
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+MAX_LSBLK_DEPTH = 8  # disk > partition > crypt/LVM > ...: real trees are three or four deep
 
 # each section starts with a marker line, so one round trip reads everything
 PROBE_SCRIPT = "; ".join([
@@ -62,8 +65,11 @@ def parse_gpus(text: str, gpus: list[Any]) -> tuple[str | None, int, str]:
     names = {r[0].strip() for r in rows}
     if len(names) > 1:
         raise ValueError(f"mixed GPUs in one host: {', '.join(sorted(names))}")
-    name, mib = rows[0][0].strip(), int(float(rows[0][1]))
-    return gpu_slug(name, mib, gpus), len(rows), name
+    name, text = rows[0][0].strip(), rows[0][1].strip()
+    mib = float(text) if _NUMBER.fullmatch(text) else math.nan
+    if not math.isfinite(mib) or not 0 < mib < 2**40:  # `1e999`, `[N/A]`: not a memory size
+        raise ValueError(f"nvidia-smi reported memory {text[:30]!r} for {name[:60]!r}; expected MiB")
+    return gpu_slug(name, int(mib), gpus), len(rows), name
 
 
 def parse_ram_gib(text: str) -> int | None:
@@ -84,8 +90,13 @@ def parse_cores(lscpu: str, nproc: str) -> int | None:
     return n // (threads or 1) if n else None
 
 
-def _mounted(dev: dict) -> bool:
-    return bool(dev.get("mountpoint")) or any(_mounted(c) for c in dev.get("children") or [])
+def _mounted(dev: dict, depth: int = 0) -> bool:
+    if depth > MAX_LSBLK_DEPTH:
+        raise ValueError(f"lsblk output nested more than {MAX_LSBLK_DEPTH} levels deep")
+    children = dev.get("children") or []
+    if not isinstance(children, list):
+        raise ValueError("lsblk output: children is not a list")
+    return bool(dev.get("mountpoint")) or any(isinstance(c, dict) and _mounted(c, depth + 1) for c in children)
 
 
 def parse_nvme(text: str) -> tuple[int, int]:
@@ -94,11 +105,20 @@ def parse_nvme(text: str) -> tuple[int, int]:
         devices = json.loads(text).get("blockdevices", [])
     except (json.JSONDecodeError, AttributeError):
         return 0, 0
-    data = [d for d in devices if d.get("type") == "disk" and str(d.get("name", "")).startswith("nvme")
-            and not _mounted(d)]
+    except RecursionError:
+        raise ValueError("lsblk output nested too deeply") from None
+    if not isinstance(devices, list):
+        raise ValueError("lsblk output: blockdevices is not a list")
+    data = [d for d in devices if isinstance(d, dict) and d.get("type") == "disk"
+            and str(d.get("name", "")).startswith("nvme") and not _mounted(d)]
     if not data:
         return 0, 0
-    return len(data), round(min(int(d["size"]) for d in data) / 1e9)
+    # util-linux before 2.33 prints sizes as strings ("3840755982336"), later ones as numbers
+    sizes = [d.get("size") for d in data]
+    bad = next((s for s in sizes if isinstance(s, bool) or not re.fullmatch(r"[0-9]{1,19}", str(s))), None)
+    if bad is not None:
+        raise ValueError(f"lsblk reported a drive size that is not a byte count: {str(bad)[:40]!r}")
+    return len(data), round(min(int(s) for s in sizes) / 1e9)
 
 
 _VIRTUAL = re.compile(r"^(lo|docker|veth|virbr|br-|cni|flannel|cali|tun|tap|bond\d+\.)")

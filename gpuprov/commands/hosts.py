@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ import click
 
 from gpuprov.errors import GpuprovError
 
+MAX_PROBE_CHARS = 1 << 20  # the probe's output is a few KiB, even with 16 NVMe drives and 8 HCAs
 FIELDS = ("gpu", "gpus", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
 
 
@@ -32,29 +32,34 @@ def _ssh(host, script: str, timeout: int) -> str:
     port = ["-p", str(host.port)] if host.port else []
     cmd = [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}", *port, target, script]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * 6)
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout * 6)
     except subprocess.TimeoutExpired:
         raise GpuprovError(f"{host.name} ({host.address}): no answer over ssh within {timeout * 6} s") from None
     if proc.returncode != 0 and "### nvidia-smi" not in proc.stdout:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise GpuprovError(f"{host.name} ({host.address}): ssh failed (exit {proc.returncode}): {last}")
+    if len(proc.stdout) > MAX_PROBE_CHARS:
+        raise GpuprovError(f"{host.name} ({host.address}): the probe printed more than {MAX_PROBE_CHARS:,} characters")
     return proc.stdout
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write beside the file, then rename over it: an interrupted run leaves the old file whole."""
-    temporary = path.with_name(f".{path.name}.gpuprov-tmp")
+    """A fresh temporary file beside FILE renamed over it (mode kept): an interrupted run leaves the
+    old file whole, and no fixed temporary name exists for a planted symlink to redirect."""
+    from gpuprov.safefile import write_atomic
+
     try:
-        temporary.write_text(text, encoding="utf-8")
-        shutil.copymode(path, temporary)
-        os.replace(temporary, path)
+        write_atomic(path, text, mode=None)
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise GpuprovError(f"cannot write {path}: {exc.strerror or type(exc).__name__}") from None
 
 
 def _line(entry: dict) -> str:
-    return "- {" + ", ".join(f"{k}: {v}" for k, v in entry.items() if v is not None) + "}"
+    """One host as a YAML flow mapping, every value through the renderers' YAML escaping: a name
+    such as `null` or `0777` reads back as that string, and no value can add a key or a host."""
+    from gpuprov.render.escape import yaml_flow
+
+    return "- " + yaml_flow({k: v for k, v in entry.items() if v is not None})
 
 
 @hosts.command()

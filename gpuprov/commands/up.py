@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,19 +16,21 @@ def _load(directory: str):
     """(bundle root, its plan); notes hand edits on stderr."""
     from gpuprov import bundle
     from gpuprov.plan import Plan
+    from gpuprov.safefile import check_bundle_tree, read_text
 
     root = Path(directory)
     if not root.is_dir():
         raise GpuprovError(f"{root}: no such bundle directory")
     lock = bundle.read_lock(root)
+    check_bundle_tree(root)  # terraform and ansible would follow a symlink or hang on a FIFO
     edited = bundle.edited_files(root, lock)
     if edited:
         click.echo(f"note: {len(edited)} file(s) changed since `gpuprov generate` ({', '.join(edited[:3])}"
                    f"{', ...' if len(edited) > 3 else ''}); `gpuprov check {shlex.quote(str(directory))}` shows how", err=True)
+    if not os.path.lexists(root / bundle.PLAN_NAME):
+        raise GpuprovError(f"{root / bundle.PLAN_NAME} is missing: regenerate the bundle")
     try:
-        plan = Plan.model_validate_json((root / bundle.PLAN_NAME).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GpuprovError(f"{root / bundle.PLAN_NAME} is missing: regenerate the bundle") from None
+        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
     except ValueError as exc:
         raise GpuprovError(f"{root / bundle.PLAN_NAME} does not load: {str(exc).splitlines()[0]}") from None
     return root, plan

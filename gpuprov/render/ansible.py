@@ -8,6 +8,7 @@ every version and threshold comes from plan.software / plan.fabric / plan.storag
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from gpuprov import __version__
@@ -15,7 +16,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.host import hosts_left_out
 from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
-from gpuprov.render.escape import FILTERS, yaml_flow, yaml_string
+from gpuprov.render.escape import FILTERS, comment, yaml_scalar, yaml_string
 from gpuprov.resources import ansible_dir, templates_dir
 
 GLUE = ("ansible.cfg", "site.yml", "health.yml", "group_vars/all.yml")
@@ -38,19 +39,58 @@ def fabric_role(plan: Plan) -> str | None:
     return None
 
 
+# Ansible templates every string it reads (inventory and group_vars alike): a `{{`, `{%` or `{#` in a
+# value would run as Jinja on the controller. A string holding one is written `!unsafe` (Ansible's
+# "never template this" tag); the wall below refuses any other marker in a rendered file.
+JINJA_MARKER = re.compile(r"\{[{%#]")
+_UNSAFE_SCALAR = re.compile(r'!unsafe "(?:[^"\\]|\\.)*"')
+
+
+def _flow(value: object) -> str:
+    """yaml_flow, with each string that holds a Jinja marker tagged !unsafe."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, str) and JINJA_MARKER.search(value):
+        return "!unsafe " + yaml_string(value)
+    return yaml_scalar(value)
+
+
+def _key(key: object) -> str:
+    if JINJA_MARKER.search(str(key)):  # a tagged key would still be templated as a variable name
+        raise GpuprovError(f"an Ansible variable name holds a Jinja marker: {str(key)[:60]!r}")
+    return yaml_string(str(key))
+
+
+def _ansible_comment(value: object, limit: int = 200) -> str:
+    """comment(), with `{{` / `{%` / `{#` split apart: Ansible never reads comments, the wall still does."""
+    return JINJA_MARKER.sub(lambda m: m.group(0)[0] + " " + m.group(0)[1], comment(value, limit))
+
+
+def jinja_wall(name: str, text: str) -> str:
+    """The last wall: a rendered Ansible file holds no Jinja marker outside an !unsafe scalar."""
+    found = JINJA_MARKER.search(_UNSAFE_SCALAR.sub('""', text))
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise GpuprovError(f"ansible/{name}:{line}: a rendered value holds the Jinja marker {found.group(0)!r}, "
+                           "which Ansible would run; refused")
+    return text
+
+
 _FLOW_WIDTH = 100  # longer collections go block style: yamllint (ansible-lint) allows 160 a line
 
 
 def _yaml(value: object) -> str:
     """A value for `key: {{ value | yaml }}`: JSON flow style (JSON is YAML; strings stay quoted
     and escaped), or an indented block under the key when the flow form would be too long."""
-    flow = yaml_flow(value)
+    flow = _flow(value)
     if len(flow) <= _FLOW_WIDTH or not value or not isinstance(value, (dict, list, tuple)):
         return flow
     if isinstance(value, dict):
-        items = [f"{yaml_string(str(k))}: {yaml_flow(v)}" for k, v in value.items()]
+        items = [f"{_key(k)}: {_flow(v)}" for k, v in value.items()]
     else:
-        items = [f"- {yaml_flow(v)}" for v in value]
+        items = [f"- {_flow(v)}" for v in value]
     return "".join(f"\n  {item}" for item in items)
 
 
@@ -67,6 +107,7 @@ def _environment():
     )
     env.filters.update(FILTERS)
     env.filters["yaml"] = _yaml
+    env.filters["comment"] = env.filters["oneline"] = _ansible_comment
     return env
 
 
@@ -121,5 +162,6 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         if not plan.hosts:
             raise GpuprovError("an on-prem plan needs hosts (--hosts FILE) for the Ansible inventory")
         files["inventory.yml"] = render("inventory.yml")
+    files = {name: jinja_wall(name, text) for name, text in files.items()}  # roles are copied, not rendered
     files.update(copy_roles())
     return files
