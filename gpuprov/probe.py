@@ -115,9 +115,9 @@ def parse_nvme(text: str) -> tuple[int, int]:
         return 0, 0
     # util-linux before 2.33 prints sizes as strings ("3840755982336"), later ones as numbers
     sizes = [d.get("size") for d in data]
-    bad = next((s for s in sizes if isinstance(s, bool) or not re.fullmatch(r"[0-9]{1,19}", str(s))), None)
-    if bad is not None:
-        raise ValueError(f"lsblk reported a drive size that is not a byte count: {str(bad)[:40]!r}")
+    bad = [s for s in sizes if isinstance(s, bool) or not re.fullmatch(r"[0-9]{1,19}", str(s))]
+    if bad:
+        raise ValueError(f"lsblk reported a drive size that is not a byte count: {str(bad[0])[:40]!r}")
     return len(data), round(min(int(s) for s in sizes) / 1e9)
 
 

@@ -16,12 +16,16 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 from gpuprov.errors import GpuprovError
 
 MAX_INPUT_BYTES = 1 << 20  # a spec or hosts file is a few KiB
 MAX_BUNDLE_BYTES = 16 << 20  # the largest generated file (plan.json, a role file) is well under 1 MiB
 BUNDLE_FOLDERS = ("terraform", "ansible", "launch")
+# what gpuprov itself reads or writes in a bundle beside the generated files (up's state, the values
+# terraform applies, the inventory up writes): regular files or absent
+USER_READ = (".gpuprov-up.json", "terraform/terraform.tfvars", "ansible/inventory.yml")
 _KIND = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
 
@@ -120,11 +124,21 @@ def write_atomic(path: str | Path, text: str, *, mode: int | None = 0o644) -> No
         raise
 
 
-def check_bundle_tree(root: str | Path, *, skip: tuple[str, ...] = ("terraform/.terraform",)) -> None:
+def check_bundle_tree(root: str | Path, expected: Iterable[str] = (), *,
+                      skip: tuple[str, ...] = ("terraform/.terraform",)) -> None:
     """Refuse a bundle whose terraform/, ansible/ or launch/ folder is a symlink, or that holds a
-    symlink, FIFO, device or socket there: the tools `up` and `validate` run would follow or hang
-    on them, and `up` writes into ansible/. One GpuprovError line naming the first one."""
+    symlink, FIFO, device or socket there, or anything but a regular file at a path in `expected`
+    (the lock's files, its state file): the tools `up` and `validate` run would follow or hang on
+    them, and `up` writes into ansible/. One GpuprovError line naming the first one."""
     root = Path(root)
+    for rel in sorted({*expected, *USER_READ}):
+        try:
+            info = os.lstat(root / rel)
+        except OSError:
+            continue  # missing: the command says so where it needs the file
+        if not stat.S_ISREG(info.st_mode):
+            raise GpuprovError(f"{root}: {rel} is {kind_of(info.st_mode)}, expected a regular file "
+                               "(remove it, or regenerate the bundle)")
     for folder in BUNDLE_FOLDERS:
         top = root / folder
         try:

@@ -106,6 +106,7 @@ def load_yaml(path: str | Path) -> Any:
     path = Path(path)
     text = read_text(path)
     try:
+        _check_flow_depth(text, path)  # before the scanner, whose cost grows with the square of it
         _check_events(YAML(typ="rt").parse(text), path)  # depth, before the (recursive) composer runs
         _check_nodes(YAML(typ="rt").compose(text), path)  # bounded before anything is constructed
         tree = YAML(typ="rt").load(text)
@@ -115,6 +116,43 @@ def load_yaml(path: str | Path) -> Any:
         raise GpuprovError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     _check_size(tree, path)
     return tree
+
+
+_OPENS_SCALAR = set("[{,:-?")  # a quote after one of these (or at a line's start) begins a quoted scalar
+
+
+def _check_flow_depth(text: str, path: Path) -> None:
+    """Flow nesting (`[`, `{`) from the raw text: the YAML scanner keeps one possible key per open
+    flow level and rescans them all at every token, so 5,000 `[` take seconds before any event.
+    Quotes count only where a quoted scalar can start, and end at the line (spec and hosts values
+    are one line), so a stray quote cannot hide the brackets after it."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        quote, previous = "", ""
+        for index, ch in enumerate(line):
+            if quote:
+                if ch == quote and not (quote == '"' and _escaped(line, index)):
+                    quote = ""
+                continue
+            if ch in "'\"" and (previous == "" or previous in _OPENS_SCALAR):
+                quote = ch
+            elif ch == "#" and (index == 0 or line[index - 1].isspace()):
+                break
+            elif ch in "[{":
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise GpuprovError(f"{path}:{number}: nested more than {MAX_DEPTH} levels deep")
+            elif ch in "]}":
+                depth = max(0, depth - 1)
+            if not ch.isspace():
+                previous = ch
+
+
+def _escaped(line: str, index: int) -> bool:
+    backslashes = len(line[:index]) - len(line[:index].rstrip("\\"))
+    return backslashes % 2 == 1
 
 
 def _check_events(events: Any, path: Path) -> None:

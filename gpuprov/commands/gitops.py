@@ -359,8 +359,9 @@ def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) ->
     from gpuprov.safefile import check_bundle_tree
 
     root = _bundle_dir(directory).absolute()
-    bundle.read_lock(root)  # a bundle, not any folder
-    check_bundle_tree(root)  # the tools below would follow a symlink or hang on a FIFO
+    lock = bundle.read_lock(root)  # a bundle, not any folder
+    # the tools below would follow a symlink or hang on a FIFO
+    check_bundle_tree(root, [*lock["files"], bundle.LOCK_NAME])
     failed = 0
     for name, function in CHECKS:
         try:

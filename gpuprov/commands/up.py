@@ -22,7 +22,8 @@ def _load(directory: str):
     if not root.is_dir():
         raise GpuprovError(f"{root}: no such bundle directory")
     lock = bundle.read_lock(root)
-    check_bundle_tree(root)  # terraform and ansible would follow a symlink or hang on a FIFO
+    # terraform and ansible would follow a symlink or hang on a FIFO
+    check_bundle_tree(root, [*lock["files"], bundle.LOCK_NAME])
     edited = bundle.edited_files(root, lock)
     if edited:
         click.echo(f"note: {len(edited)} file(s) changed since `gpuprov generate` ({', '.join(edited[:3])}"
