@@ -267,6 +267,15 @@ def _write_tree(root: Path, files: dict[str, str]) -> None:
     os.chmod(root, 0o755)
 
 
+def _special(path: Path) -> bool:
+    """A FIFO, device or socket (lstat: a symlink is not special)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+
+
 def _carry(old: Path, new: Path, paths: list[str]) -> None:
     """Hard-link the user's own files (state, caches) into the new tree; the old tree keeps them too."""
     for path in paths:
@@ -425,6 +434,9 @@ def write_bundle(target: str | Path, files: dict[str, str], *, force: bool = Fal
                                f"(see `gpuprov check {shlex.quote(str(target))}`; --force overwrites them)")
         # without a readable lock (forced), nothing counts as generated: carry everything not regenerated
         carried = [p for p in existing if p not in files and p not in tracked and p != LOCK_NAME]
+        special = next((p for p in carried if _special(target / p)), None)
+        if special is not None:  # a FIFO or device would be linked into the new bundle, where up refuses it
+            raise GpuprovError(f"{target}: {special} is not a regular file, folder or symlink; remove it first")
     if old_lock is not None and old_lock.get("keep") is not None and LOCK_NAME in files:
         files = {**files, LOCK_NAME: _with_keep(files[LOCK_NAME], lock_keep(old_lock))}  # the user's patterns stay
     parent = target.parent if str(target.parent) else Path(".")

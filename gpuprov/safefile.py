@@ -158,6 +158,22 @@ def check_bundle_tree(root: str | Path, expected: Iterable[str] = (), *,
                 _refuse(root, current, name)
 
 
+def refuse_special(root: str | Path, generated: Iterable[str]) -> None:
+    """For `check`, which reports a symlink or a missing file as drift: refuse only what would hang
+    or mislead a read, a FIFO, device or socket at a generated path, and anything but a regular file
+    at the paths gpuprov itself reads or writes (USER_READ)."""
+    root = Path(root)
+    for rel in sorted({*generated, *USER_READ}):
+        try:
+            mode = os.lstat(root / rel).st_mode
+        except OSError:
+            continue
+        strict = rel in USER_READ
+        if not stat.S_ISREG(mode) and (strict or not (stat.S_ISLNK(mode) or stat.S_ISDIR(mode))):
+            raise GpuprovError(f"{root}: {rel} is {kind_of(mode)}, expected a regular file "
+                               "(remove it, or regenerate the bundle)")
+
+
 def _refuse(root: Path, folder: str, name: str) -> bool:
     """Raise for an entry that is neither a plain folder nor a regular file (False otherwise)."""
     full = os.path.join(folder, name)

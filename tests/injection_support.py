@@ -97,8 +97,15 @@ def yaml_files(root: Path) -> dict[str, object]:
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
         if path.suffix in (".yml", ".yaml") and path.is_file() and "roles" not in rel.parts:
-            found[rel.as_posix()] = yaml.safe_load(path.read_text(encoding="utf-8"))
+            found[rel.as_posix()] = yaml.load(path.read_text(encoding="utf-8"), Loader=AnsibleSafeLoader)
     return found
+
+
+class AnsibleSafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader plus Ansible's `!unsafe` tag (a string Ansible never templates)."""
+
+
+AnsibleSafeLoader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
 
 
 # ---- shell ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +200,7 @@ def _plant(path: Path, kind: str) -> None:
         os.symlink("/dev/zero", path)
 
 
+@pytest.mark.slow  # 45 processes; tests/test_security_fuzz.py runs the same classes in-process
 @pytest.mark.parametrize("kind", ["fifo", "dir", "zero"])
 @pytest.mark.parametrize("rel", BUNDLE_PATHS)
 def test_special_file_in_a_bundle_is_refused_quickly(tmp_path: Path, rel: str, kind: str) -> None:
@@ -453,3 +455,45 @@ def test_fix_lines_quote_tfvars_values(tmp_path: Path) -> None:
             words = shlex.split(fix.split("  (")[0])
             assert region in words, fix
             assert "touch" not in words
+
+
+# ---- gpuprov up on a bundle with planted symlinks ----------------------------------------------------
+
+from test_up import INVENTORY, _up, fakes  # noqa: E402,F401  (the fake terraform/ansible fixture)
+
+
+def _snapshot(folder: Path, skip: Path) -> dict[str, bytes]:
+    """Every regular file under `folder` outside `skip`, by content."""
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink() and skip not in p.parents}
+
+
+@pytest.mark.parametrize("plant", ["root temporary names", "folder temporary names", "state and inventory",
+                                   "ansible folder", "terraform folder"])
+def test_up_with_planted_symlinks_changes_nothing_outside_the_bundle(tmp_path: Path, fakes: dict, plant: str) -> None:
+    root = _bundle(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    links = {"root temporary names": [".gpuprov-up.json.tmp", ".gpuprov-up.json.gpuprov-tmp"],
+             # inside terraform/ and ansible/ every symlink is refused: terraform writes tfplan itself
+             "folder temporary names": ["ansible/inventory.yml.tmp", "terraform/tfplan"],
+             "state and inventory": [".gpuprov-up.json", "ansible/inventory.yml"]}.get(plant, [])
+    for index, name in enumerate(links):
+        (outside / f"victim-{index}").write_text("precious\n")
+        os.symlink(outside / f"victim-{index}", root / name)
+    if plant.endswith("folder"):
+        folder = plant.split()[0]
+        shutil.move(root / folder, outside / folder)
+        os.symlink(outside / folder, root / folder)
+    before = _snapshot(tmp_path, root)
+    result = _up(root, fakes["env"])
+    if plant == "root temporary names":
+        assert result.returncode == 0, result.stderr
+        assert (root / "ansible" / "inventory.yml").is_file() and not (root / "ansible" / "inventory.yml").is_symlink()
+    else:
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "symbolic link" in result.stderr.splitlines()[-1]
+    after = _snapshot(tmp_path, root)
+    after.pop(str(fakes["log"]), None)
+    before.pop(str(fakes["log"]), None)
+    assert after == before

@@ -63,9 +63,11 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
     """
     from gpuprov import __version__, bundle
     from gpuprov.catalog import catalog_version
+    from gpuprov.safefile import refuse_special
 
     root = _bundle_dir(directory)
     lock, files = regenerate(root)
+    refuse_special(root, [*lock["files"], bundle.LOCK_NAME])
     extra = bundle.extra_keep(bundle.lock_keep(lock))
     if extra:  # a pattern hides files from this check: say which, every time
         click.echo(f"note: {bundle.LOCK_NAME} keeps files matching {', '.join(extra)} beyond the defaults")
