@@ -158,15 +158,19 @@ def test_check_keeps_user_files_the_lock_lists(tmp_path: Path) -> None:
     (infra / "ansible" / "inventory.yml").write_text("all: {}\n")  # `gpuprov up` writes it on clouds
     (infra / "notes.txt").write_text("outside the checked folders\n")
     assert _checked(proj)[0] == 0
-    (infra / "launch" / "mine.sh").write_text("echo mine\n")
+    (infra / "launch" / "mine.csv").write_text("step,loss\n")
     assert _checked(proj)[0] == 1
     lock = json.loads((infra / "gpuprov.lock").read_text())
-    lock["keep"].append("launch/mine.sh")
+    lock["keep"].append("launch/mine.sh")  # code: a kept script would run unseen, so the pattern is refused
+    (infra / "gpuprov.lock").write_text(json.dumps(lock, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    assert _checked(proj)[0] == 2
+    lock["keep"][-1] = "launch/*.csv"
     (infra / "gpuprov.lock").write_text(json.dumps(lock, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     code, out = _checked(proj)
     assert code == 0, out
+    assert "launch/*.csv" in out  # patterns beyond the defaults are listed
     assert _generate(proj, cwd=tmp_path)[0] == 0  # a regeneration keeps the user's pattern
-    assert "launch/mine.sh" in bundle.read_lock(infra)["keep"]
+    assert "launch/*.csv" in bundle.read_lock(infra)["keep"]
     assert _checked(proj)[0] == 0
 
 
