@@ -39,6 +39,7 @@ from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, float8_re
     flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, \
     utilisation
 from gpuprov.sizing.setup import make_setup
+from gpuprov.targets import get_target
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
 GiB = 2**30
@@ -711,12 +712,12 @@ def search(
     `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
     insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
     s = _Search(spec, arch, estimator, {i.gpu: gpu_lookup(i.gpu) for i in insts}, exhaustive)
-    # on-prem machines are the user's hosts: no more nodes than hosts listed (also under cloud 'any')
-    onprem_max = min(spec.max_nodes, len(spec.hosts)) if spec.hosts else spec.max_nodes
     if not exhaustive and spec.objective == "cost":
         insts.sort(key=s.lower_bound_cost)
+    hosts = len(spec.hosts) if spec.hosts else None
     for inst in insts:
-        s.walk_instance(inst, onprem_max if inst.onprem else spec.max_nodes, only_nodes)
+        # the target's limit (Azure's scale set, on-prem's host count; also under cloud 'any')
+        s.walk_instance(inst, get_target(inst.cloud).node_cap(spec.max_nodes, hosts), only_nodes)
     return s.result(searched, unpriced, excluded)
 
 
