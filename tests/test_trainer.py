@@ -650,3 +650,45 @@ def test_chunked_loss_head_equals_the_whole_sequence_loss(trainer_module, model_
     again = copy.deepcopy(plain)
     train.install_chunked_loss(again, tp)
     assert type(again.get_output_embeddings()) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_documents_do_not_attend_across(trainer_module, tmp_path, attn):
+    """Position ids restart after each EOS and attention stays inside each document: a document
+    packed after another gets the logits it gets alone; without the positions it does not."""
+    import numpy as np
+    import transformers
+
+    train, _ = trainer_module
+    torch = train.torch
+    eos = 2
+    assert train.document_positions(np.array([[5, 6, eos, 7, 8, eos, eos]]), eos).tolist() == [[0, 1, 2, 0, 1, 2, 0]]
+    # the data path: meta.json's EOS turns on the positions
+    (tmp_path / "train").mkdir()
+    stream = np.array([5, 6, 7, eos, 9, 10, 11, 12, eos], dtype=np.uint16)
+    stream.tofile(tmp_path / "train" / "part-00000.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "eos_token_id": eos}))
+    batch = train.TokenWindows(train.DataSection(path=str(tmp_path)), 8, 97, 0).micro_batch(0, 1)
+    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    off = train.TokenWindows(train.DataSection(path=str(tmp_path), document_attention=False), 8, 97, 0)
+    assert off.micro_batch(0, 1).positions is None
+
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn,
+                                      use_cache=False)  # as the trainer builds it: no KV cache
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    inputs, positions = batch.inputs, batch.positions
+    with torch.no_grad():
+        packed = model(input_ids=inputs, position_ids=positions).logits
+        alone = model(input_ids=inputs[:, 4:]).logits
+        crossed = model(input_ids=inputs).logits
+    torch.testing.assert_close(packed[:, 4:], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(crossed[:, 4:], alone, atol=1e-3)
+    # the trainer's loss takes the positions the same way
+    labels = torch.tensor([[6, 7, eos, 9, 10, 11, 12, eos]])
+    with torch.no_grad():
+        got = train.token_loss_sum(model, inputs, labels, positions)
+        want = torch.nn.functional.cross_entropy(packed.flatten(0, 1), labels.flatten(), reduction="sum")
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    train.check_document_attention()  # this transformers builds per-document masks from positions
