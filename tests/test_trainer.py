@@ -460,7 +460,9 @@ def test_prepared_instruction_jsonl_trains_validates_and_exports(tmp_path):
     ids = np.fromfile(data / "train" / "part-00000.bin", dtype="<u2")
     mask = np.fromfile(data / "train" / "part-00000.mask", dtype=np.uint8)
     eos = meta["eos_token_id"]
-    assert len(ids) == len(mask) and (ids == eos).sum() > 100 and mask[ids == eos].all() and not mask.all()
+    # each sample's closing EOS is trained on; the EOS padding after whole samples is not
+    assert len(ids) == len(mask) and mask[ids == eos].sum() > 100 and not mask[ids == eos].all() and not mask.all()
+    assert meta["packing"] == "whole" and eos not in ids[:-1:32].tolist()  # every window opens on a prompt
 
     out = finish(start(launch, "--set", f"data.path={data}", "--set", "data.validation.every_steps=10",
                        "--set", "data.validation.batches=2", "--set", "precision.param_dtype=float32",
@@ -692,3 +694,45 @@ def test_packed_documents_do_not_attend_across(trainer_module, tmp_path, attn):
         want = torch.nn.functional.cross_entropy(packed.flatten(0, 1), labels.flatten(), reduction="sum")
     assert float(got) == pytest.approx(float(want), rel=1e-6)
     train.check_document_attention()  # this transformers builds per-document masks from positions
+
+
+def test_non_finite_step_is_skipped_counted_and_shown(trainer_module, tmp_path, capsys):
+    """A step whose loss or gradient norm is NaN/inf changes no weight and no optimizer state; the
+    metrics line and metrics.jsonl count it; the next finite step trains as usual."""
+    import transformers
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    cfg = train.load_config(str(yaml_path), ["task.kind=full", "runtime.device=cpu", "precision.param_dtype=float32",
+                                            f"logging.metrics_file={tmp_path / 'm.jsonl'}"])
+    rt = train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    optimizer = train.build_optimizer(model, cfg, rt)
+    tokens = torch.randint(0, 97, (2, 9))
+    batches = [train.Batch(tokens[:, :-1], tokens[:, 1:].clone())]
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokens[0, 0]] = float("inf")  # a poisoned row: NaN loss
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result = train.train_step(model, optimizer, batches, cfg, rt)
+    import math
+
+    assert result.skipped and not (math.isfinite(result.loss) and math.isfinite(result.grad_norm))
+    assert result.tokens == 16 and not optimizer.state  # no AdamW step was taken
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())  # nothing carried into the next step
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokens[0, 0]] = 0.0
+    ok = train.train_step(model, optimizer, batches, cfg, rt)
+    assert not ok.skipped and ok.loss > 0 and optimizer.state
+    assert not torch.equal(model.lm_head.weight, before["lm_head.weight"])
+
+    metrics = train.Metrics(cfg, rt, tokens_per_step=16, seq_len=8)
+    metrics.step_done(2, ok.loss, ok.grad_norm, 1e-3, every=1, skipped=1)
+    rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert rec["skipped_steps"] == 1 and rec["loss"] == pytest.approx(ok.loss)
+    assert "| skipped 1" in capsys.readouterr().out
