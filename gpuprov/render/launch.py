@@ -19,7 +19,9 @@ from gpuprov.resources import templates_dir
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
-_COPIED = ("train.py", "parallel.py", "prepare_data.py")
+# the trainer's Python files (train.py and the train_*.py it imports, parallel.py,
+# prepare_data.py) ship as they are: every *.py in templates/launch
+_COPIED_GLOB = "*.py"
 
 
 def yaml_value(value, indent: int = 0) -> str:
@@ -105,6 +107,6 @@ def render_launch(plan: Plan) -> RenderedFiles:
     for name in _TEMPLATES:
         text = env.get_template(f"{name}.j2").render(**ctx)
         files[name] = "\n".join(line.rstrip() for line in text.split("\n"))
-    for name in _COPIED:
-        files[name] = (src / name).read_text()
+    for path in sorted(src.glob(_COPIED_GLOB)):
+        files[path.name] = path.read_text()
     return files
