@@ -178,14 +178,14 @@ def _hf_cache_dir() -> Path:
 
 def _cached_config(repo_id: str) -> Path | None:
     """config.json of `repo_id` in the local cache: the snapshot refs/main names, else the newest one."""
-    repo = _hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
     from gpuprov.safefile import read_text
 
+    repo = _hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
     ref = repo / "refs" / "main"
     if ref.is_file():
         commit = read_text(ref, limit=4096, follow=True, what="Hugging Face ref").strip()
         if not _COMMIT.fullmatch(commit):  # it names a folder: never a path of its own
-            raise GpuprovError(f"{ref}: expected a commit hash (40 hex digits), got {commit[:50]!r}")
+            raise GpuprovError(f"{ref}: expected a commit hash (4 to 64 hex digits), got {commit[:50]!r}")
         pinned = repo / "snapshots" / commit / "config.json"
         if pinned.exists():  # read_config_json refuses what is not a regular file
             return pinned
@@ -193,7 +193,7 @@ def _cached_config(repo_id: str) -> Path | None:
     return found[-1] if found else None
 
 
-_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{4,64}")  # a git commit id (SHA-1 or SHA-256), full or abbreviated
 
 
 def _downloaded_config(repo_id: str) -> Path | None:
