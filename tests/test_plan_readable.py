@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -457,8 +458,9 @@ def test_hosts_probe_fills_the_file_from_recorded_output(tmp_path):
     env = _fake_ssh(tmp_path, {f"10.0.0.{i + 1}": "hgx-a100-80gb.txt" for i in range(4)})
     r = run("hosts", "probe", str(hosts), env=env)
     assert r.returncode == 0, r.stderr
-    assert ("- {name: gpu0, address: 10.0.0.1, user: ops, gpu: a100-80gb, gpus: 8, ram_gib: 2016, cores: 128, "
-            "nvme_count: 4, nvme_gb_each: 3841, fabric: infiniband, nic_gbps: 1600}") in r.stdout
+    assert yaml.safe_load(r.stdout)[0] == {"name": "gpu0", "address": "10.0.0.1", "user": "ops", "gpu": "a100-80gb",
+                                           "gpus": 8, "ram_gib": 2016, "cores": 128, "nvme_count": 4,
+                                           "nvme_gb_each": 3841, "fabric": "infiniband", "nic_gbps": 1600}
     log = (tmp_path / "ssh.log").read_text()
     assert "BatchMode=yes" in log and "ops@10.0.0.1" in log and "nvidia-smi --query-gpu=name,memory.total" in log
     # the filled file plans on exactly those machines, checked against what they hold
@@ -476,7 +478,8 @@ def test_hosts_probe_connects_on_the_hosts_ssh_port_and_keeps_it(tmp_path):
     r = run("hosts", "probe", str(hosts), env=env)
     assert r.returncode == 0, r.stderr
     assert "-p 2222 ops@10.0.0.9" in (tmp_path / "ssh.log").read_text()
-    assert "- {name: box, address: 10.0.0.9, user: ops, port: 2222, gpu: rtx-4090-24gb" in r.stdout
+    assert {k: yaml.safe_load(r.stdout)[0][k] for k in ("name", "address", "user", "port", "gpu")} == {
+        "name": "box", "address": "10.0.0.9", "user": "ops", "port": 2222, "gpu": "rtx-4090-24gb"}
     filled = tmp_path / "hosts.yaml"
     filled.write_text(r.stdout)
     out = tmp_path / "bundle"

@@ -59,7 +59,8 @@ def _line(entry: dict) -> str:
     such as `null` or `0777` reads back as that string, and no value can add a key or a host."""
     from gpuprov.render.escape import yaml_flow
 
-    return "- " + yaml_flow({k: v for k, v in entry.items() if v is not None})
+    # keys are this module's own field names (plain YAML words); every value is escaped
+    return "- {" + ", ".join(f"{k}: {yaml_flow(v)}" for k, v in entry.items() if v is not None) + "}"
 
 
 @hosts.command()
