@@ -411,7 +411,7 @@ class _Search:
         out = self.compute_cache.get(key)
         if out is None:
             gpu = self.gpus[inst.gpu]
-            util, _ = utilisation(gpu)
+            util, _ = utilisation(gpu, compiled=self.stack.compile)
             gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
             out = self.compute_cache[key] = \
                 self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain)
@@ -645,7 +645,7 @@ class _Search:
     def slot(self, inst: Any, nodes: int) -> _Slot:
         gpu = self.gpus[inst.gpu]
         return _Slot(inst=inst, gpu=gpu, nodes=nodes, usable=int(gpu.memory_bytes * (1.0 - self.spec.safety_margin)),
-                     util=utilisation(gpu)[0], intra=intra_node_gbytes(gpu)[0],
+                     util=utilisation(gpu, compiled=self.stack.compile)[0], intra=intra_node_gbytes(gpu)[0],
                      inter=inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu))
 
     def degrees(self, inst: Any) -> list[tuple[int, int]]:
