@@ -133,7 +133,7 @@ def purchase_alternatives(spec: Any, best: Any) -> list[Any]:
         if offer.option not in allowed:
             why.append(f"not allowed (add it to --purchase)")
         elif offer.needs and cat.held(spec, offer, inst.cloud) is None:
-            why.append("needs " + ("--capacity-reservation-id" if inst.cloud == "aws" else "--reservation"))
+            why.append("needs " + get_target(inst.cloud).held_flag)
         if offer.preemptible:
             why.append("preemptible: relies on checkpoint/resume")
         out.append(Alternative(cloud=inst.cloud, instance_type=inst.name, gpu=inst.gpu, nodes=best.nodes,

@@ -40,6 +40,7 @@ from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, float8_re
     utilisation
 from gpuprov.sizing.setup import make_setup
 from gpuprov.targets import get_target
+from gpuprov.targets.decide import decided
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
 GiB = 2**30
@@ -1095,7 +1096,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         **bringup,
         stack=stack_for(spec, arch, best.tp, best.float8),
     )
-    return _with_table(plan, spec, arch, result, best, est_fn)
+    return _with_table(decided(plan), spec, arch, result, best, est_fn)
 
 
 def _with_table(plan: Any, spec: Any, arch: Any, result: SearchResult, best: Candidate, est_fn: Estimator) -> Any:

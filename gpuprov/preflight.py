@@ -172,7 +172,7 @@ def _offerings_command(cloud: str, name: str, region: str) -> str:
 
 def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
     cloud = plan.cluster.cloud
-    if cloud not in ("aws", "gcp"):
+    if not get_target(cloud).live_checks:
         return [Check("skip", "live checks", f"no live checks for {cloud} yet")]
     s = settings(plan, root)
     login = ["aws", "sts", "get-caller-identity", "--output", "json"] if cloud == "aws" else \

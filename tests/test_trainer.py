@@ -181,7 +181,7 @@ def base_loss_on_first_batch(model_dir: Path, launch: Path, samples: int) -> flo
     finally:
         del sys.modules[spec.name]
     cfg = yaml.safe_load((launch / "train.yaml").read_text())
-    data = trainer.TokenWindows({"data": {"path": None, "synthetic": True, "synthetic_samples": samples}}, 32, 512,
+    data = trainer.TokenWindows(trainer.DataSection(synthetic=True, synthetic_samples=samples), 32, 512,
                                 cfg["training"]["seed"])
     tokens, _ = data.batch(0, samples)
     # the trainer keeps a LoRA base in bf16 (as the plan sizes it) and computes in fp32 here
@@ -275,9 +275,19 @@ def trainer_module(tmp_path_factory):
 def test_config_overrides_and_clear_errors(trainer_module):
     train, yaml_path = trainer_module
     cfg = train.load_config(str(yaml_path), ["batch.seq_len=64", "data.path=null", "task.lora.targets=[q_proj]"])
-    assert cfg["batch"]["seq_len"] == 64 and cfg["data"]["path"] is None and cfg["task"]["lora"]["targets"] == ["q_proj"]
-    with pytest.raises(SystemExit, match="unknown key 'seqlen'"):
+    assert cfg.batch.seq_len == 64 and cfg.data.path is None and cfg.task.lora.targets == ["q_proj"]
+    # a wrong key or value: one line naming it
+    with pytest.raises(SystemExit, match=r"^train.py: batch.seqlen: unknown key \(known: micro_batch"):
         train.load_config(str(yaml_path), ["batch.seqlen=64"])
+    with pytest.raises(SystemExit, match=r"^train.py: batch.seq_len: expected an integer, got 'long'$"):
+        train.load_config(str(yaml_path), ["batch.seq_len=long"])
+    with pytest.raises(SystemExit, match=r"^train.py: parallel.sharding: 'zero3' is not one of fsdp"):
+        train.load_config(str(yaml_path), ["parallel.sharding=zero3"])
+    with pytest.raises(SystemExit, match=r"^train.py: optimiser: unknown key"):
+        train.load_config(str(yaml_path), ["optimiser.lr=1"])
+    with pytest.raises(SystemExit, match=r"^train.py: batch.micro_batch: must be at least 1, got 0$"):
+        train.load_config(str(yaml_path), ["batch.micro_batch=0"])
+    assert train.load_config(str(yaml_path), ["checkpoint.async=false"]).checkpoint.async_save is False
     with pytest.raises(SystemExit, match="section.key=value"):
         train.load_config(str(yaml_path), ["batch.seq_len"])
     # QLoRA's 4-bit kernels are CUDA-only: on CPU a one-line reason, not a bitsandbytes traceback
@@ -292,8 +302,9 @@ def test_lr_schedule_warmup_then_cosine(trainer_module):
     cfg = train.load_config(str(yaml_path), [])  # lr 3e-3, warmup 3, 100 steps, floor 0.1
     lrs = [train.lr_at(s, cfg) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-3) and lrs[2] == pytest.approx(3e-3)
-    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # non-increasing after warmup
-    assert train.lr_at(100, cfg) == pytest.approx(3e-4)  # lr x min_lr_ratio at the end
+    assert lrs[3] == pytest.approx(3e-3)  # the first step after warmup is at the peak
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:]))  # decreasing after warmup
+    assert lrs[99] == pytest.approx(3e-4)  # the last step (0-based 99) trains at lr x min_lr_ratio
 
 
 def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
@@ -302,17 +313,17 @@ def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
     train, _ = trainer_module
     (tmp_path / "a.bin").write_bytes(np.arange(0, 21, dtype=np.uint16).tobytes())  # 2 windows of 10+1
     (tmp_path / "b.bin").write_bytes(np.arange(100, 111, dtype=np.uint16).tobytes())  # 1 window
-    data = train.TokenWindows({"data": {"path": str(tmp_path), "dtype": "uint16"}}, 10, 512, 0)
+    data = train.TokenWindows(train.DataSection(path=str(tmp_path), dtype="uint16"), 10, 512, 0)
     assert len(data) == 3
     assert data.sample(0).tolist() == list(range(0, 11))
     assert data.sample(1).tolist() == list(range(10, 21))
     assert data.sample(2).tolist() == list(range(100, 111))
     assert data.sample(3).tolist() == data.sample(0).tolist()  # next epoch
-    synthetic = train.TokenWindows({"data": {"path": None, "synthetic": True, "synthetic_samples": None}}, 10, 512, 0)
+    synthetic = train.TokenWindows(train.DataSection(synthetic=True), 10, 512, 0)
     assert synthetic.batch(5, 2)[0].shape == (2, 11) and synthetic.sample(5).tolist() == synthetic.sample(5).tolist()
     # ids the model has no embedding for: a clear error, not an index error deep in the forward
     with pytest.raises(SystemExit, match="outside the model's vocabulary of 50"):
-        train.TokenWindows({"data": {"path": str(tmp_path), "dtype": "uint16"}}, 10, 50, 0).batch(2, 1)
+        train.TokenWindows(train.DataSection(path=str(tmp_path), dtype="uint16"), 10, 50, 0).batch(2, 1)
 
 
 def test_adamw_is_fused_on_cuda_only(trainer_module, monkeypatch):
@@ -467,7 +478,7 @@ def test_prepared_instruction_jsonl_trains_validates_and_exports(tmp_path):
     model, _ = trainer.prepare_model(cfg, rt, from_checkpoint=True)
     ckpt = checkpoints(launch)[-1]
     trainer.load_checkpoint(trainer.TrainState(model, trainer.build_optimizer(model, cfg, rt), False), ckpt)
-    tokens, labels = trainer.TokenWindows(cfg, 32, 512, 0, split="val").batch(0, 2)
+    tokens, labels = trainer.TokenWindows(cfg.data, 32, 512, 0, split="val").batch(0, 2)
     assert (labels == -100).any()  # the prompt tokens carry no loss
     exported = AutoModelForCausalLM.from_pretrained(ckpt.parent / "export" / ckpt.name, dtype=torch.float32).eval()
     model.eval()
@@ -489,11 +500,11 @@ def load_trainer(launch: Path):
 def test_refuses_synthetic_data_and_random_base_unless_asked(trainer_module):
     train, yaml_path = trainer_module
     cfg = train.load_config(str(yaml_path), [])
-    assert cfg["data"]["path"] is None and cfg["data"]["synthetic"] is False
+    assert cfg.data.path is None and cfg.data.synthetic is False
     with pytest.raises(SystemExit, match="data.synthetic=true"):
-        train.TokenWindows(cfg, 32, 512, 0)
+        train.TokenWindows(cfg.data, 32, 512, 0)
     lora = train.load_config(str(yaml_path), ["task.kind=lora"])
-    assert lora["model"]["init"] == "pretrained"  # adapters need a real base
+    assert lora.model.init == "pretrained"  # adapters need a real base
     with pytest.raises(SystemExit, match="pretrained_path is null"):
         train.pretrained_path(lora)
     assert train.pretrained_path(train.load_config(str(yaml_path), ["task.kind=lora", "model.init=random"])) is None
@@ -506,7 +517,7 @@ def test_lora_base_is_frozen_in_bf16_and_attention_is_requested(trainer_module):
                                             "runtime.device=cpu"])
     rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
     model, _ = train.build_model(cfg, rt)
-    assert model.config._attn_implementation == cfg["model"]["attn_implementation"] == "sdpa"
+    assert model.config._attn_implementation == cfg.model.attn_implementation == "sdpa"
     model = train.apply_lora(model, cfg)
     train.cast_frozen(model, cfg)
     assert train.param_dtypes(model) == {"trainable": ["float32"], "frozen": ["bfloat16"]}
@@ -531,25 +542,25 @@ def test_tf32_torch_floor_and_record(trainer_module):
         torch.set_float32_matmul_precision(before)
         torch.backends.cuda.matmul.allow_tf32 = False
     cfg = train.load_config(str(yaml_path), [])
-    assert cfg["runtime"]["min_torch"] == "2.7"
+    assert cfg.runtime.min_torch == "2.7"
     with pytest.raises(SystemExit, match="older than runtime.min_torch 99.0"):
         train.check_torch("99.0")
-    train.check_torch(cfg["runtime"]["min_torch"])  # the torch these tests run passes
+    train.check_torch(cfg.runtime.min_torch)  # the torch these tests run passes
     assert hasattr(train.main, "__wrapped__")  # torchelastic @record
 
 
 def test_tokens_per_s_leaves_out_checkpoints_and_mfu_follows_seq_len(trainer_module, tmp_path):
     train, yaml_path = trainer_module
     cfg = train.load_config(str(yaml_path), [f"logging.metrics_file={tmp_path / 'm.jsonl'}"])
-    m = cfg["mfu"]
-    plan_seq = m["plan_seq_len"]
-    assert train.flops_per_token(m, plan_seq) == pytest.approx(m["flops_per_token"])
-    assert train.flops_per_token(m, 2 * plan_seq) == pytest.approx(m["flops_per_token"] + m["attention_flops_per_token"])
+    m = cfg.mfu
+    plan_seq = m.plan_seq_len
+    assert train.flops_per_token(m, plan_seq) == pytest.approx(m.flops_per_token)
+    assert train.flops_per_token(m, 2 * plan_seq) == pytest.approx(m.flops_per_token + m.attention_flops_per_token)
     rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
     metrics = train.Metrics(cfg, rt, tokens_per_step=1000, seq_len=plan_seq)
     with metrics.paused():
         time.sleep(0.5)  # a checkpoint
-    metrics.step_done(1, train.torch.tensor(1.0), train.torch.tensor(1.0), 1e-3, every=1)
+    metrics.step_done(1, 1.0, 1.0, 1e-3, every=1)
     rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert rec["tokens_per_s"] > 1000 / 0.25  # the 0.5 s pause is not counted
 
