@@ -80,7 +80,7 @@ class _Search:
         self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
         self.walk_top: dict[str, int] = {}  # instance -> the most nodes an ascending walk reaches
-        self.probe_cache: dict[tuple, bool] = {}
+        self.probe_cache: dict[tuple, int] = {}  # -> the farthest node count that misses (0: none)
         self.step_cache: dict[tuple, StepEstimate] = {}
         # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
         self.layer = LayerShape(arch.num_layers, arch.hidden_size,
@@ -225,10 +225,10 @@ class _Search:
         # The same GPU type on another cloud (or instance) answers the same: memory does not depend
         # on the instance, and its misses were recorded the first time (a repeat ratio changes no miss).
         key = (slot.inst.gpu, slot.usable, slot.gpn, slot.total, lay, ac, tuple(shapes))
-        out = self.fit_cache.get(key)
-        if out is None:
-            out = self.fit_cache[key] = self.scan_shapes(slot, lay, ac, shapes)
-        return out
+        cached = self.fit_cache.get(key)
+        if cached is None:
+            cached = self.fit_cache[key] = self.scan_shapes(slot, lay, ac, shapes)
+        return cached
 
     def scan_shapes(self, slot: _Slot, lay: _Layout, ac: str,
                     shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
