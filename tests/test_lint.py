@@ -21,7 +21,6 @@ KNOWN_LONG = {
     ("gpuprov/sizing/precise.py", "_tracker_classes"): "see above",
     ("gpuprov/sizing/precise.py", "estimate_precise"): "see above",
     ("gpuprov/sizing/throughput.py", "step_estimate"): "the step-time model: being reworked with pipeline stages",
-    ("gpuprov/commands/plan.py", "render_explain"): "explain's text: split pending",
 }
 
 
