@@ -460,7 +460,9 @@ def test_prepared_instruction_jsonl_trains_validates_and_exports(tmp_path):
     ids = np.fromfile(data / "train" / "part-00000.bin", dtype="<u2")
     mask = np.fromfile(data / "train" / "part-00000.mask", dtype=np.uint8)
     eos = meta["eos_token_id"]
-    assert len(ids) == len(mask) and (ids == eos).sum() > 100 and mask[ids == eos].all() and not mask.all()
+    # each sample's closing EOS is trained on; the EOS padding after whole samples is not
+    assert len(ids) == len(mask) and mask[ids == eos].sum() > 100 and not mask[ids == eos].all() and not mask.all()
+    assert meta["packing"] == "whole" and eos not in ids[:-1:32].tolist()  # every window opens on a prompt
 
     out = finish(start(launch, "--set", f"data.path={data}", "--set", "data.validation.every_steps=10",
                        "--set", "data.validation.batches=2", "--set", "precision.param_dtype=float32",
@@ -650,3 +652,87 @@ def test_chunked_loss_head_equals_the_whole_sequence_loss(trainer_module, model_
     again = copy.deepcopy(plain)
     train.install_chunked_loss(again, tp)
     assert type(again.get_output_embeddings()) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_documents_do_not_attend_across(trainer_module, tmp_path, attn):
+    """Position ids restart after each EOS and attention stays inside each document: a document
+    packed after another gets the logits it gets alone; without the positions it does not."""
+    import numpy as np
+    import transformers
+
+    train, _ = trainer_module
+    torch = train.torch
+    eos = 2
+    assert train.document_positions(np.array([[5, 6, eos, 7, 8, eos, eos]]), eos).tolist() == [[0, 1, 2, 0, 1, 2, 0]]
+    # the data path: meta.json's EOS turns on the positions
+    (tmp_path / "train").mkdir()
+    stream = np.array([5, 6, 7, eos, 9, 10, 11, 12, eos], dtype=np.uint16)
+    stream.tofile(tmp_path / "train" / "part-00000.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "eos_token_id": eos}))
+    batch = train.TokenWindows(train.DataSection(path=str(tmp_path)), 8, 97, 0).micro_batch(0, 1)
+    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    off = train.TokenWindows(train.DataSection(path=str(tmp_path), document_attention=False), 8, 97, 0)
+    assert off.micro_batch(0, 1).positions is None
+
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn,
+                                      use_cache=False)  # as the trainer builds it: no KV cache
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    inputs, positions = batch.inputs, batch.positions
+    with torch.no_grad():
+        packed = model(input_ids=inputs, position_ids=positions).logits
+        alone = model(input_ids=inputs[:, 4:]).logits
+        crossed = model(input_ids=inputs).logits
+    torch.testing.assert_close(packed[:, 4:], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(crossed[:, 4:], alone, atol=1e-3)
+    # the trainer's loss takes the positions the same way
+    labels = torch.tensor([[6, 7, eos, 9, 10, 11, 12, eos]])
+    with torch.no_grad():
+        got = train.token_loss_sum(model, inputs, labels, positions)
+        want = torch.nn.functional.cross_entropy(packed.flatten(0, 1), labels.flatten(), reduction="sum")
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    train.check_document_attention()  # this transformers builds per-document masks from positions
+
+
+def test_non_finite_step_is_skipped_counted_and_shown(trainer_module, tmp_path, capsys):
+    """A step whose loss or gradient norm is NaN/inf changes no weight and no optimizer state; the
+    metrics line and metrics.jsonl count it; the next finite step trains as usual."""
+    import transformers
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    cfg = train.load_config(str(yaml_path), ["task.kind=full", "runtime.device=cpu", "precision.param_dtype=float32",
+                                            f"logging.metrics_file={tmp_path / 'm.jsonl'}"])
+    rt = train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    optimizer = train.build_optimizer(model, cfg, rt)
+    tokens = torch.randint(0, 97, (2, 9))
+    batches = [train.Batch(tokens[:, :-1], tokens[:, 1:].clone())]
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokens[0, 0]] = float("inf")  # a poisoned row: NaN loss
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result = train.train_step(model, optimizer, batches, cfg, rt)
+    import math
+
+    assert result.skipped and not (math.isfinite(result.loss) and math.isfinite(result.grad_norm))
+    assert result.tokens == 16 and not optimizer.state  # no AdamW step was taken
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())  # nothing carried into the next step
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokens[0, 0]] = 0.0
+    ok = train.train_step(model, optimizer, batches, cfg, rt)
+    assert not ok.skipped and ok.loss > 0 and optimizer.state
+    assert not torch.equal(model.lm_head.weight, before["lm_head.weight"])
+
+    metrics = train.Metrics(cfg, rt, tokens_per_step=16, seq_len=8)
+    metrics.step_done(2, ok.loss, ok.grad_norm, 1e-3, every=1, skipped=1)
+    rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert rec["skipped_steps"] == 1 and rec["loss"] == pytest.approx(ok.loss)
+    assert "| skipped 1" in capsys.readouterr().out

@@ -287,7 +287,6 @@ def _gather_and_reduce_bytes(a: Assumptions, prec: dict[str, Any], task: str, pa
 def _data_parallel_comm(shape: Shape, gather_buf: float, grad_buf: float, trainable_bytes: float, num_layers: int,
                         intra: float, inter: float) -> _Comm:
     """FSDP/HSDP, ZeRO-2 or DDP collectives of one step, ring algorithms over the group's links."""
-    a = assumptions()
     n, s = shape.total_gpus, shape.sharding
     if s in ("fsdp", "hsdp") and shape.shard_group > 1:
         g = shape.shard_group

@@ -49,7 +49,7 @@ from train_data import Batch, TokenWindows, document_positions  # noqa: E402,F40
 from train_metrics import Metrics, flops_per_token  # noqa: E402,F401
 from train_model import (  # noqa: E402,F401
     LOSS_CHUNKS, ChunkedLossHead, apply_activation_checkpointing, apply_compile, apply_float8, apply_lora,
-    build_model, cast_frozen, check_attention, count_params, depth_scale_residuals, install_chunked_loss,
+    build_model, cast_frozen, check_attention, check_document_attention, count_params, depth_scale_residuals, install_chunked_loss,
     next_token_loss, param_dtypes, prepare_model, pretrained_path, token_loss_sum, unwrap, verify_replicas)
 from train_optim import build_optimizer, lr_at  # noqa: E402,F401
 from train_runtime import (  # noqa: E402,F401
@@ -213,6 +213,8 @@ def announce(run: Run) -> None:
         f"{par.sharding} on {rt.world} x {rt.device.type} mesh {None if mesh is None else tuple(mesh)}, "
         f"AC {par.activation_checkpointing}, micro-batch {b.micro_batch} x accum {b.grad_accum} x seq {b.seq_len}, "
         f"data {run.data.path or 'synthetic'}")
+    if run.data.eos is not None and not cfg.model_parallel:
+        check_document_attention()
     if run.data.eos is not None and cfg.model_parallel:
         log("data: tensor/context parallelism here runs one causal sequence per window "
             "(document attention is off under parallel.tp/cp)")

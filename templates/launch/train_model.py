@@ -493,6 +493,18 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
     return loss
 
 
+def check_document_attention() -> None:
+    """transformers turns restarting position ids into a per-document mask (masking_utils'
+    find_packed_sequence_indices, in transformers 5) only when no attention mask and no KV cache
+    are given, as here; an older one would let packed documents attend to each other."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("data.document_attention needs a transformers that builds per-document masks from "
+                          "position ids (masking_utils.find_packed_sequence_indices); upgrade it or set "
+                          "data.document_attention=false") from exc
+
+
 def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                     positions: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy over this micro-batch's labelled tokens; all masked gives 0, not NaN."""
