@@ -14,9 +14,9 @@ from typing import Any
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 from gpuprov.targets import get_target
+from gpuprov.units import GiB
 
 PURCHASE_OPTIONS: tuple[str, ...] = ("on-demand", "spot", "capacity-block", "reservation", "flex-start")
-GiB = 2**30
 
 
 @dataclass(frozen=True)
