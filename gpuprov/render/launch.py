@@ -52,6 +52,22 @@ def _run_id(plan: Plan) -> str:
     return f"gpuprov-{slug}-{plan.task}"
 
 
+def run_paths(plan: Plan) -> dict[str, str]:
+    """Where the run keeps its checkpoints, metrics and job logs (`gpuprov status` reads the same).
+
+    Several nodes: on the filesystem they all mount (a node-local array cannot hold the other
+    nodes' shards for a resume, and the job log and metrics must outlive any one node); one node:
+    its own NVMe array is fastest.
+    """
+    run_id = _run_id(plan)
+    mount = plan.storage.mount_point.rstrip("/") or ""
+    shared = plan.shared_storage.mount_point if plan.shared_storage else SHARED_MOUNT  # on-prem: the site's NFS
+    root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
+    return {"run_id": run_id, "checkpoint_dir": f"{root}/checkpoints/{run_id}", "log_dir": f"{root}/logs/{run_id}",
+            "metrics_file": f"{root}/logs/{run_id}/metrics.jsonl",
+            "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder"}
+
+
 def _context(plan: Plan) -> dict:
     for key in plan.fabric.nccl_env:
         if not _ENV_NAME.match(key):
@@ -65,12 +81,8 @@ def _context(plan: Plan) -> dict:
     if plan.task != "full" and not (plan.training.lora_rank and plan.training.lora_alpha):
         raise GpuprovError(f"task {plan.task} needs lora_rank and lora_alpha in the plan")
     vocab = int(plan.model.hf_config.get("vocab_size") or 0)
-    run_id = _run_id(plan)
-    mount = plan.storage.mount_point.rstrip("/") or ""
-    # Several nodes: checkpoints on the filesystem they all mount (a node-local array cannot
-    # hold the other nodes' shards for a resume); one node: its own NVMe array is fastest.
-    shared = plan.shared_storage.mount_point if plan.shared_storage else SHARED_MOUNT  # on-prem: the site's NFS
-    ckpt_root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
+    paths = run_paths(plan)
+    run_id = paths["run_id"]
     return {
         "plan": plan,
         "version": __version__,
@@ -84,9 +96,12 @@ def _context(plan: Plan) -> dict:
         "lora_targets": list(plan.training.lora_targets) or "all-linear",
         "vocab_size": vocab or "unknown",
         "data_dtype": "uint16" if 0 < vocab <= 2**16 else "uint32",
-        "checkpoint_dir": f"{ckpt_root}/checkpoints/{run_id}",
-        "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder",
-        "metrics_file": f"{mount}/logs/{run_id}/metrics.jsonl",
+        "checkpoint_dir": paths["checkpoint_dir"],
+        "flight_recorder_dir": paths["flight_recorder_dir"],
+        "metrics_file": paths["metrics_file"],
+        "log_dir": paths["log_dir"],
+        "scheduler": plan.scheduler,
+        "max_requeues": plan.scheduler.max_requeues,
     }
 
 
