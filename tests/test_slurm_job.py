@@ -25,10 +25,41 @@ pytest.importorskip("transformers")
 if slurm_cluster.missing():
     pytest.skip(slurm_cluster.missing(), allow_module_level=True)
 
-from test_trainer import render_small  # noqa: E402  (after the skips: it imports torch)
+from plan_fixtures import sample_plan  # noqa: E402
 
 STEPS, EVERY = 30, 5
 ARGS = ("--set", "data.synthetic=true", "--set", "export.at_end=false")
+
+
+def small_bundle(root: Path) -> Path:
+    """A whole bundle (plan.json, lock, launch/) for a sample two-node plan shrunk to CPU size, its
+    shared mount (checkpoints, logs) inside root: what `gpuprov generate` writes, at test scale."""
+    from unittest import mock
+
+    from gpuprov.bundle import build_bundle, write_bundle
+
+    plan = sample_plan("aws", 2, "hsdp", "full")
+    cluster = plan.cluster.model_copy(update=dict(
+        gpus_per_node=1, total_gpus=2, shard_group=1, replicate=2, activation_checkpointing="none", micro_batch=2,
+        grad_accum=2, seq_len=32, global_batch_tokens=2 * 2 * 32 * 2))
+    training = plan.training.model_copy(update=dict(steps=STEPS, warmup_steps=3, learning_rate=3e-3,
+                                                    checkpoint_every_steps=EVERY, log_every_steps=1))
+    shared = str(root / "shared")
+    plan = plan.model_copy(update=dict(
+        cluster=cluster, training=training, storage=plan.storage.model_copy(update=dict(mount_point=str(root / "scratch"))),
+        shared_storage=plan.shared_storage.model_copy(update=dict(mount_point=shared))))
+    assert plan.scheduler.kind == "slurm"
+    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", shared):
+        write_bundle(root / "bundle", build_bundle(plan))
+    return root / "bundle"
+
+
+def _status(cluster, bundle: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "status", str(bundle), "--local", "--json"],
+                          env=dict(cluster.env, PYTHONPATH=os.pathsep.join(sys.path)), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 def _metrics(path: Path) -> list[list[dict]]:
@@ -72,9 +103,8 @@ def _finished(cluster, job_id: str) -> dict:
 
 def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
     with slurm_cluster.slurm_cluster(nodes=2, gpus=1) as cluster:
-        root = cluster.root / "bundle"
-        launch = render_small(root, nodes=2, gpus_per_node=1, sharding="hsdp", ac="none", steps=STEPS,
-                              checkpoint_every=EVERY)
+        bundle = small_bundle(cluster.root)
+        launch = bundle / "launch"
         cfg = yaml.safe_load((launch / "train.yaml").read_text())
         ckpt, metrics = Path(cfg["checkpoint"]["dir"]), Path(cfg["logging"]["metrics_file"])
         log_dir = metrics.parent
@@ -107,6 +137,16 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
         assert resumed[0]["step"] >= done_at and resumed[0]["world"] == 2
         assert f"resumed from {ckpt}/step-" in out
         assert max(_losses(resumed)) == STEPS
+
+        # what `up` records after its submit step; status reads it back with the metrics file
+        (bundle / ".gpuprov-up.json").write_text(json.dumps({"job": {"id": job, "kind": "submit"}}))
+        report = _status(cluster, bundle)
+        assert report["job"]["id"] == job and report["job"]["state"] == "COMPLETED"
+        assert report["job"]["restarts"] == 1 and report["starts"] == 2 and report["finished"]
+        assert report["step"] == STEPS and report["loss"] == _losses(resumed)[STEPS]
+        assert report["tokens_per_s"] > 0 and 0 < report["mfu"] < 1
+        assert report["resumed_at"] == resumed[0]["step"] and report["plan"]["tokens_per_s"] > 0
+        assert Path(report["log"]).is_file()
 
         # The same job uninterrupted, into its own checkpoints and metrics: the same losses.
         ref_metrics = log_dir / "reference.jsonl"

@@ -63,7 +63,7 @@ def run_paths(plan: Plan) -> dict[str, str]:
     mount = plan.storage.mount_point.rstrip("/") or ""
     shared = plan.shared_storage.mount_point if plan.shared_storage else SHARED_MOUNT  # on-prem: the site's NFS
     root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
-    return {"run_id": run_id, "checkpoint_dir": f"{root}/checkpoints/{run_id}", "log_dir": f"{root}/logs/{run_id}",
+    return {"run_id": run_id, "job_dir": f"{root}/jobs/{run_id}", "checkpoint_dir": f"{root}/checkpoints/{run_id}", "log_dir": f"{root}/logs/{run_id}",
             "metrics_file": f"{root}/logs/{run_id}/metrics.jsonl",
             "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder"}
 
