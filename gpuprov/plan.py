@@ -324,6 +324,16 @@ class Scheduler(_Strict):
     source: str = ""
 
 
+class Provisioning(_Strict):
+    """What the target decided for bring-up (gpuprov/targets/): renderers read it, never decide it."""
+
+    target: CloudName
+    provisioner: Literal["terraform", "inventory"]  # Terraform creates the nodes, or the user's host list
+    fabric_role: str | None  # the Ansible role that sets up the fabric; None: nothing beyond Ethernet
+    gds: bool  # GPUDirect Storage configured (cuFile needs the local NVMe array)
+    checkpoint_root: str  # several nodes: the shared filesystem; one node: its own NVMe array
+
+
 class Plan(_Strict):
     schema_version: int = PLAN_SCHEMA_VERSION
     gpuprov_version: str
@@ -355,3 +365,4 @@ class Plan(_Strict):
     bundle_id: str = ""  # short hash of the spec: makes resource names unique per bundle
     stack: Stack | None = None  # None only in plans written before the stack was recorded
     scheduler: Scheduler = Field(default_factory=Scheduler)  # none in plans written before it was decided
+    provisioning: Provisioning | None = None  # None only in plans written before targets decided it

@@ -34,9 +34,8 @@ ARGS = ("--set", "data.synthetic=true", "--set", "export.at_end=false")
 def small_bundle(root: Path) -> Path:
     """A whole bundle (plan.json, lock, launch/) for a sample two-node plan shrunk to CPU size, its
     shared mount (checkpoints, logs) inside root: what `gpuprov generate` writes, at test scale."""
-    from unittest import mock
-
     from gpuprov.bundle import build_bundle, write_bundle
+    from gpuprov.targets.decide import decided
 
     plan = sample_plan("aws", 2, "hsdp", "full")
     cluster = plan.cluster.model_copy(update=dict(
@@ -45,12 +44,11 @@ def small_bundle(root: Path) -> Path:
     training = plan.training.model_copy(update=dict(steps=STEPS, warmup_steps=3, learning_rate=3e-3,
                                                     checkpoint_every_steps=EVERY, log_every_steps=1))
     shared = str(root / "shared")
-    plan = plan.model_copy(update=dict(
+    plan = decided(plan.model_copy(update=dict(
         cluster=cluster, training=training, storage=plan.storage.model_copy(update=dict(mount_point=str(root / "scratch"))),
-        shared_storage=plan.shared_storage.model_copy(update=dict(mount_point=shared))))
-    assert plan.scheduler.kind == "slurm"
-    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", shared):
-        write_bundle(root / "bundle", build_bundle(plan))
+        shared_storage=plan.shared_storage.model_copy(update=dict(mount_point=shared)))))
+    assert plan.scheduler.kind == "slurm" and plan.provisioning.checkpoint_root == shared
+    write_bundle(root / "bundle", build_bundle(plan))
     return root / "bundle"
 
 

@@ -11,7 +11,7 @@ import re
 
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
-from gpuprov.plan import SHARED_MOUNT, Plan
+from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_scalar, yaml_string
 from gpuprov.resources import templates_dir
@@ -19,7 +19,9 @@ from gpuprov.resources import templates_dir
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
-_COPIED = ("train.py", "parallel.py", "prepare_data.py")
+# the trainer's Python files (train.py and the train_*.py it imports, parallel.py,
+# prepare_data.py) ship as they are: every *.py in templates/launch
+_COPIED_GLOB = "*.py"
 
 
 def yaml_value(value, indent: int = 0) -> str:
@@ -55,16 +57,16 @@ def _run_id(plan: Plan) -> str:
 def run_paths(plan: Plan) -> dict[str, str]:
     """Where the run keeps its checkpoints, metrics and job logs (`gpuprov status` reads the same).
 
-    Several nodes: on the filesystem they all mount (a node-local array cannot hold the other
-    nodes' shards for a resume, and the job log and metrics must outlive any one node); one node:
-    its own NVMe array is fastest.
+    Under the checkpoint root the target decided (several nodes: the filesystem they all mount, so
+    the job log and metrics outlive any one node; one node: its own NVMe array).
     """
+    if plan.provisioning is None:
+        raise GpuprovError("the plan records no provisioning decisions: run `gpuprov plan` again")
     run_id = _run_id(plan)
     mount = plan.storage.mount_point.rstrip("/") or ""
-    shared = plan.shared_storage.mount_point if plan.shared_storage else SHARED_MOUNT  # on-prem: the site's NFS
-    root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
-    return {"run_id": run_id, "job_dir": f"{root}/jobs/{run_id}", "checkpoint_dir": f"{root}/checkpoints/{run_id}", "log_dir": f"{root}/logs/{run_id}",
-            "metrics_file": f"{root}/logs/{run_id}/metrics.jsonl",
+    root = plan.provisioning.checkpoint_root  # the target decided it (gpuprov/targets/decide.py)
+    return {"run_id": run_id, "job_dir": f"{root}/jobs/{run_id}", "checkpoint_dir": f"{root}/checkpoints/{run_id}",
+            "log_dir": f"{root}/logs/{run_id}", "metrics_file": f"{root}/logs/{run_id}/metrics.jsonl",
             "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder"}
 
 
@@ -121,6 +123,6 @@ def render_launch(plan: Plan) -> RenderedFiles:
     for name in _TEMPLATES:
         text = env.get_template(f"{name}.j2").render(**ctx)
         files[name] = "\n".join(line.rstrip() for line in text.split("\n"))
-    for name in _COPIED:
-        files[name] = (src / name).read_text()
+    for path in sorted(src.glob(_COPIED_GLOB)):
+        files[path.name] = path.read_text()
     return files
