@@ -52,8 +52,8 @@ def small_bundle(root: Path) -> Path:
     return root / "bundle"
 
 
-def _status(cluster, bundle: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "gpuprov", "status", str(bundle), "--local", "--json"],
+def _status(cluster, bundle: Path, *flags: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "status", str(bundle), *flags, "--json"],
                           env=dict(cluster.env, PYTHONPATH=os.pathsep.join(sys.path)), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -126,25 +126,32 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
         state = _wait(lambda: _finished(cluster, job), "the requeued job", timeout=200, every=0.5)
         out = (log_dir / f"{cfg_name(launch)}-{job}.out").read_text()
         assert state["JobState"] == "COMPLETED", out[-4000:]
-        assert state["Restarts"] == "1"
+        # one requeue for the killed node; on a loaded machine a requeued start can fail again
+        # (a node not yet answering) and be requeued once more: every start must resume correctly
+        restarts = int(state["Restarts"])
+        assert restarts >= 1
         assert "requeueing job" in out or "DUE TO NODE FAILURE" in out
 
         runs = _metrics(metrics)
-        assert len(runs) == 2, out[-3000:]
-        resumed = runs[1]
+        assert len(runs) >= 2, out[-3000:]
+        resumed = runs[-1]
         assert resumed[0]["step"] >= done_at and resumed[0]["world"] == 2
         assert f"resumed from {ckpt}/step-" in out
         assert max(_losses(resumed)) == STEPS
 
         # what `up` records after its submit step; status reads it back with the metrics file
         (bundle / ".gpuprov-up.json").write_text(json.dumps({"job": {"id": job, "kind": "submit"}}))
-        report = _status(cluster, bundle)
+        report = _status(cluster, bundle, "--local")
         assert report["job"]["id"] == job and report["job"]["state"] == "COMPLETED"
-        assert report["job"]["restarts"] == 1 and report["starts"] == 2 and report["finished"]
+        assert report["job"]["restarts"] == restarts and report["starts"] == len(runs) and report["finished"]
         assert report["step"] == STEPS and report["loss"] == _losses(resumed)[STEPS]
         assert report["tokens_per_s"] > 0 and 0 < report["mfu"] < 1
         assert report["resumed_at"] == resumed[0]["step"] and report["plan"]["tokens_per_s"] > 0
         assert Path(report["log"]).is_file()
+        # from the operator's machine: the same queries on the first node over Ansible
+        (bundle / "ansible" / "inventory.yml").write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {
+            "node0": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+        assert _status(cluster, bundle) == report
 
         # The same job uninterrupted, into its own checkpoints and metrics: the same losses.
         ref_metrics = log_dir / "reference.jsonl"
@@ -157,9 +164,9 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
         assert sorted(after) == list(range(resumed[0]["step"] + 1, STEPS + 1))
         for step, loss in after.items():
             assert loss == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
-        before = _losses(runs[0])  # the killed start agrees as far as it got
-        for step, loss in before.items():
-            assert loss == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
+        for run in runs[:-1]:  # the killed start (and any failed restart) agrees as far as it got
+            for step, loss in _losses(run).items():
+                assert loss == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
 
 
 def cfg_name(launch: Path) -> str:
