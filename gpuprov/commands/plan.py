@@ -62,7 +62,8 @@ def _mfu_text(plan) -> str:
     exposed = t.comm_time_s / t.step_time_s if t.step_time_s else 0.0
     fp8 = ""
     if t.float8_gain != 1.0:
-        fp8 = f" in bf16, and float8 linears run it x{t.float8_gain:.2f} faster (measured ratio)"
+        fp8 = (f" in bf16, and float8 linears run their matmuls x{t.float8_gain:.2f} faster"
+               " (from the measured step ratio; attention stays bf16)")
     return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
             f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
