@@ -13,6 +13,12 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-12}"
 # Fewer allocator fragments on long runs (torchtitan's default); peak memory stays comparable.
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+# torchrun's c10d rendezvous otherwise hands every restart attempt the same TCPStore, still holding
+# the previous attempt's keys: the restarted workers read dead peers' addresses and fail with "Gloo
+# connectFullMesh failed ... Connection refused" (torch/distributed/elastic/rendezvous/
+# dynamic_rendezvous.py, the shared store; rendezvous.py assumes a new store per retry). Opting out
+# of the sharing gives each attempt a fresh store on rank 0, so a restart resumes from the checkpoint.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 
 # The training environment the Ansible training_env role installed (pins: ansible/requirements-train.txt).
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -r /opt/gpuprov/venv/bin/activate ]; then
