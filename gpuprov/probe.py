@@ -12,7 +12,9 @@ import math
 import re
 from typing import Any
 
-GiB = 2**30
+from gpuprov.units import GiB
+
+
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 MAX_LSBLK_DEPTH = 8  # disk > partition > crypt/LVM > ...: real trees are three or four deep
 

@@ -60,7 +60,8 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelRef = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id (ORG/NAME) or path to a config.json")
+    model: ModelRef = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id "
+                                              "(ORG/NAME) or path to a config.json")
     task: Task = Field("full", description="full fine-tune / pre-train, LoRA or QLoRA")
     seq_len: PositiveInt = Field(4096, le=v.MAX_SEQ_LEN, description="Tokens per sample")
     global_batch_tokens: PositiveInt = Field(4_194_304, le=v.MAX_BATCH_TOKENS,
@@ -98,6 +99,16 @@ class TrainingSpec(BaseModel):
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
+
+    slurm: Literal["auto", "install", "existing", "none"] = Field(
+        "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
+                            "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
+
+    @model_validator(mode="after")
+    def _existing_slurm_on_prem(self) -> "TrainingSpec":
+        if self.slurm == "existing" and self.cloud != "onprem":
+            raise ValueError("slurm: existing needs cloud: onprem (a cloud bundle installs its own Slurm)")
+        return self
 
     @field_validator("region")
     @classmethod

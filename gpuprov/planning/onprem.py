@@ -22,6 +22,8 @@ def _prefer_every_host(spec: Any, arch: Any, result: SearchResult, estimator: Es
                        gpu_lookup: Callable[[str], Any]) -> Candidate:
     """On-prem: the run on every host unless leaving hosts out saves ONPREM_LEAVE_OUT_SAVING."""
     best = result.best
+    if best is None:  # make_plan says why nothing fits before it asks
+        raise ValueError("no candidate to prefer")
     every = min(len(spec.hosts or []), spec.max_nodes)
     if not best.instance.onprem or best.nodes >= every or spec.objective == "gpus" or spec.gpu_count:
         return best
@@ -49,8 +51,8 @@ def _gpu_hours(c: Candidate) -> float:
 
 def _describe(c: Candidate) -> str:
     cost = "" if c.cost_usd is None else f", ${c.cost_usd:,.0f}"
-    return (f"{c.nodes} node{'s' if c.nodes > 1 else ''}: {c.time_hours:,.1f} h x {c.total_gpus} GPUs = {_gpu_hours(c):,.0f} GPU-hours{cost}, "
-            f"{c.sharding}")
+    return (f"{c.nodes} node{'s' if c.nodes > 1 else ''}: {c.time_hours:,.1f} h x {c.total_gpus} GPUs = "
+            f"{_gpu_hours(c):,.0f} GPU-hours{cost}, {c.sharding}")
 
 
 def hosts_note(spec: Any, arch: Any, best: Candidate, estimator: Estimator,
