@@ -14,7 +14,6 @@ from typing import Any
 
 from gpuprov.units import GiB
 
-
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 MAX_LSBLK_DEPTH = 8  # disk > partition > crypt/LVM > ...: real trees are three or four deep
 
