@@ -79,14 +79,35 @@ def _image(cloud: str) -> Any:
 
 
 def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
-    from gpuprov.plan import Access
+    from gpuprov.plan import Access, Head
 
     entry = cat.access(cloud)
     user = image_user if cloud != "onprem" else None  # on-prem: per host, from the hosts file
+    head = None
+    if entry.get("head"):  # the jump host VM's facts; created only while the method is bastion
+        h = entry["head"]
+        head = Head(size=h["size"], price_per_hour_usd=float(h["price_per_hour_usd"]),
+                    image={k: str(v) for k, v in h["image"].items()}, source=h["source"])
     if entry["method"] == "bastion" and spec.ssh_cidr:
         # the issue's alternative to a bastion: public node addresses, SSH from that CIDR only
-        return Access(method="ssh", user=user, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
-    return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), source=entry["source"])
+        return Access(method="ssh", user=user, head=head, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
+    source = entry["source"]
+    if entry.get("no_public_address") and spec.ssh_cidr:  # nothing to open port 22 to (issue finding 7)
+        source = (f"--ssh-cidr {spec.ssh_cidr} is not used: {cloud} nodes get no public address "
+                  f"({entry['no_public_address']}); {entry['method'].upper()} reaches them. {source}")
+    return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), head=head, source=source)
+
+
+def access_notes(access: Any, time_hours: float) -> list[str]:
+    """How the operator reaches the nodes, and what the jump host costs over the run."""
+    if access is None or access.user is None:  # on-prem: the hosts file says how
+        return []
+    if access.method == "bastion" and access.head is not None:
+        head = access.head
+        return [f"Access: ProxyJump through the head, a {head.size} VM with a public address "
+                f"(${head.price_per_hour_usd:,.4f}/h, ${head.price_per_hour_usd * time_hours:,.2f} over the run); "
+                "set bastion_cidr in terraform.tfvars to the address you connect from"]
+    return [f"Access: {access.method} ({access.source})"]
 
 
 def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
