@@ -110,7 +110,7 @@ def access_notes(access: Any, time_hours: float) -> list[str]:
     return [f"Access: {access.method} ({access.source})"]
 
 
-def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
+def _shared(cloud: str, nodes: int, needs: Any, tokens: int, nfs: str | None = None) -> Any:
     from gpuprov.host import rules
     from gpuprov.plan import SharedStorage
 
@@ -119,6 +119,8 @@ def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
         return None
     need = needs.checkpoint_bytes * needs.checkpoints_kept + tokens * rules()["nvme"]["bytes_per_token"]
     options = {k: v for k, v in entry.items() if k not in ("kind", "min_gib", "step_gib", "source")}
+    if nfs:  # on-prem: the export the user named (--shared-nfs)
+        options["export"] = nfs
     return SharedStorage(kind=entry["kind"], size_gib=cat.shared_size_gib(entry, need), need_bytes=need,
                          options=options, source=entry["source"])
 
@@ -131,7 +133,7 @@ def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, An
         "purchase": _purchase(spec, inst),
         "image": image,
         "access": _access(cloud, image.user if image else None, spec),
-        "shared_storage": _shared(cloud, nodes, needs, spec.tokens),
+        "shared_storage": _shared(cloud, nodes, needs, spec.tokens, spec.shared_nfs if cloud == "onprem" else None),
         "bundle_id": bundle_id(spec),
     }
 
