@@ -299,8 +299,6 @@ def _connection_problem(root: Path, plan) -> str | None:
     from gpuprov.preflight import tfvars
     from gpuprov.reach import connection_problem
 
-    if plan.cluster.cloud == "onprem":
-        return None
     return connection_problem(plan, tfvars(root))
 
 

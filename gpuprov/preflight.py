@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.errors import GpuprovError
+from gpuprov.targets import get_target
 
 Runner = Callable[[list[str]], tuple[int, str]]
 
@@ -68,19 +70,18 @@ def tfvars(root: Path) -> dict[str, Any]:
 def settings(plan: Any, root: Path) -> dict[str, Any]:
     """The values the bundle will apply with: plan defaults, overridden by terraform.tfvars."""
     given = tfvars(root)
-    cloud = plan.cluster.cloud
-    instance_key = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}[cloud]
-    region_key = "location" if cloud == "azure" else "region"
-    held_key = {"aws": "capacity_reservation_id", "gcp": "reservation_name"}.get(cloud, "")
+    keys = get_target(plan.cluster.cloud).tfvars
+    if keys is None:
+        raise GpuprovError(f"{plan.cluster.cloud} takes no Terraform variables")
     return {
-        "instance": given.get(instance_key, plan.instance.name),
-        "region": given.get(region_key, plan.instance.region),
+        "instance": given.get(keys.instance, plan.instance.name),
+        "region": given.get(keys.region, plan.instance.region),
         "nodes": int(given.get("node_count", plan.cluster.nodes)),
         "purchase": given.get("purchase_option", plan.purchase.option),
-        "held": given.get(held_key, plan.purchase.held),
-        "zone": given.get("availability_zone" if cloud == "aws" else "zone"),
+        "held": given.get(keys.held, plan.purchase.held),
+        "zone": given.get(keys.zone),
         "project": given.get("project_id"),
-        "subnet": given.get("subnet_id") if cloud == "aws" else None,
+        "subnet": given.get(keys.subnet) if keys.subnet else None,
     }
 
 
@@ -386,9 +387,6 @@ def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
     return Check("ok", "quota (live)", f"{metric}: {float(row['limit']) - float(row.get('usage', 0)):.0f} free >= {need}")
 
 
-# Terraform variable that switches the shared filesystem off, per cloud (0 / false: none).
-_SHARED_VARIABLE = {"aws": "shared_storage_gib", "gcp": "shared_storage_gib", "azure": "shared_storage_tib",
-                    "oci": "shared_storage"}
 NFS_EXAMPLE = '{fstype: nfs, source: "nfs-server:/export/gpu", mount_point: "/shared", options: "rw,hard,noatime"}'
 
 
@@ -398,7 +396,7 @@ def shared_storage_rule(plan: Any, root: Path) -> Check:
     if nodes < 2:
         return Check("ok", "shared storage", "one node: checkpoints stay on its own disk")
     cloud = plan.cluster.cloud
-    if cloud == "onprem":
+    if get_target(cloud).provisioner == "inventory":  # the user's hosts: the inventory names the mount
         mount = _inventory_vars(root).get("shared_storage_mount")
         if not mount:
             return Check("fail", "shared storage", f"{nodes} nodes and no shared filesystem: shared_storage_mount "
@@ -407,7 +405,8 @@ def shared_storage_rule(plan: Any, root: Path) -> Check:
                          f"to your NFS export: {NFS_EXAMPLE}")
         return Check("ok", "shared storage", f"{mount.get('fstype', '?')} {mount.get('source', '?')} at "
                      f"{mount.get('mount_point', '?')}" if isinstance(mount, dict) else str(mount))
-    name = _SHARED_VARIABLE.get(cloud)
+    keys = get_target(cloud).tfvars
+    name = keys.shared if keys else ""
     value = tfvars(root).get(name, True) if name else True
     if value in (0, False):
         return Check("fail", "shared storage", f"{nodes} nodes and {name} = {str(value).lower()} in terraform.tfvars: "
