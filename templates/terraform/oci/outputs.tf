@@ -18,6 +18,11 @@ output "cluster_network_id" {
   value       = oci_core_cluster_network.this.id
 }
 
+output "shared_storage" {
+  description = "The shared filesystem for checkpoints (null: none)"
+  value       = local.shared_storage
+}
+
 output "head" {
   description = "The head VM (SSH jump host; null when not created): name, addresses, login user"
   value = local.head_enabled ? {
