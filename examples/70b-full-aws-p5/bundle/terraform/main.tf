@@ -194,6 +194,12 @@ resource "aws_launch_template" "node" {
     tags          = local.tags
   }
 
+  # Every node has one interface per network card (33 on p5): owner and expiry on each of them too.
+  tag_specifications {
+    resource_type = "network-interface"
+    tags          = local.tags
+  }
+
   lifecycle {
     create_before_destroy = true
 
