@@ -11,8 +11,8 @@ from gpuprov.sizing.setup import setup_from_options
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
 )
+from gpuprov.units import GiB as GIB
 
-GIB = 2**30
 
 
 def _progress(stage: str, fraction: float) -> None:

@@ -20,12 +20,13 @@ from gpuprov.planning.messages import _notes, loss_reason, nothing_fits_message,
 from gpuprov.planning.onprem import _prefer_every_host, hosts_note
 from gpuprov.planning.search import search
 from gpuprov.planning.space import (
-    GiB, Candidate, Estimator, SearchResult, _lora_targets, objective_key, setup_for, stack_for,
+    Candidate, Estimator, SearchResult, _lora_targets, objective_key, setup_for, stack_for,
 )
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.sizing.throughput import utilisation as util_of
 from gpuprov.targets.decide import decided
+from gpuprov.units import GiB
 
 
 def _training_defaults(arch: Any, task: str, steps: int, step_time_s: float) -> dict[str, Any]:
