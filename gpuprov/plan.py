@@ -120,6 +120,8 @@ class Cluster(_Strict):
 
 class Training(_Strict):
     task: Literal["full", "lora", "qlora"]
+    init: Literal["pretrained", "random"] = "pretrained"  # fine-tune the published weights, or from scratch
+    base_weights: str | None = None  # where pretrained weights come from: a Hugging Face id or a local directory
     lora_rank: int | None
     lora_alpha: int | None
     lora_targets: list[str]

@@ -865,19 +865,13 @@ def _default_estimator() -> Estimator:
     return estimate_memory
 
 
-def _training_defaults(arch: Any, task: str, steps: int, step_time_s: float) -> dict[str, Any]:
-    """LR schedule defaults: Llama 2 (Touvron et al. 2023, Table 1) for full training, QLoRA paper
-    (Dettmers et al. 2023, Appendix B) for adapters; warmup 2000 steps capped at 5% of the run."""
-    if task == "full":
-        lr = 1.5e-4 if arch.params >= 30e9 else 3e-4
-        wd = 0.1
-    else:
-        lr = 1e-4 if arch.params >= 30e9 else 2e-4
-        wd = 0.0
-    warmup = max(1, min(2000, steps // 20))
+def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> dict[str, Any]:
+    """LR schedule: the fine-tuning recipe of the task, or pre-training's from scratch (gpuprov/recipes.py)."""
+    from gpuprov.recipes import schedule
+
     # checkpoint about every hour of training (a node failure loses at most an hour)
     ckpt = max(1, min(steps, round(3600.0 / max(step_time_s, 1e-6))))
-    return dict(learning_rate=lr, warmup_steps=warmup, weight_decay=wd, grad_clip=1.0,
+    return dict(**schedule(spec, arch.params, steps), grad_clip=1.0,
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
 
 
@@ -984,13 +978,14 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     from gpuprov.catalog.fabrics import get_fabric, get_software
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.instances import list_instances, nvme_device_glob
-    from gpuprov.catalog.models import get_model
+    from gpuprov.catalog.models import get_model, weights_source
     from gpuprov.host import host_needs, make_host, size_onprem
     from gpuprov.onprem import with_declared_hosts
     from gpuprov.plan import (
         Alternative, Cluster, GpuInfo, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput,
         Training,
     )
+    from gpuprov.recipes import notes as recipe_notes
     from gpuprov.sizing.throughput import utilisation as util_of
 
     arch = get_model(spec.model)
@@ -1031,7 +1026,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     fl = flops_per_token(arch, spec.seq_len, spec.task, trainable, best.activation_checkpointing)
     usable = int(gpu.memory_bytes * (1.0 - spec.safety_margin))
     targets = list(_lora_targets(spec)) if spec.task != "full" else []
-    defaults = _training_defaults(arch, spec.task, best.steps, step.step_time_s)
+    defaults = _training_defaults(spec, arch, best.steps, step.step_time_s)
 
     alternatives: list[Alternative] = []
     for slug, cand in sorted(result.best_by_gpu.items(), key=lambda kv: _objective_key(spec.objective, kv[1])):
@@ -1089,7 +1084,9 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
             activation_checkpointing=best.activation_checkpointing, micro_batch=best.micro_batch,
             grad_accum=best.grad_accum, seq_len=spec.seq_len, global_batch_tokens=best.batch_tokens,
             precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload, tp=best.tp, cp=best.cp),
-        training=Training(task=spec.task, lora_rank=None if spec.task == "full" else spec.lora_rank,
+        training=Training(task=spec.task, init=spec.init,
+                          base_weights=weights_source(spec.model) if spec.init == "pretrained" else None,
+                          lora_rank=None if spec.task == "full" else spec.lora_rank,
                           lora_alpha=None if spec.task == "full" else 2 * spec.lora_rank,
                           lora_targets=targets, tokens=spec.tokens, steps=best.steps, **defaults),
         memory=Memory(per_gpu_bytes=mem.per_gpu_bytes, breakdown=dict(mem.breakdown),
@@ -1110,7 +1107,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         health=_health(inst, fabric, best.nodes),
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=alternatives,
-        notes=_notes(spec, arch, best, mem, pool, get_gpu)
+        notes=recipe_notes(spec, best.steps, best.batch_tokens) + _notes(spec, arch, best, mem, pool, get_gpu)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),

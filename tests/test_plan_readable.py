@@ -130,7 +130,7 @@ def test_every_table_row_names_its_layout_and_the_chosen_one_is_the_cluster():
     assert chosen["layout"] in next(r for r in rows if r.lstrip().startswith("*"))
 
 def test_a_pathological_pick_is_warned_about():
-    out = ok("plan", "--model", "13b", "--tokens", "1B", "--objective", "gpus")
+    out = ok("plan", "--model", "13b", "--tokens", "1B", "--objective", "gpus", "--from-scratch")
     warnings = [ln for ln in out.splitlines() if "WARNING:" in ln]
     assert any("the GPUs mostly wait" in w and "MFU" in w for w in warnings), out[:2000]
     assert any("--objective gpus minimises the GPU count" in w for w in warnings)
@@ -174,7 +174,7 @@ def test_gpus_n_that_no_instance_makes_says_so():
 
 def test_onprem_uses_every_host_unless_leaving_one_out_saves_enough(tmp_path):
     rows = [f"name: gpu{i}, address: 10.0.0.{i + 1}, gpu: a100-80gb, gpus: 8" for i in range(4)]
-    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", _hosts_file(tmp_path, rows))
+    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--from-scratch", "--hosts", _hosts_file(tmp_path, rows))
     assert "Chosen: 4 x 8x-a100-80gb (onprem) = 32 x NVIDIA A100 80GB" in out
     note = next(ln for ln in out.splitlines() if "uses all 4 hosts" in ln)
     saving = float(re.search(r"save only ([0-9.]+)% of GPU-hours", note).group(1))
@@ -463,7 +463,7 @@ def test_hosts_probe_fills_the_file_from_recorded_output(tmp_path):
     assert "BatchMode=yes" in log and "ops@10.0.0.1" in log and "nvidia-smi --query-gpu=name,memory.total" in log
     # the filled file plans on exactly those machines, checked against what they hold
     assert run("hosts", "probe", str(hosts), "--write", env=env).returncode == 0
-    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", str(hosts))
+    out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--from-scratch", "--hosts", str(hosts))
     assert "Chosen: 4 x 8x-a100-80gb (onprem)" in out and "have 2,016 GiB" in out
     assert "infiniband 200 Gb/s per GPU" in out and "Bill of materials" not in out
 

@@ -403,13 +403,13 @@ def test_405b_plans_tp_and_fsdp_on_hopper_nodes():
     """gpuprov plan --model llama-3.1-405b --tokens 1T: TP 8 inside H100/H200 nodes, FSDP across them,
     at an MFU near Llama 3's 38-43% BF16 (Dubey et al. 2024, Table 4) -- the planner's utilisation
     assumption (40%) less exposed communication."""
-    p = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12))
+    p = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, init="random"))
     c = p.cluster
     assert c.gpu in ("h100-80gb", "h200-141gb") and c.tp == 8 and c.cp == 1
     assert c.sharding in ("fsdp", "hsdp") and c.nodes > 1
     assert 0.30 <= p.throughput.mfu <= 0.43
     # the same model without the layout dimension: FSDP only, a lower MFU
-    flat = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, tp=1, cp=1))
+    flat = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, tp=1, cp=1, init="random"))
     assert flat.cluster.tp == 1 and flat.throughput.mfu < p.throughput.mfu
 
 
@@ -421,8 +421,8 @@ def test_fixed_tp_is_honoured_and_lora_stays_data_parallel():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(model="70b", tokens=10**10, max_nodes=4),  # g5/g6e never fit: their nearest misses are listed
-    dict(model="70b", tokens=10**10, max_nodes=1, gpus=["h100-80gb", "l40s-48gb"]),  # nothing fits
+    dict(model="70b", tokens=10**10, max_nodes=4, init="random"),  # g5/g6e never fit: their nearest misses are listed
+    dict(model="70b", tokens=10**10, max_nodes=1, gpus=["h100-80gb", "l40s-48gb"], init="random"),  # nothing fits
 ])
 def test_pruned_search_reports_the_brute_forces_misses(kw):
     """Shapes settled as misses without the estimator (they miss on the widest cluster) still leave the

@@ -207,6 +207,25 @@ def load_hf_model(repo_id: str) -> ModelArch | None:
                                source=f"huggingface.co/{repo_id} config.json ({path})")
 
 
+def preset_of_repo(repo_id: str) -> str | None:
+    """The preset whose hf_repo is this Hugging Face id (case-insensitive, as the hub treats ids)."""
+    want = repo_id.strip().lower()
+    return next((slug for slug, e in _catalog()["models"].items() if str(e.get("hf_repo", "")).lower() == want), None)
+
+
+def weights_source(name_or_path: str) -> str:
+    """Where a model's pretrained weights come from: its Hugging Face id, or the directory of its config.json."""
+    key = name_or_path.strip().lower()
+    slug = _aliases().get(key, key)
+    entry = _catalog()["models"].get(slug)
+    if entry is not None:
+        return str(entry["hf_repo"])
+    if HF_ID.match(name_or_path) and not Path(name_or_path).expanduser().exists():
+        return name_or_path
+    path = Path(name_or_path)
+    return str(path.parent if path.name == "config.json" or path.suffix == ".json" else path)
+
+
 def get_model(name_or_path: str) -> ModelArch:
     """A preset slug or shorthand (case-insensitive), a Hugging Face model id (ORG/NAME), or a config.json path."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
@@ -219,6 +238,9 @@ def get_model(name_or_path: str) -> ModelArch:
     if key in presets:
         return _preset(key)
     if HF_ID.match(name_or_path) and not Path(name_or_path).expanduser().exists():
+        preset = preset_of_repo(name_or_path)
+        if preset is not None:  # the preset's config is that repo's config.json, verbatim: no cache needed
+            return _preset(preset)
         arch = load_hf_model(name_or_path)
         if arch is not None:
             return arch

@@ -73,6 +73,24 @@ def _mfu_text(plan) -> str:
             f"exposed communication is {exposed:.0%} of the step")
 
 
+def _token_count(n: int) -> str:
+    """100,000,000 -> 100M; 1.5e10 -> 15B (decimal, as --tokens reads them)."""
+    for div, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if n >= div:
+            return f"{n / div:,.3g}{unit}"
+    return f"{n:,}"
+
+
+def cost_line(plan) -> str:
+    """Steps x step time + start-up = the hours the cost is computed from (the numbers add up)."""
+    from gpuprov.sizing.throughput import assumptions
+
+    overhead = float(assumptions().raw["run"]["overhead_hours"])
+    train_h = plan.training.steps * plan.throughput.step_time_s / 3600.0
+    return (f"{plan.training.steps:,} optimizer steps x {plan.throughput.step_time_s:,.2f} s = {train_h:,.2f} h "
+            f"+ {overhead:g} h start-up = {_hours(plan.time_hours)}, {_money(plan.cost_usd)}")
+
+
 def _gpus_x_nodes(r) -> str:
     return f"{r.gpus_per_node} x {r.nodes}"
 
@@ -111,8 +129,10 @@ def render_plan(plan) -> str:
     s, c, m, t, i = plan.spec, plan.cluster, plan.memory, plan.throughput, plan.instance
     out: list[str] = []
     task = {"full": "full training", "lora": f"LoRA r={s.lora_rank}", "qlora": f"QLoRA r={s.lora_rank}"}[plan.task]
+    how = "from scratch" if getattr(s, "init", "pretrained") == "random" else "fine-tuning the pretrained weights"
     out.append(f"{plan.model.display_name} ({plan.model.params / 1e9:.2f}B params, {plan.model.trainable_params:,} "
-               f"trainable), {task}, {s.tokens / 1e9:,.2f}B tokens, seq {s.seq_len}, objective: {s.objective}")
+               f"trainable), {task}, {how}, {_token_count(s.tokens)} tokens in {plan.training.steps:,} optimizer "
+               f"steps of {c.global_batch_tokens // c.seq_len:,} x {c.seq_len} tokens, objective: {s.objective}")
     out.append("")
     where = f"{i.cloud}" + (f" {c.region}" if c.region else "") + (f", {plan.purchase.option}" if i.cloud != "onprem" else "")
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
@@ -147,7 +167,7 @@ def render_plan(plan) -> str:
                f"{t.compute_time_s:,.2f} s + communication compute cannot hide {t.comm_time_s:,.2f} s ({t.bound}-bound)")
     out.append(f"  {_mfu_text(plan)}")
     price = "" if i.price_per_hour_usd is None else f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date})"
-    out.append(f"  {plan.training.steps:,} steps, {_hours(plan.time_hours)}, {_money(plan.cost_usd)}{price}")
+    out.append(f"  {cost_line(plan)}{price}")
     deadline = f"deadline {s.deadline_hours:g} h" if s.deadline_hours else ""
     budget = f"budget ${s.budget_usd:,.0f}" if s.budget_usd else ""
     if deadline or budget:
