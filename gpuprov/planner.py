@@ -596,6 +596,8 @@ class _Search:
         step = self.step(slot, lay, ac, mb, ga)
         self.evaluated += 1
         hours = steps * step.step_time_s / 3600.0 + self.overhead_h
+        if getattr(slot.inst, "purchase", None) == "spot":  # expected preemption losses (gpuprov/spot.py)
+            hours += spot_overhead_hours(steps * step.step_time_s / 3600.0, slot.nodes)
         price = slot.inst.price_per_hour_usd
         cost = None if price is None else hours * slot.nodes * price
         return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,
@@ -865,12 +867,22 @@ def _default_estimator() -> Estimator:
     return estimate_memory
 
 
+CHECKPOINT_INTERVAL_S = 3600.0  # the plan checkpoints about every hour of training (see _training_defaults)
+
+
+def spot_overhead_hours(train_hours: float, nodes: int) -> float:
+    """What preemption adds on spot nodes, given the plan's checkpoint interval (gpuprov/spot.py)."""
+    from gpuprov.spot import overhead_hours
+
+    return overhead_hours(train_hours, nodes, CHECKPOINT_INTERVAL_S / 3600.0)
+
+
 def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> dict[str, Any]:
     """LR schedule: the fine-tuning recipe of the task, or pre-training's from scratch (gpuprov/recipes.py)."""
     from gpuprov.recipes import schedule
 
     # checkpoint about every hour of training (a node failure loses at most an hour)
-    ckpt = max(1, min(steps, round(3600.0 / max(step_time_s, 1e-6))))
+    ckpt = max(1, min(steps, round(CHECKPOINT_INTERVAL_S / max(step_time_s, 1e-6))))
     return dict(**schedule(spec, arch.params, steps), grad_clip=1.0,
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
 
@@ -986,6 +998,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         Training,
     )
     from gpuprov.recipes import notes as recipe_notes
+    from gpuprov.spot import notes as spot_notes
     from gpuprov.sizing.throughput import utilisation as util_of
 
     arch = get_model(spec.model)
@@ -1108,6 +1121,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=alternatives,
         notes=recipe_notes(spec, best.steps, best.batch_tokens) + _notes(spec, arch, best, mem, pool, get_gpu)
+        + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * step.step_time_s / 3600.0)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),

@@ -82,13 +82,31 @@ def _token_count(n: int) -> str:
 
 
 def cost_line(plan) -> str:
-    """Steps x step time + start-up = the hours the cost is computed from (the numbers add up)."""
+    """Steps x step time + start-up (+ preemption on spot) = the hours the cost is computed from."""
     from gpuprov.sizing.throughput import assumptions
 
     overhead = float(assumptions().raw["run"]["overhead_hours"])
     train_h = plan.training.steps * plan.throughput.step_time_s / 3600.0
+    spot = ""
+    if plan.purchase.option == "spot":
+        lost = max(0.0, plan.time_hours - train_h - overhead)
+        spot = f" + {lost:,.2f} h expected preemption" if lost >= 0.005 else f" + {lost * 60:,.1f} min expected preemption"
     return (f"{plan.training.steps:,} optimizer steps x {plan.throughput.step_time_s:,.2f} s = {train_h:,.2f} h "
-            f"+ {overhead:g} h start-up = {_hours(plan.time_hours)}, {_money(plan.cost_usd)}")
+            f"+ {overhead:g} h start-up{spot} = {_hours(plan.time_hours)}, {_money(plan.cost_usd)}")
+
+
+def price_warnings(plan, today=None) -> list[str]:
+    """A price older than the limit (or undated) is flagged where the user reads it (CLI output only:
+    the bundle must not change with the calendar)."""
+    from gpuprov.spot import stale
+
+    if plan.instance.cloud == "onprem" or plan.instance.price_per_hour_usd is None:
+        return []
+    why = stale(plan.instance.price_date, today)
+    if why is None:
+        return []
+    return [f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
+            f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})"]
 
 
 def _gpus_x_nodes(r) -> str:
@@ -148,7 +166,7 @@ def render_plan(plan) -> str:
     out.append(f"  {_fabric_text(plan)}; software: driver "
                f"{plan.software.driver_branch}, CUDA {plan.software.cuda_version}, NCCL {plan.software.nccl_version}")
     out.extend(_host_lines(plan))
-    out.extend(f"  WARNING: {w}" for w in plan.warnings)
+    out.extend(f"  WARNING: {w}" for w in [*plan.warnings, *price_warnings(plan)])
     out.append("")
     out.extend(candidates_table(plan))
     out.append("Memory per GPU (GiB = 2**30 bytes):")
@@ -166,7 +184,8 @@ def render_plan(plan) -> str:
     out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster; step {t.step_time_s:,.2f} s = compute "
                f"{t.compute_time_s:,.2f} s + communication compute cannot hide {t.comm_time_s:,.2f} s ({t.bound}-bound)")
     out.append(f"  {_mfu_text(plan)}")
-    price = "" if i.price_per_hour_usd is None else f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date})"
+    price = "" if i.price_per_hour_usd is None else \
+        f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date or 'undated'})"
     out.append(f"  {cost_line(plan)}{price}")
     deadline = f"deadline {s.deadline_hours:g} h" if s.deadline_hours else ""
     budget = f"budget ${s.budget_usd:,.0f}" if s.budget_usd else ""
