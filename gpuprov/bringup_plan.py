@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.targets import get_target
 from gpuprov.errors import GpuprovError
 
 
@@ -71,8 +72,7 @@ def _image(cloud: str) -> Any:
     from gpuprov.plan import Image
 
     entry = cat.image(cloud)
-    ref_keys = {"aws": ("ssm_parameter",), "gcp": ("image",), "azure": ("publisher", "offer", "sku", "version"),
-                "oci": ()}[cloud]
+    ref_keys = get_target(cloud).image_ref_keys
     return Image(name=entry["name"], ref={k: str(entry[k]) for k in ref_keys}, user=entry["user"],
                  secure_boot=bool(entry["secure_boot"]), driver_preinstalled=bool(entry["driver_preinstalled"]),
                  source=entry["source"])

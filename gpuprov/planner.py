@@ -38,6 +38,8 @@ from gpuprov.errors import GpuprovError
 from gpuprov.sizing.throughput import LayerShape, Shape, StepEstimate, float8_refusal, float8_step_kw, \
     flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, \
     utilisation
+from gpuprov.sizing.setup import make_setup
+from gpuprov.targets import get_target
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 
 GiB = 2**30
@@ -108,30 +110,6 @@ class SearchResult:
     excluded_unpriced: list[Any] = field(default_factory=list)  # dropped: no price under the cost objective
     best_by_group: dict[tuple[str, str], Candidate] = field(default_factory=dict)  # (cloud, GPU) -> best
     every_host_note: str | None = None  # on-prem: why the plan uses every host though fewer ranked first
-
-
-def make_setup(*, grad_accum: int, framework: str = "gpuprov", stack: Any = None, **fields: Any) -> TrainSetup:
-    """The estimator's setup for one candidate, as the bundle's trainer will run it.
-
-    `grad_accum` (global batch / (micro-batch x seq-len x data-parallel ranks)) decides whether
-    gradients stay alive through the next forward. QLoRA: the trainer leaves the NF4 base out of
-    FSDP2 (it cannot shard bitsandbytes weights), so every GPU holds all of it. `stack` (the
-    Plan's Stack) carries the rest of what the trainer runs: loss, compile, optimizer step.
-    """
-    from gpuprov.sizing.types import TrainSetup
-
-    if framework == "gpuprov":  # the bundle's own trainer: the Plan's Stack says what it runs
-        from gpuprov.stack import choose_stack, setup_fields
-
-        if stack is None:  # the stack any model of this task and precision gets (attention aside)
-            stack = choose_stack(fields.get("task", "full"), fields.get("precision", "bf16-mixed"), "")
-        extra = setup_fields(stack, tp=int(fields.get("tp", 1)))
-    else:  # another framework's stack (catalog/data/frameworks.yaml); the candidate's own fields win
-        from gpuprov.sizing.frameworks import preset_stack
-
-        preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"), int(fields.get("tp", 1)))
-        extra = {k: v for k, v in preset.items() if k not in fields}
-    return TrainSetup(**fields, **extra, grad_accumulation_steps=max(1, int(grad_accum)))
 
 
 def stack_for(spec: Any, arch: Any, tp: int = 1, float8: bool = False) -> Any:
@@ -736,12 +714,12 @@ def search(
     `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
     insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
     s = _Search(spec, arch, estimator, {i.gpu: gpu_lookup(i.gpu) for i in insts}, exhaustive)
-    # on-prem machines are the user's hosts: no more nodes than hosts listed (also under cloud 'any')
-    onprem_max = min(spec.max_nodes, len(spec.hosts)) if spec.hosts else spec.max_nodes
     if not exhaustive and spec.objective == "cost":
         insts.sort(key=s.lower_bound_cost)
+    hosts = len(spec.hosts) if spec.hosts else None
     for inst in insts:
-        s.walk_instance(inst, onprem_max if inst.onprem else spec.max_nodes, only_nodes)
+        # the target's limit (Azure's scale set, on-prem's host count; also under cloud 'any')
+        s.walk_instance(inst, get_target(inst.cloud).node_cap(spec.max_nodes, hosts), only_nodes)
     return s.result(searched, unpriced, excluded)
 
 

@@ -15,7 +15,7 @@ from gpuprov.sizing.memory import estimate_memory
 from gpuprov.sizing.throughput import float8_gain, gpu_class
 from gpuprov.sizing.types import TrainSetup
 from gpuprov.spec import TrainingSpec
-from gpuprov.stack import setup_from_plan
+from gpuprov.sizing.setup import setup_from_plan
 
 F8 = load_data("throughput.yaml")["float8"]
 

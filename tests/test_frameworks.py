@@ -69,7 +69,7 @@ def test_explicit_values_override_the_preset_and_when_rules_apply() -> None:
 
 
 def test_gpuprov_preset_is_what_the_planner_sizes() -> None:
-    from gpuprov.planner import make_setup
+    from gpuprov.sizing.setup import make_setup
 
     s = make_setup(task="qlora", seq_len=2048, micro_batch=1, gpus=8, gpus_per_node=8, sharding="fsdp",
                    activation_checkpointing="full", grad_accum=2)

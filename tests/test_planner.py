@@ -13,7 +13,8 @@ from gpuprov.catalog.instances import get_instance, list_instances
 from gpuprov.catalog.models import get_model
 from gpuprov.errors import GpuprovError
 from gpuprov.plan import Plan
-from gpuprov.planner import make_plan, make_setup, search
+from gpuprov.planner import make_plan, search
+from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.sizing.types import MemoryEstimate
 from gpuprov.spec import TrainingSpec

@@ -2,7 +2,7 @@
 ansible.cfg, and inventory.yml on-prem) from templates/ansible/, plus every role of the repo's
 ansible/roles/ copied as it is. Paths are relative to the bundle's ansible/ folder.
 
-The renderer only reads the plan: which fabric role runs follows plan.fabric.name and the cloud,
+The renderer only reads the plan: which fabric role runs follows plan.fabric.name and the target,
 every version and threshold comes from plan.software / plan.fabric / plan.storage / plan.health.
 """
 
@@ -17,6 +17,7 @@ from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_flow, yaml_string
 from gpuprov.resources import ansible_dir, templates_dir
+from gpuprov.targets import get_target
 
 GLUE = ("ansible.cfg", "site.yml", "health.yml", "group_vars/all.yml")
 REQUIREMENTS = "requirements-train.txt"  # the training_env role installs exactly these pins
@@ -26,16 +27,7 @@ _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
 
 def fabric_role(plan: Plan) -> str | None:
     """The role that sets up this plan's fabric on the hosts (None: nothing beyond Ethernet)."""
-    name = plan.fabric.name
-    if name == "efa":
-        return "efa"
-    if plan.instance.cloud == "gcp" and name in ("roce", "tcpxo"):
-        return "gcp_rdma"
-    if name in ("infiniband", "roce"):
-        return "infiniband"
-    if name == "tcpxo":
-        raise GpuprovError(f"fabric tcpxo exists only on GCP, not {plan.instance.cloud}")
-    return None
+    return get_target(plan.instance.cloud).fabric_role(plan.fabric.name)
 
 
 _FLOW_WIDTH = 100  # longer collections go block style: yamllint (ansible-lint) allows 160 a line
