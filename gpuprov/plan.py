@@ -75,6 +75,8 @@ class InstanceInfo(_Strict):
     price_per_hour_usd: float | None  # None for on-prem
     price_date: str | None
     source: str
+    # on-prem: host facts nobody stated (ram, cores, nvme, fabric, pcie): never checked as met
+    unknown: list[str] = Field(default_factory=list)
 
 
 class FabricInfo(_Strict):
@@ -153,8 +155,9 @@ class HostCheck(_Strict):
     rule: str
     required: str
     actual: str
-    ok: bool
+    ok: bool  # False too when the fact is unknown (never a pass nobody verified)
     source: str
+    known: bool = True  # False: nobody stated the fact (on-prem host without it): "unknown", not ok
 
 
 class Host(_Strict):

@@ -865,6 +865,19 @@ def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> 
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
 
 
+def offload_retry(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], gpu_lookup: Callable
+                  ) -> tuple[Any, SearchResult] | None:
+    """When nothing fits and the user did not choose --offload: the least offload that fits, if any."""
+    if "offload" in getattr(spec, "model_fields_set", {"offload"}) or spec.offload != "none":
+        return None
+    for level in ("optimizer", "full"):
+        trial = spec.model_copy(update={"offload": level})
+        result = search(trial, arch, estimator=est_fn, instances=pool, gpu_lookup=gpu_lookup)
+        if result.best is not None:
+            return trial, result
+    return None
+
+
 def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
     """The estimator's setup for one candidate (what `gpuprov estimate` would be asked)."""
     return make_setup(
@@ -976,6 +989,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         Training,
     )
     from gpuprov.recipes import notes as recipe_notes
+    from gpuprov.host import unknown_host_notes
     from gpuprov.spot import notes as spot_notes
     from gpuprov.sizing.throughput import utilisation as util_of
 
@@ -989,9 +1003,13 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     # each type priced at the purchase option it would be bought with; unbuyable types drop out
     pool, unbuyable = bringup_plan.priced_pool(pool, spec)
     result = search(spec, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)
+    offloaded = None
     if result.best is None:
-        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn)
-                           + bringup_plan.unbuyable_hint(spec, unbuyable))
+        offloaded = offload_retry(spec, arch, est_fn, pool, get_gpu)
+        if offloaded is None:
+            raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn)
+                               + bringup_plan.unbuyable_hint(spec, unbuyable))
+        spec, result = offloaded
     best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
 
     inst, gpu = best.instance, best.gpu
@@ -1001,7 +1019,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
                        params=arch.params, trainable=trainable, tokens=spec.tokens, task=spec.task,
                        offload=spec.offload)
     bom = None
-    if inst.onprem and inst.ram_bytes is None:  # a template, or hosts that declare only their GPUs
+    if inst.onprem and inst.ram_bytes is None and not inst.unknown:  # a template: sized as a purchase
         inst, bom = size_onprem(inst, needs)
     host = make_host(inst, needs, bom)
 
@@ -1065,7 +1083,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
             vcpus=inst.vcpus or 0, ram_bytes=inst.ram_bytes or 0, local_nvme_count=inst.nvme_count,
             local_nvme_bytes_each=inst.nvme_bytes_each, network_cards=inst.network_cards,
             efa_interfaces=inst.efa_interfaces, nvswitch=inst.nvswitch, pcie_gen=inst.pcie_gen,
-            price_per_hour_usd=inst.price_per_hour_usd, price_date=inst.price_date,
+            price_per_hour_usd=inst.price_per_hour_usd, price_date=inst.price_date, unknown=list(inst.unknown),
             source=inst.source + (f"; price: {inst.price_source}" if inst.price_source else "")),
         fabric=fabric,
         cluster=Cluster(
@@ -1100,6 +1118,10 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         alternatives=alternatives,
         notes=recipe_notes(spec, best.steps, best.batch_tokens) + _notes(spec, arch, best, mem, pool, get_gpu)
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * step.step_time_s / 3600.0)
+        + unknown_host_notes(inst, best.nodes)
+        + ([f"Nothing fits on these GPUs without CPU offload: planned with --offload {spec.offload} (the "
+            "optimizer states, and with full also the parameters, live in host RAM; steps are slower)"]
+           if offloaded else [])
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),

@@ -154,9 +154,11 @@ def schedule(spec: Any, params: int, steps: int) -> dict[str, Any]:
 def notes(spec: Any, steps: int, batch_tokens: int) -> list[str]:
     """plan's Notes on the training budget: the recipe, and any size gpuprov assumed."""
     out = [describe(spec, steps, batch_tokens)]
-    if "tokens" in getattr(spec, "assumed", []):
-        out.append(f"No --dataset or --tokens: assumed {spec.tokens:,} training tokens (one pass); give "
-                   "--dataset FILE|TOKENS [--epochs N] to size the run from your data")
+    # decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)
+    if (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
+            and spec.tokens == assumed_finetune_tokens()):
+        out.append(f"{spec.tokens:,} training tokens is the size gpuprov assumes for a fine-tune without "
+                   "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
     elif getattr(spec, "dataset_tokens", None):
         epochs = spec.tokens / spec.dataset_tokens
         out.append(f"Dataset: {spec.dataset_tokens:,} tokens per pass x {epochs:g} epoch(s) = {spec.tokens:,} "

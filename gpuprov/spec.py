@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationInfo, \
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, \
     field_validator, model_validator
 
 from pathlib import Path
@@ -121,8 +121,6 @@ class TrainingSpec(BaseModel):
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
 
-    _assumed: list[str] = PrivateAttr(default_factory=list)
-
     @model_validator(mode="after")
     def _budget(self) -> "TrainingSpec":
         """Fill the batch and token budget the user left out from the task's recipe (gpuprov/recipes.py)."""
@@ -138,7 +136,7 @@ class TrainingSpec(BaseModel):
                 self.dataset_tokens = recipes.dataset_tokens(self.dataset, Path.cwd()).tokens
             except GpuprovError as exc:
                 raise ValueError(str(exc)) from None
-        tokens, batch, assumed = recipes.fill_budget(
+        tokens, batch, _assumed = recipes.fill_budget(
             task=self.task, init=self.init, recipe_name=self.recipe, seq_len=self.seq_len, tokens=self.tokens,
             global_batch_tokens=self.global_batch_tokens, global_batch=self.global_batch,
             dataset_tokens=self.dataset_tokens, epochs=self.epochs)
@@ -146,13 +144,7 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"{tokens:,} tokens in batches of {batch:,} is past gpuprov's limits")
         # the sequences form is input only: the spec keeps the token count (one number, no disagreement)
         self.tokens, self.global_batch_tokens, self.global_batch = tokens, batch, None
-        self._assumed = assumed
         return self
-
-    @property
-    def assumed(self) -> list[str]:
-        """Spec values gpuprov assumed rather than derived from the user's input (plan's Notes say so)."""
-        return list(self._assumed)
 
     @field_validator("region")
     @classmethod

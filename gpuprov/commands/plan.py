@@ -51,7 +51,8 @@ def _fabric_text(plan) -> str:
     if plan.cluster.nodes == 1:
         return "one node: no inter-node fabric (GPUs talk over " + \
             ("NVLink/NVSwitch)" if plan.instance.nvswitch else "the node's own links)")
-    return f"fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU"
+    assumed = " (assumed: the hosts file states no fabric)" if "fabric" in plan.instance.unknown else ""
+    return f"fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU{assumed}"
 
 
 def _mfu_text(plan) -> str:
@@ -194,11 +195,13 @@ def render_plan(plan) -> str:
     out.append("")
     out.append("Host checklist (one node):")
     for chk in plan.host.checks:
-        mark = "ok  " if chk.ok else "SHORT"
+        mark = "unknown" if not chk.known else "ok" if chk.ok else "SHORT"
         out.append(f"  [{mark}] {chk.rule}: need {chk.required}; have {chk.actual}")
+    raid = (f"local NVMe unknown (the RAID0 role uses the drives it finds) at {plan.storage.mount_point}"
+            if "nvme" in i.unknown else f"local NVMe RAID0 {plan.storage.devices} x "
+            f"{i.local_nvme_bytes_each / TB:,.2f} TB at {plan.storage.mount_point}")
     out.append(f"  one full-state checkpoint: {plan.host.checkpoint_bytes / TB:,.2f} TB; keeping "
-               f"{plan.host.checkpoints_kept}; local NVMe RAID0 {plan.storage.devices} x "
-               f"{i.local_nvme_bytes_each / TB:,.2f} TB at {plan.storage.mount_point}")
+               f"{plan.host.checkpoints_kept}; {raid}")
     if plan.host.bill_of_materials:
         out.append("")
         out.append("Bill of materials (per node):")

@@ -332,8 +332,10 @@ def _node(plan, x: int, y: int, node_w: int, node_h: int, name: str, multi: bool
           fabric_y: int) -> list[str]:
     c, inst, st = plan.cluster, plan.instance, plan.storage
     gpus, gpu_w, gpu_gap = c.gpus_per_node, 34, 6
-    parts = [_rect(x, y, node_w, node_h, "#f4f6fb"),
-             _text(x + 8, y + 18, f"{name}: {inst.vcpus} vCPU, {inst.ram_bytes / GiB:,.0f} GiB RAM", 11, weight="bold")]
+    unknown = set(inst.unknown)  # on-prem facts nobody stated: drawn as unknown, never invented
+    cpu = "CPU unknown" if "cores" in unknown else f"{inst.vcpus} vCPU"
+    ram = "RAM unknown" if "ram" in unknown else f"{inst.ram_bytes / GiB:,.0f} GiB RAM"
+    parts = [_rect(x, y, node_w, node_h, "#f4f6fb"), _text(x + 8, y + 18, f"{name}: {cpu}, {ram}", 11, weight="bold")]
     gx0 = x + (node_w - gpus * (gpu_w + gpu_gap) + gpu_gap) // 2
     gx_end = gx0 + gpus * (gpu_w + gpu_gap) - gpu_gap
     for g in range(gpus):
@@ -353,7 +355,11 @@ def _node(plan, x: int, y: int, node_w: int, node_h: int, name: str, multi: bool
         parts.append(_text((gx0 + gx_end) // 2, y + 117, f"RAID0 {st.devices} x NVMe = {st.expected_bytes / TB:,.1f} TB",
                            10, "middle"))
         parts.append(_text((gx0 + gx_end) // 2, y + 129, f"{st.filesystem} on {st.mount_point}", 10, "middle"))
-    if multi:
+    elif "nvme" in unknown:
+        parts.append(_text((gx0 + gx_end) // 2, y + 117, "NVMe unknown: run gpuprov hosts probe", 10, "middle"))
+    if multi and "fabric" in unknown:
+        parts.append(_text((gx0 + gx_end) // 2, y + node_h - 6, "NICs unknown: run gpuprov hosts probe", 10, "middle"))
+    elif multi:
         slot = gpu_w + gpu_gap
         nic_y = y + node_h - 14
         for rail_gpu, left, span in _nic_layout(gpus, inst.network_cards or gpus):
