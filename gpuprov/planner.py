@@ -865,6 +865,15 @@ def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> 
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
 
 
+def _canonical(value: Any) -> Any:
+    """Keys sorted at every level: plan.json stores the config sorted, and `check` rebuilds from it."""
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def offload_retry(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], gpu_lookup: Callable
                   ) -> tuple[Any, SearchResult] | None:
     """When nothing fits and the user did not choose --offload: the least offload that fits, if any."""
@@ -1072,7 +1081,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         gpuprov_version=__version__,
         spec=spec,
         model=ModelInfo(name=spec.model, display_name=arch.display_name, hf_model_type=arch.model_type,
-                        params=arch.params, trainable_params=trainable, hf_config=dict(arch.hf_config),
+                        params=arch.params, trainable_params=trainable, hf_config=_canonical(arch.hf_config),
                         source=arch.source),
         task=spec.task,
         gpu=GpuInfo(slug=gpu.slug, name=gpu.name, architecture=gpu.architecture, memory_bytes=gpu.memory_bytes,

