@@ -174,6 +174,39 @@ class TrainingSpec(BaseModel):
         self.tokens, self.global_batch_tokens, self.global_batch = tokens, batch, None
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_names(cls, data: object) -> object:
+        """`gpus:` lists GPU types (slugs or SkyPilot names, H100:8 = 8 GPUs in total); a number there is
+        the other `--gpus` (the count, `gpu_count:`): say so instead of a type error."""
+        if not isinstance(data, dict) or data.get("gpus") is None:
+            return data
+        from gpuprov.catalog.gpus import accelerator_name
+
+        raw = data["gpus"]
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raise ValueError(f"gpus: lists GPU types (like --gpu h100-80gb); for {raw} GPUs in total write "
+                             f"gpu_count: {raw} (the --gpus flag)")
+        items, counts = ([raw] if isinstance(raw, str) else raw), set()
+        if not isinstance(items, list):
+            return data
+        slugs = []
+        for item in items:
+            try:
+                named = accelerator_name(item) if isinstance(item, str) else None
+            except GpuprovError as exc:
+                raise ValueError(str(exc)) from None
+            slugs.append(named[0] if named else item)
+            if named and named[1]:
+                counts.add(named[1])
+        if len(counts) > 1 or (counts and data.get("gpu_count") not in (None, *counts)):
+            raise ValueError(f"gpus: {', '.join(map(str, items))} ask for different GPU counts "
+                             f"(gpu_count {data.get('gpu_count')}); give one")
+        out = dict(data, gpus=slugs)
+        if counts:
+            out["gpu_count"] = counts.pop()
+        return out
+
     @field_validator("region")
     @classmethod
     def _region_of_cloud(cls, region: str | None, info: ValidationInfo) -> str | None:

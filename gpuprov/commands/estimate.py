@@ -8,6 +8,7 @@ import click
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.setup import setup_from_options
+from gpuprov.sizing.why import notes as why_notes
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
     TrainSetup,
@@ -109,7 +110,8 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
         },
         "estimator": estimator,
-        "assumptions": list(est.assumptions),
+        "assumptions": list(est.assumptions) + why_notes(setup.task, setup.activation_checkpointing,
+                                                          dict(est.breakdown)),
     }
 
 

@@ -74,6 +74,11 @@ def _mfu_text(plan) -> str:
             f"exposed communication is {exposed:.0%} of the step")
 
 
+def _replica_words(c) -> str:
+    """Model states are compared per model replica: HSDP/DDP replicas hold copies, not more states."""
+    return "all GPUs" if c.replicate == 1 else f"one replica ({c.shard_group} GPUs; {c.replicate} replicas hold copies)"
+
+
 def _token_count(n: int) -> str:
     """100,000,000 -> 100M; 1.5e10 -> 15B (decimal, as --tokens reads them)."""
     for div, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
@@ -155,13 +160,11 @@ def render_plan(plan) -> str:
     out.append("")
     where = f"{i.cloud}" + (f" {c.region}" if c.region else "") + (f", {plan.purchase.option}" if i.cloud != "onprem" else "")
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
-    sg = f"shard group {c.shard_group}, {c.replicate} replica(s)" if c.sharding in ("fsdp", "hsdp", "zero2") else \
-        f"{c.replicate} replica(s)"
-    if c.tp * c.cp * c.pp > 1:
-        dp = c.total_gpus // (c.tp * c.cp * c.pp)
-        out.append(f"  layout: tensor parallel {c.tp} (inside each node, NVLink) x context parallel {c.cp} x "
-                   f"data parallel {dp} ({c.sharding} over dp x cp)")
-    out.append(f"  sharding {c.sharding} ({sg}), activation checkpointing {c.activation_checkpointing}, "
+    from gpuprov.candidates import layout_label
+
+    # one name for the layout everywhere (the table, generate's summary, README, topology.svg)
+    layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)
+    out.append(f"  layout {layout}, activation checkpointing {c.activation_checkpointing}, "
                f"micro-batch {c.micro_batch}, grad accumulation {c.grad_accum}, global batch "
                f"{c.global_batch_tokens:,} tokens")
     out.append(f"  {_fabric_text(plan)}; software: driver "
@@ -178,8 +181,8 @@ def render_plan(plan) -> str:
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     out.append(f"  {'total':<{width}}  {m.per_gpu_bytes / GiB:10,.2f}  of {m.gpu_memory_bytes / GiB:,.1f} GiB "
                f"({usable / GiB:,.1f} usable at {m.safety_margin:.0%} margin; headroom {m.headroom_bytes / GiB:,.1f})")
-    out.append(f"  model states, all GPUs: {_gib(m.model_states_bytes)}; the 18 B/param rule of thumb (mixed-precision Adam): "
-               f"{_gib(m.rule_of_thumb_bytes)}")
+    out.append(f"  model states, {_replica_words(c)}: {_gib(m.model_states_bytes // c.replicate)}; the 18 B/param rule "
+               f"of thumb (mixed-precision Adam): {_gib(m.rule_of_thumb_bytes)}")
     out.append("")
     out.append("Time and cost:")
     out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster; step {t.step_time_s:,.2f} s = compute "
@@ -301,9 +304,10 @@ def render_explain(spec, plan) -> str:
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     w(f"   usable = {m.gpu_memory_bytes / GiB:,.2f} GiB x (1 - {m.safety_margin:g}) = {usable / GiB:,.2f} GiB -> "
       f"headroom {m.headroom_bytes / GiB:,.2f} GiB")
-    w(f"   model states, all GPUs (weights + grads + optimizer) = {m.model_states_bytes / GiB:,.1f} GiB"
+    one = m.model_states_bytes // c.replicate
+    w(f"   model states, {_replica_words(c)} (weights + grads + optimizer) = {one / GiB:,.1f} GiB"
       f"   | rule of thumb: 18 B x N = {m.rule_of_thumb_bytes / GiB:,.1f} GiB "
-      f"({(m.model_states_bytes - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
+      f"({(one - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
     node_mem = gpu.memory_bytes * c.gpus_per_node
     w(f"   one node holds {c.gpus_per_node} x {gpu.memory_bytes / GiB:,.1f} GiB = {node_mem / GiB:,.1f} GiB of GPU "
       f"memory; the rule of thumb {'fits' if m.rule_of_thumb_bytes <= node_mem else 'does NOT fit'} in it")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from gpuprov.candidates import layout_label
 from gpuprov.host import hosts_left_out
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import comment, md, md_code, svg
@@ -63,9 +64,7 @@ def _summary(plan) -> list[str]:
                               if plan.task != "full" else "")],
         ["Where", f"{where}: {c.nodes} x `{c.instance_type}` ({price})"],
         ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {_gib(plan.gpu.memory_bytes)} each)"],
-        ["Parallelism", f"{c.sharding}: shard group {c.shard_group} GPUs x {c.replicate} "
-                        f"replica{'s' if c.replicate != 1 else ''}"
-                        + (f"; tensor parallel {c.tp} x context parallel {c.cp} inside it" if c.tp * c.cp > 1 else "")],
+        ["Parallelism", layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)],
         ["Batch", f"micro-batch {c.micro_batch} x seq {c.seq_len} x grad-accum {c.grad_accum} "
                   f"= {c.global_batch_tokens:,} tokens per step"],
         ["Precision / optimizer", f"{c.precision}, {c.optimizer}, offload {c.offload}, "
@@ -405,8 +404,9 @@ def render_topology(plan) -> str:
         _rect(0, 0, width, height, "#ffffff", "none", 0),
         _text(20, 22, f"{plan.model.display_name} ({plan.task}): {c.nodes} x {c.instance_type}, "
                       f"{c.total_gpus} x {plan.gpu.name}", 15, weight="bold"),
-        _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | {c.sharding} shard group {c.shard_group} "
-                      f"x {c.replicate} | {_fabric_words(plan)}", 12),
+        _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | "
+                      f"{layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)} | "
+                      f"{_fabric_words(plan)}", 12),
         _text(20, 52, _summary_line(plan), 12),
     ]
     rail_w = min(max(60, (width - 40 - (rails - 1) * 8) // rails), 140)
