@@ -13,7 +13,6 @@ from typing import Any
 
 from gpuprov.catalog import bringup as cat
 from gpuprov.targets import get_target
-from gpuprov.errors import GpuprovError
 
 
 def priced_pool(pool: list[Any], spec: Any) -> tuple[list[Any], list[Any]]:
@@ -132,9 +131,9 @@ def purchase_alternatives(spec: Any, best: Any) -> list[Any]:
         why = [f"{offer.option}: " + (f"${offer.price_per_hour_usd:,.2f}/h per node" if offer.price_per_hour_usd
                                       is not None else "no public price")]
         if offer.option not in allowed:
-            why.append(f"not allowed (add it to --purchase)")
+            why.append("not allowed (add it to --purchase)")
         elif offer.needs and cat.held(spec, offer, inst.cloud) is None:
-            why.append("needs " + ("--capacity-reservation-id" if inst.cloud == "aws" else "--reservation"))
+            why.append("needs " + get_target(inst.cloud).held_flag)
         if offer.preemptible:
             why.append("preemptible: relies on checkpoint/resume")
         out.append(Alternative(cloud=inst.cloud, instance_type=inst.name, gpu=inst.gpu, nodes=best.nodes,

@@ -43,7 +43,7 @@ def declared_template(hosts: list[Any], templates: list[Any], gpu_lookup: Callab
         return None
     if len(groups) > 1:
         _refuse_mixed(groups)
-    (slug, count), = groups
+    slug, count = next(k for k in groups if k is not None)
     gpu = gpu_lookup(slug)  # unknown slug: one line with suggestions
     same = [t for t in templates if t.gpu == gpu.slug]
     base = min(same, key=lambda t: abs(t.gpus - count)) if same else None

@@ -172,7 +172,7 @@ def _offerings_command(cloud: str, name: str, region: str) -> str:
 
 def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
     cloud = plan.cluster.cloud
-    if cloud not in ("aws", "gcp"):
+    if not get_target(cloud).live_checks:
         return [Check("skip", "live checks", f"no live checks for {cloud} yet")]
     s = settings(plan, root)
     login = ["aws", "sts", "get-caller-identity", "--output", "json"] if cloud == "aws" else \
@@ -257,7 +257,7 @@ def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
     from gpuprov.catalog.instances import get_instance
 
     inst = get_instance(s["instance"])
-    entry = cat.quota("aws")["codes"].get(_family("aws", inst.name))
+    entry = (cat.quota("aws") or {}).get("codes", {}).get(_family("aws", inst.name))
     if entry is None or s["purchase"] in ("reservation", "capacity-block"):
         return Check("skip", "quota (live)", "no vCPU quota applies" if entry else f"no quota code for {inst.name}")
     code = entry["spot" if s["purchase"] == "spot" else "on-demand"]
@@ -310,7 +310,7 @@ def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
     from gpuprov.catalog.instances import get_instance
 
     inst = get_instance(s["instance"])
-    entry = cat.quota("gcp")
+    entry = cat.quota("gcp") or {"metrics": {}}
     metric = entry["metrics"].get(_family("gcp", inst.name))
     if metric is None:
         return Check("skip", "quota (live)", f"no quota metric for {inst.name}")

@@ -90,3 +90,30 @@ def test_onprem_caps_nodes_at_the_hosts_listed():
     assert onprem.node_cap(16, hosts=3) == 3
     assert onprem.node_cap(2, hosts=3) == 2
     assert onprem.node_cap(16) == 16
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_plan_records_the_targets_decisions(name, tmp_path):
+    """plan.json carries what the target decided; the renderers read that record."""
+    from gpuprov.render.ansible import render_ansible
+    from gpuprov.render.launch import render_launch
+
+    hosts = None
+    if name == "onprem":
+        hosts = tmp_path / "hosts.yaml"
+        hosts.write_text("".join(f"- {{name: gpu{i}, address: 10.0.0.{i + 1}, gpu: h100-80gb, gpus: 8}}\n"
+                                 for i in range(4)), encoding="utf-8")
+    plan = make_plan(spec_from_flags(None, str(hosts) if hosts else None,
+                                     {"model": "70b", "cloud": name, "tokens": "20B"}))
+    p = plan.provisioning
+    assert p is not None and p.target == name and p.provisioner == TARGETS[name].provisioner
+    assert p.fabric_role == TARGETS[name].fabric_role(plan.fabric.name)
+    assert p.checkpoint_root == ("/shared" if plan.cluster.nodes > 1 else plan.storage.mount_point)
+    import yaml
+
+    site = yaml.safe_load(render_ansible(plan)["site.yml"])
+    roles = [r["role"] if isinstance(r, dict) else r for play in site for r in play.get("roles", [])]
+    assert (p.fabric_role in roles) if p.fabric_role else not {"efa", "infiniband", "gcp_rdma"} & set(roles)
+    train = yaml.safe_load(render_launch(plan)["train.yaml"])
+    assert train["checkpoint"]["dir"].startswith(p.checkpoint_root + "/checkpoints/")
+    assert bool(render_terraform(plan)) == (p.provisioner == "terraform")

@@ -11,7 +11,6 @@ from gpuprov.sizing.setup import setup_from_options
 from gpuprov.sizing.why import notes as why_notes
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
-    TrainSetup,
 )
 
 GIB = 2**30
@@ -189,7 +188,9 @@ class _FrameworkChoice(click.Choice):
 
 
 @click.command(name="estimate")
-@click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) or config.json path.")
+@click.option("--model", "model_name", default="7b", show_default=True,
+              help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) "
+                   "or config.json path.")
 @click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
 @click.option("--seq-len", type=int, default=4096, show_default=True, help="Tokens per sample.")
 @click.option("--micro-batch", type=int, default=1, show_default=True, help="Samples per GPU per forward.")
@@ -202,7 +203,8 @@ class _FrameworkChoice(click.Choice):
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="[default: bf16-mixed]")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: adamw]")
 @click.option("--lora-rank", type=int, default=16, show_default=True)
-@click.option("--lora-targets", default="all-linear", show_default=True, help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
+@click.option("--lora-targets", default="all-linear", show_default=True,
+              help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
 @click.option("--offload", type=click.Choice(OFFLOADS), default=None, help="[default: none]")
 @click.option("--compile/--no-compile", "use_compile", default=None, help="torch.compile (see --compile-scope).  [default: no-compile]")
 @click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=None, help="[default: no-chunked-cross-entropy]")
@@ -260,8 +262,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, float8, tp, cp, pp, suggest, fail_if_not_fits, precise,
-             as_json) -> None:
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, float8, tp, cp, pp,
+             suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b

@@ -133,7 +133,8 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
         if d.diff:
             click.echo("")
             click.echo(d.diff, nl=False)
-    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  (--force where files were edited by hand)")
+    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  "
+               "(--force where files were edited by hand)")
     if added:
         click.echo(f"added files change what Terraform/Ansible run: remove them, or list them under \"keep\" "
                    f"in {root / bundle.LOCK_NAME}")

@@ -13,11 +13,10 @@ from pathlib import Path
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
 from gpuprov.host import hosts_left_out
-from gpuprov.plan import Plan
+from gpuprov.plan import Plan, Provisioning
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_flow, yaml_string
 from gpuprov.resources import ansible_dir, templates_dir
-from gpuprov.targets import get_target
 
 GLUE = ("ansible.cfg", "site.yml", "health.yml", "group_vars/all.yml")
 REQUIREMENTS = "requirements-train.txt"  # the training_env role installs exactly these pins
@@ -25,9 +24,16 @@ _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
 
 
+def decisions(plan: Plan) -> Provisioning:
+    """What the target decided for bring-up (recorded by the planner; gpuprov/targets/decide.py)."""
+    if plan.provisioning is None:
+        raise GpuprovError("the plan records no provisioning decisions: run `gpuprov plan` again")
+    return plan.provisioning
+
+
 def fabric_role(plan: Plan) -> str | None:
     """The role that sets up this plan's fabric on the hosts (None: nothing beyond Ethernet)."""
-    return get_target(plan.instance.cloud).fabric_role(plan.fabric.name)
+    return decisions(plan).fabric_role
 
 
 _FLOW_WIDTH = 100  # longer collections go block style: yamllint (ansible-lint) allows 160 a line
@@ -95,8 +101,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         "version": __version__,
         "fabric_role": fabric_role(plan),
         "storage": storage,
-        # cuFile needs a local filesystem to serve: GDS only where the plan has the RAID
-        "gds": bool(plan.software.gds and storage),
+        "gds": decisions(plan).gds,
         "forks": max(10, min(100, plan.cluster.nodes)),
         "hosts_left_out": hosts_left_out(plan),
     }
@@ -109,7 +114,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
 
     files: RenderedFiles = {name: render(name) for name in GLUE}
     files[REQUIREMENTS] = requirements_text(plan)
-    if plan.instance.cloud == "onprem":
+    if decisions(plan).provisioner == "inventory":
         if not plan.hosts:
             raise GpuprovError("an on-prem plan needs hosts (--hosts FILE) for the Ansible inventory")
         files["inventory.yml"] = render("inventory.yml")

@@ -654,7 +654,7 @@ def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Ste
         impl = getattr(setup, "optimizer_impl", "fused")
         if impl not in ("fused", "foreach"):
             raise GpuprovError(f"optimizer implementation {impl!r} is not one of fused, foreach")
-        opt = torch.optim.AdamW(params, lr=1e-4, **{impl: True})
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=impl == "fused", foreach=impl == "foreach")
     else:
         opt = _adamw8bit_class()(params, lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (setup.micro_batch, setup.seq_len))

@@ -99,7 +99,7 @@ def _gpu_changes(s: TrainSetup) -> list[Change]:
     sharding = s.sharding if _sharded(s.sharding) else "fsdp"
     while gpus * 2 <= s.gpus * MAX_GPU_FACTOR:
         gpus *= 2
-        fields = {"gpus": gpus, "sharding": sharding, "gpus_per_node": min(max(s.gpus_per_node, min(gpus, 8)), gpus)}
+        fields: dict[str, Any] = {"gpus": gpus, "sharding": sharding, "gpus_per_node": min(max(s.gpus_per_node, min(gpus, 8)), gpus)}
         flags = {"--gpus": str(gpus)}
         if sharding != s.sharding:
             flags["--sharding"] = sharding

@@ -16,6 +16,10 @@ class Aws(Target):
     image_ref_keys = ("ssm_parameter",)
     tfvars = TfvarsKeys(instance="instance_type", held="capacity_reservation_id", zone="availability_zone")
     live_checks = True
+    held_flag = "--capacity-reservation-id"
+
+    def held_id(self, spec: Any, option: str) -> str | None:
+        return spec.capacity_reservation_id  # one id names an ODCR or a Capacity Block
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         efa = plan.fabric.name == "efa" and plan.instance.efa_interfaces > 0

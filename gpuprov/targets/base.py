@@ -48,6 +48,7 @@ class Target:
     image_ref_keys: tuple[str, ...] = ()  # keys of its bringup.yaml image entry the templates read
     tfvars: TfvarsKeys | None = None
     live_checks: bool = False  # validate's live checks exist for this target's CLI
+    held_flag: str = "--reservation"  # the flag that names a reservation the user holds here
 
     def serves(self, instance: Any) -> bool:
         """Whether a catalog instance entry is bought here."""
@@ -62,6 +63,10 @@ class Target:
         cap = self.limits.max_nodes
         if cap is not None and nodes > cap:
             raise GpuprovError(f"{self.title}: {nodes} nodes exceed {self.limits.why}; plan at most {cap} nodes")
+
+    def held_id(self, spec: Any, option: str) -> str | None:
+        """The reservation id the user holds for `option` here (None: none given, or none applies)."""
+        return None
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         """The variables this target's Terraform templates read beyond the common ones."""

@@ -45,6 +45,9 @@ class Gcp(Target):
     tfvars = TfvarsKeys(instance="machine_type", held="reservation_name")
     live_checks = True
 
+    def held_id(self, spec: Any, option: str) -> str | None:
+        return spec.reservation if option == "reservation" else None
+
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         machine = plan.instance.name
         gvnic, rdma = _nics(plan)
