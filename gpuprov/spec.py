@@ -12,8 +12,6 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, \
     field_validator, model_validator
 
-from pathlib import Path
-
 from gpuprov import validators as v
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
@@ -91,7 +89,8 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelRef = Field("llama-3.1-8b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id (ORG/NAME) or path to a config.json")
+    model: ModelRef = Field("llama-3.1-8b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id "
+                                                        "(ORG/NAME) or path to a config.json")
     task: Task = Field("full", description="Fine-tune the pretrained weights: full, LoRA or QLoRA")
     init: Literal["pretrained", "random"] = Field(
         "pretrained", description="pretrained: fine-tune the model's published weights; random: train from "

@@ -31,7 +31,7 @@ class SpotPrice:
 def price(instance: str, cloud: str, region: str | None) -> SpotPrice | None:
     """The recorded spot price of this type in this region (None where none is recorded)."""
     by_region = (_data()["prices"] or {}).get(instance) or {}
-    if region not in by_region:
+    if region is None or region not in by_region:
         return None
     snap = _data()["snapshots"][cloud]
     return SpotPrice(float(by_region[region]), region, snap.get("date"), f"{snap['source']}; {snap['date_basis']}")

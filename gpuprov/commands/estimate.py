@@ -14,6 +14,8 @@ from gpuprov.sizing.types import (
 )
 
 GIB = 2**30
+PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch transformers peft "
+                "(the [precise] extra of a gpuprov checkout)")
 
 
 def _progress(stage: str, fraction: float) -> None:
@@ -56,7 +58,7 @@ def run_precise(arch, setup, gpu_memory_bytes):
         from gpuprov.sizing.precise import estimate_precise, estimate_seconds
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
-            raise GpuprovError("--precise needs PyTorch and transformers: pip install torch transformers peft (the [precise] extra of a gpuprov checkout)") from None
+            raise GpuprovError(PRECISE_HINT) from None
         raise
     try:
         # before the call: estimate_seconds counts the import of transformers while it is still to come
@@ -64,7 +66,7 @@ def run_precise(arch, setup, gpu_memory_bytes):
         return estimate_precise(arch, setup, gpu_memory_bytes, progress=progress)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
-            raise GpuprovError("--precise needs PyTorch and transformers: pip install torch transformers peft (the [precise] extra of a gpuprov checkout)") from None
+            raise GpuprovError(PRECISE_HINT) from None
         raise
 
 
@@ -256,7 +258,8 @@ class _FrameworkChoice(click.Choice):
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (1F1B schedule).")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
 @click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")
-@click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs the [precise] extra: torch, transformers, peft).")
+@click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs the [precise] extra: torch, "
+              "transformers, peft).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,

