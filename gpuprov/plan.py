@@ -122,7 +122,9 @@ class Cluster(_Strict):
 
 class Training(_Strict):
     task: Literal["full", "lora", "qlora"]
-    init: Literal["pretrained", "random"] = "pretrained"  # fine-tune the published weights, or from scratch
+    # fine-tune the published weights, or from scratch; None: a plan from before gpuprov recorded it
+    # (its trainer config then starts full training from random weights, adapters from pretrained)
+    init: Literal["pretrained", "random"] | None = None
     base_weights: str | None = None  # where pretrained weights come from: a Hugging Face id or a local directory
     lora_rank: int | None
     lora_alpha: int | None

@@ -144,3 +144,48 @@ def test_train_yaml_init_follows_the_plan(tmp_path: Path):
         assert r.returncode == 0, r.stderr
         cfg = YAML(typ="safe").load((out / "launch" / "train.yaml").read_text())
         assert cfg["model"]["init"] == init
+
+
+def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp_path: Path):
+    import os
+
+    from ruamel.yaml import YAML
+
+    out = tmp_path / "infra"
+    assert run("generate", "--model", "8b", "--task", "lora", "--cloud", "aws", "-o", str(out)).returncode == 0
+    cfg = YAML(typ="safe").load((out / "launch" / "train.yaml").read_text())
+    dest = cfg["model"]["pretrained_path"]
+    assert cfg["model"]["init"] == "pretrained" and dest.endswith("/models/meta-llama/Llama-3.1-8B")
+    script = (out / "launch" / "fetch_weights.sh").read_text().replace(dest, str(tmp_path / "weights"))
+    (out / "launch" / "fetch_weights.sh").write_text(script)
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "huggingface_hub.py").write_text(
+        "import os, pathlib\n"
+        "def snapshot_download(repo_id, revision, local_dir, allow_patterns):\n"
+        "    d = pathlib.Path(local_dir); (d / 'config.json').write_text('{}')\n"
+        "    (d / 'model.safetensors').write_text(repo_id + '@' + revision)\n"
+        "    pathlib.Path(os.environ['CALLS']).open('a').write('x')\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(stub), "HF_TOKEN": "hf_secret_value",
+           "CALLS": str(tmp_path / "calls")}
+    for _ in range(2):
+        r = subprocess.run(["bash", str(out / "launch" / "fetch_weights.sh")], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "calls").read_text() == "x"  # fetched once; the second run found the finished copy
+    assert (tmp_path / "weights" / "model.safetensors").read_text() == "meta-llama/Llama-3.1-8B@main"
+    written = "".join(p.read_text() for p in (tmp_path / "weights").rglob("*") if p.is_file())
+    assert "hf_secret_value" not in written + (out / "launch" / "fetch_weights.sh").read_text()
+    assert "hf_secret_value" not in r.stdout + r.stderr
+
+
+def test_the_trainer_refuses_in_one_line_when_the_base_weights_are_missing(tmp_path: Path):
+    out = tmp_path / "infra"
+    assert run("generate", "--model", "8b", "--task", "lora", "--cloud", "aws", "-o", str(out)).returncode == 0
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import train\n"
+            "cfg = train.load_config(sys.argv[2], [f'model.pretrained_path={sys.argv[3]}'])\n"
+            "train.pretrained_path(cfg)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(out / "launch"), str(out / "launch" / "train.yaml"),
+                        str(tmp_path / "not-fetched")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "config.json" in r.stderr
