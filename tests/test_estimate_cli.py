@@ -76,7 +76,7 @@ def test_human_table_shows_gib_and_fit() -> None:
     "args, needle",
     [
         (["--model", "llama3-8b"], "did you mean"),
-        (["--gpu", "h100"], "h100-80gb"),
+        (["--gpu", "h100x"], "h100-80gb"),  # (H100 itself is SkyPilot's name for h100-80gb, accepted)
         (["--seq-len", "0"], "--seq-len"),
         (["--micro-batch", "-3"], "--micro-batch"),
         (["--task", "lora", "--lora-rank", "100000"], "hidden size"),

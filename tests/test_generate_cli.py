@@ -82,7 +82,7 @@ def test_flags_build_the_spec_with_units() -> None:
     spec = _spec("--model", "70b", "--tokens", "1T", "--batch-tokens", "4M", "--deadline", "30d",
                  "--gpu", "h100-80gb,a100-80gb", "--gpu", "h200", "--lora-targets", "q_proj,v_proj", "--task", "lora")
     assert spec["model"] == "70b" and spec["tokens"] == 10**12 and spec["global_batch_tokens"] == 4 * 2**20
-    assert spec["deadline_hours"] == 720.0 and spec["gpus"] == ["h100-80gb", "a100-80gb", "h200"]
+    assert spec["deadline_hours"] == 720.0 and spec["gpus"] == ["h100-80gb", "a100-80gb", "h200-141gb"]  # H200: SkyPilot's name
     assert spec["lora_targets"] == ["q_proj", "v_proj"] and spec["task"] == "lora"
     assert _spec("--lora-targets", "qv")["lora_targets"] == "qv"
 

@@ -137,7 +137,7 @@ def test_multinode_on_a_thin_fabric_prefers_hsdp():
 
 def test_nothing_fits_names_the_nearest_miss():
     with pytest.raises(GpuprovError) as err:
-        make_plan(TrainingSpec(model="70b", max_nodes=1, gpus=["h200-141gb"]))
+        make_plan(TrainingSpec(model="70b", max_nodes=1, gpus=["h200-141gb"], offload="none"))
     msg = str(err.value)
     assert "\n" not in msg
     assert "model states" in msg and "largest single node holds 1.13 TB (8 x 141 GB" in msg

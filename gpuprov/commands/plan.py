@@ -380,7 +380,9 @@ def render_explain(spec, plan) -> str:
     w(f"   tokens per step = {c.micro_batch} x {s} x {ranks} x {c.grad_accum} = {c.global_batch_tokens:,}; "
       f"steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = {plan.training.steps:,}")
     overhead = float(a.raw["run"]["overhead_hours"])
-    w(f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up = "
+    lost = plan.time_hours - plan.training.steps * t.step_time_s / 3600 - overhead
+    spot = f" + {lost:,.3f} h expected preemption (spot)" if plan.purchase.option == "spot" else ""
+    w(f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up{spot} = "
       f"{plan.time_hours:,.2f} h")
     ideal = 6 * n_params * plan.training.tokens / (c.total_gpus * peak * 1e12 * t.mfu_assumed) / 3600
     w(f"   | rule of thumb 6 N D / (GPUs x peak x MFU) = {ideal:,.2f} h")
