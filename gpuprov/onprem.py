@@ -13,9 +13,8 @@ from typing import Any, Callable
 
 from gpuprov.catalog.instances import InstanceType
 from gpuprov.errors import GpuprovError
+from gpuprov.units import GiB, GB
 
-GiB = 2**30
-GB = 10**9
 
 
 def host_groups(hosts: list[Any]) -> dict[tuple[str, int] | None, list[Any]]:

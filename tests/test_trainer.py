@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
@@ -50,11 +49,12 @@ def write_launch(plan, root: Path) -> Path:
     update = dict(storage=storage)
     if plan.shared_storage is not None:  # several "nodes" checkpoint to the shared mount: this test's own
         update["shared_storage"] = plan.shared_storage.model_copy(update=dict(mount_point=str(root / "scratch")))
+    if plan.provisioning is not None:  # checkpoints where the target put them: this test's scratch
+        update["provisioning"] = plan.provisioning.model_copy(update=dict(checkpoint_root=str(root / "scratch")))
     plan = plan.model_copy(update=update)
     launch = root / "launch"
     launch.mkdir(parents=True)
-    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
-        files = render_launch(plan)
+    files = render_launch(plan)
     assert yaml.safe_load(files["train.yaml"])["checkpoint"]["dir"].startswith(str(root)), \
         "a test run must never checkpoint outside its own directory"
     for name, text in files.items():
@@ -66,7 +66,8 @@ def write_launch(plan, root: Path) -> Path:
 
 def start(launch: Path, *args: str, port: int, **env: str) -> subprocess.Popen:
     full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GPUPROV_MAX_RESTARTS="0",
-                    GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"), **env)
+                    GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"))
+    full_env.update(env)
     full_env.pop("TORCHRUN", None)
     # own session: a run that hangs is killed with its torchrun workers (see finish)
     return subprocess.Popen(["bash", str(launch / "train.sh"), *args], env=full_env, stdout=subprocess.PIPE,

@@ -12,11 +12,12 @@ from functools import lru_cache
 from typing import Any
 
 from gpuprov.catalog import load_data
+from gpuprov.catalog.regions import region_entry
 from gpuprov.errors import GpuprovError
 from gpuprov.targets import get_target
+from gpuprov.units import GiB
 
 PURCHASE_OPTIONS: tuple[str, ...] = ("on-demand", "spot", "capacity-block", "reservation", "flex-start")
-GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,6 @@ def shared_size_gib(entry: dict, need_bytes: int) -> int:
 
 def known_regions(cloud: str) -> tuple[tuple[str, ...], str]:
     """The cloud's region names and their source (one list: catalog/data/regions.yaml)."""
-    from gpuprov.catalog.regions import region_entry
-
     entry = region_entry(cloud)
     return (tuple(entry["regions"]), entry["source"]) if entry else ((), "")
 

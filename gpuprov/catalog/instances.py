@@ -12,9 +12,8 @@ from functools import lru_cache
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 from gpuprov.targets import NAMES, get_target
+from gpuprov.units import GiB, GB
 
-GiB = 2**30
-GB = 10**9
 CLOUDS: tuple[str, ...] = NAMES  # the target registry (gpuprov/targets/) is the one list
 FABRICS: tuple[str, ...] = ("efa", "infiniband", "roce", "tcpxo", "ethernet", "none")
 

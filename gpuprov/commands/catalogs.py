@@ -6,7 +6,6 @@ import json
 
 import click
 
-GIB = 2**30
 
 
 @click.command(name="models")

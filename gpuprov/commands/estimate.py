@@ -12,8 +12,8 @@ from gpuprov.sizing.why import notes as why_notes
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
 )
+from gpuprov.units import GiB as GIB
 
-GIB = 2**30
 PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch transformers peft "
                 "(the [precise] extra of a gpuprov checkout)")
 

@@ -7,8 +7,8 @@ import json
 import click
 
 from gpuprov.targets import CHOICES
+from gpuprov.units import GiB
 
-GiB = 2**30
 
 
 def _row(inst) -> dict:

@@ -20,7 +20,7 @@ from gpuprov.planning.messages import _notes, loss_reason, nothing_fits_message,
 from gpuprov.planning.onprem import _prefer_every_host, hosts_note
 from gpuprov.planning.search import search
 from gpuprov.planning.space import (
-    GiB, Candidate, Estimator, SearchResult, _lora_targets, objective_key, setup_for, stack_for,
+    Candidate, Estimator, SearchResult, _lora_targets, objective_key, setup_for, stack_for,
 )
 from gpuprov.recipes import notes as recipe_notes
 from gpuprov.recipes import schedule
@@ -29,6 +29,7 @@ from gpuprov.spot import notes as spot_notes
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.sizing.throughput import utilisation as util_of
 from gpuprov.targets.decide import decided
+from gpuprov.units import GiB
 
 
 CHECKPOINT_INTERVAL_S = 3600.0  # checkpoint about every hour of training (a node failure loses at most an hour)

@@ -9,19 +9,16 @@ from typing import Any, Callable, Iterable
 from gpuprov.catalog.gpus import list_gpus
 from gpuprov.host import rules
 from gpuprov.planning.space import (
-    TB, Candidate, Estimator, GiB, Miss, SearchResult, _lora_targets, stack_for,
+    Candidate, Estimator, Miss, SearchResult, _lora_targets, stack_for,
 )
 from gpuprov.sizing.setup import make_setup
+from gpuprov.units import GiB, tb
 from gpuprov.sizing.throughput import float8_refusal, float8_step_kw
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
 
 def rule_of_thumb_bytes_per_param() -> int:
     """The widely quoted 18 B/param of mixed-precision Adam (host_rules.yaml names the papers)."""
     return int(rules()["memory"]["rule_of_thumb_bytes_per_param"])
-
-
-def _tbs(b: float) -> str:
-    return f"{b / TB:.2f} TB"
 
 
 def largest_node_bytes(instances: Iterable[Any], gpu_lookup: Callable[[str], Any]) -> tuple[int, Any]:
@@ -104,7 +101,7 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
                     f"usable at {spec.safety_margin:.0%} margin)")
     else:
         node_txt = "n/a"
-    return (f"nothing fits: {arch.display_name} {spec.task} needs {_tbs(states)} of model states plus "
+    return (f"nothing fits: {arch.display_name} {spec.task} needs {tb(states)} of model states plus "
             f"activations; the largest "
             f"single node holds {node_txt}; nearest miss {miss.instance.name} x{miss.nodes} {miss.sharding}: "
             f"{miss.per_gpu_bytes / GiB:,.1f} GiB per GPU vs {miss.usable_bytes / GiB:,.1f} GiB usable; "
@@ -149,17 +146,17 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         diff = (states - rot) / rot
         if abs(diff) > 0.05:
             notes.append(
-                f"Rule of thumb 18 B/param x {arch.params / 1e9:.1f}B = {_tbs(rot)}; the estimator's model states "
+                f"Rule of thumb 18 B/param x {arch.params / 1e9:.1f}B = {tb(rot)}; the estimator's model states "
                 f"(weights + grads + optimizer, {spec.precision}, {spec.optimizer}) are {per_param:.1f} B/param = "
-                f"{_tbs(states)} ({diff:+.0%})")
+                f"{tb(states)} ({diff:+.0%})")
     else:
         if spec.task == "qlora" and getattr(spec, "framework", "gpuprov") == "gpuprov":
             notes.append("QLoRA base: the trainer leaves the NF4 base out of FSDP2 (it cannot shard bitsandbytes "
                          "weights), so every GPU holds all of it and the memory estimate sizes it so "
                          "(`gpuprov estimate --framework gpuprov` or `--qlora-base replicated` gives the same figure)")
-        notes.append(f"Rule of thumb 18 B/param ({_tbs(rot)}) is for full training; {spec.task} trains "
+        notes.append(f"Rule of thumb 18 B/param ({tb(rot)}) is for full training; {spec.task} trains "
                      f"{mem.trainable_params:,} adapter parameters and keeps the base frozen: model states "
-                     f"{_tbs(states)}")
+                     f"{tb(states)}")
     # sizing tables built on the rule put a 70B (~1.26 TB) on one 8 x 141 GB node: check each
     # 8-GPU node type against the rule itself -- do 18 B/param fit in the node's GPU memory?
     seen: set[str] = set()
@@ -173,7 +170,7 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
             notes.append(
                 f"One 8 x {_nominal_gb(gpu):.0f} GB {gpu.name.split(' ')[1]} node looks enough for "
                 f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb / 1000:.2f} TB < "
-                f"{_tbs(rot)} by its own 18 B/param rule: the model states cannot fit one node "
+                f"{tb(rot)} by its own 18 B/param rule: the model states cannot fit one node "
                 f"(and activations need room on top); plan multi-node sharding or LoRA")
     from gpuprov.sizing.why import notes as why_notes
 

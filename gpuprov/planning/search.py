@@ -152,7 +152,7 @@ class _Search:
         out = self.compute_cache.get(key)
         if out is None:
             gpu = self.gpus[inst.gpu]
-            util, _ = utilisation(gpu)
+            util, _ = utilisation(gpu, compiled=self.stack.compile)
             gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
             out = self.compute_cache[key] = \
                 self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain)
@@ -312,6 +312,7 @@ class _Search:
                 hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
                 params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
                 optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
+                pipeline=None,  # plans run no pipeline stages (the trainer does not)
                 **(self.float8_kw(gpu) if lay.f8 else {}),
             )
         return out
@@ -388,7 +389,7 @@ class _Search:
     def slot(self, inst: Any, nodes: int) -> _Slot:
         gpu = self.gpus[inst.gpu]
         return _Slot(inst=inst, gpu=gpu, nodes=nodes, usable=int(gpu.memory_bytes * (1.0 - self.spec.safety_margin)),
-                     util=utilisation(gpu)[0], intra=intra_node_gbytes(gpu)[0],
+                     util=utilisation(gpu, compiled=self.stack.compile)[0], intra=intra_node_gbytes(gpu)[0],
                      inter=inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu))
 
     def degrees(self, inst: Any) -> list[tuple[int, int]]:

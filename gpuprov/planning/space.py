@@ -17,8 +17,6 @@ from gpuprov.sizing.throughput import StepEstimate, assumptions
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
 from gpuprov.stack import choose_stack
 
-GiB = 2**30
-TB = 10**12
 MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 AC_MODES: tuple[str, ...] = ("none", "selective", "full")
 Estimator = Callable[..., MemoryEstimate]

@@ -51,6 +51,7 @@ from gpuprov.sizing.memory_weights import (  # noqa: F401 - re-exported
     frozen_flat_grads,
     model_states,
     nf4_bytes_per_param,
+    pipeline_keeps_stage,
     unsharded_accumulation,
 )
 from gpuprov.sizing.types import (
@@ -193,6 +194,8 @@ def _gathered(x: _Ctx) -> tuple[int, int]:
         return 0, 0
     fp32_autocast = autocast_fp32(s)
     units = 1 + constants()["fsdp"]["prefetch_units"]
+    if pipeline_keeps_stage(s):
+        units = x.arch.num_layers  # every block stays gathered (parallel.apply keeps the stage's share)
     gathered = units * w.layer_compute_bytes + w.root_compute_bytes
     if s.offload == "full" and x.fsdp:
         # FSDP1 CPUOffload: each unit's CPU shard is first copied to the GPU (a new tensor, freed at

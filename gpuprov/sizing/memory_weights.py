@@ -47,6 +47,20 @@ def frozen_flat_grads(s: TrainSetup) -> bool:
     return bool(s.fsdp1_frozen_grads) and s.fsdp_version == 1 and s.task == "lora" and s.sharding in ("fsdp", "hsdp")
 
 
+def pipeline_keeps_stage(s: TrainSetup) -> bool:
+    """FSDP under pipeline parallelism keeps each stage's blocks and gradients unsharded through the step.
+
+    torchtitan shards every block with reshard_after_forward=False when PP is on
+    (pytorch/torchtitan@9dec370ad26b5f8e9a7333a0e36165018262644b torchtitan/parallelisms/parallelize_llama.py
+    apply_fsdp, `if pp_enabled: reshard_after_forward = False`), and the pipelining stage turns resharding
+    after backward and gradient sync off for every micro-batch's backward, resharding and reducing only
+    after the last (pytorch/pytorch@88fa1e7170b48d369c6b00d545a89e97fb9e2e43
+    torch/distributed/pipelining/stage.py backward_maybe_with_nosync: set_reshard_after_backward(False),
+    set_requires_gradient_sync(False)); FSDP2 then accumulates the unsharded gradients in the reduce dtype
+    (FSDPParam.unsharded_accumulated_grad)."""
+    return (getattr(s, "pp", 1) or 1) > 1 and s.sharding in ("fsdp", "hsdp")
+
+
 def compute_bytes(s: TrainSetup) -> int:
     """Bytes per element of what FSDP gathers and the frozen base is loaded in (fp32 under autocast)."""
     return 4 if (s.precision == "fp32" or autocast_fp32(s)) else 2
@@ -98,7 +112,7 @@ def _shards(s: TrainSetup, shard: int) -> _Shards:
     fsdp = s.sharding in ("fsdp", "hsdp")
     zero = s.sharding in ("zero1", "zero2")
     grad = shard if (fsdp or s.sharding == "zero2") else 1
-    if fsdp and unsharded_accumulation(s):
+    if fsdp and (unsharded_accumulation(s) or pipeline_keeps_stage(s)):
         # FSDP1 no_sync() accumulates "the full model gradients (instead of gradient shards)"; FSDP2 without
         # gradient sync keeps FSDPParam.unsharded_accumulated_grad in the reduce dtype
         grad = 1
