@@ -95,10 +95,14 @@ def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
 
 
 def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, Any]:
-    """Plan keyword arguments: purchase, image, access, shared_storage, bundle_id."""
+    """Plan keyword arguments: purchase, image, access, shared_storage, bundle_id, scheduler."""
+    from gpuprov.scheduler import decide
+
     cloud = inst.cloud
     image = None if cloud == "onprem" else _image(cloud)
+    hosts = list(spec.hosts[:nodes]) if inst.onprem and spec.hosts else None
     return {
+        "scheduler": decide(spec, cloud, nodes, hosts),
         "purchase": _purchase(spec, inst),
         "image": image,
         "access": _access(cloud, image.user if image else None, spec),
@@ -143,6 +147,9 @@ def purchase_notes(spec: Any, plan_purchase: Any, inst: Any, time_hours: float, 
              f"{', '.join(cat.offered_options(inst))})"]
     if plan_purchase.risk:
         notes.append(f"{plan_purchase.option}: {plan_purchase.risk}")
+    if plan_purchase.preemptible and nodes > 1 and getattr(spec, "slurm", "auto") != "none":
+        notes.append(f"{plan_purchase.option}: a reclaimed node fails the Slurm job, which is requeued "
+                     "(--requeue) and resumes from the newest checkpoint on the shared filesystem")
     if plan_purchase.max_run_hours and time_hours > plan_purchase.max_run_hours:
         notes.append(f"The run takes {time_hours:,.0f} h, longer than one {plan_purchase.option} lease of "
                      f"{plan_purchase.max_run_hours:g} h: re-apply to get new VMs and resume from the last checkpoint")

@@ -148,6 +148,17 @@ class TrainingSpec(BaseModel):
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
 
+    slurm: Literal["auto", "install", "existing", "none"] = Field(
+        "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
+                            "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
+
+    @model_validator(mode="after")
+    def _existing_slurm_on_prem(self) -> "TrainingSpec":
+        if self.slurm == "existing" and self.cloud != "onprem":
+            raise ValueError("slurm: existing needs cloud: onprem (a cloud bundle installs its own Slurm)")
+        return self
+
+
     @model_validator(mode="after")
     def _budget(self) -> "TrainingSpec":
         """Fill the batch and token budget the user left out from the task's recipe (gpuprov/recipes.py)."""
