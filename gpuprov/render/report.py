@@ -227,8 +227,10 @@ def _start_line(plan) -> str:
 
 def _apply(plan) -> list[str]:
     onprem = plan.cluster.cloud == "onprem"
-    out = ["## How to apply", "", "```sh", "gpuprov validate .        # terraform fmt/config, ansible syntax, bash -n, plan sanity",
-           "gpuprov up . --dry-run   # every command, in order", "gpuprov up .             # run them, ending with the job started; re-run resumes",
+    out = ["## How to apply", "", "```sh",
+           "gpuprov validate .        # terraform fmt/config, ansible syntax, bash -n, plan sanity",
+           "gpuprov up . --dry-run   # every command, in order",
+           "gpuprov up .             # run them, ending with the job started; re-run resumes",
            "gpuprov status .         # job state, step, loss, tokens/s, MFU beside the plan",
            "gpuprov down .           # terraform destroy when done (--dry-run prints it)", "```",
            "", "By hand:", "", "```sh"]
