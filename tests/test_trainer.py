@@ -289,6 +289,7 @@ def test_config_overrides_and_clear_errors(trainer_module):
     with pytest.raises(SystemExit, match=r"^train.py: batch.micro_batch: must be at least 1, got 0$"):
         train.load_config(str(yaml_path), ["batch.micro_batch=0"])
     assert train.load_config(str(yaml_path), ["checkpoint.async=false"]).checkpoint.async_save is False
+    assert train.load_config(str(yaml_path), ["optimizer.lr=1e-5"]).optimizer.lr == 1e-5  # YAML 1.1 reads a string
     with pytest.raises(SystemExit, match="section.key=value"):
         train.load_config(str(yaml_path), ["batch.seq_len"])
     # QLoRA's 4-bit kernels are CUDA-only: on CPU a one-line reason, not a bitsandbytes traceback
@@ -737,3 +738,22 @@ def test_non_finite_step_is_skipped_counted_and_shown(trainer_module, tmp_path, 
     rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert rec["skipped_steps"] == 1 and rec["loss"] == pytest.approx(ok.loss)
     assert "| skipped 1" in capsys.readouterr().out
+
+
+def test_residual_outputs_start_depth_scaled(trainer_module):
+    """model.depth_init: o_proj and down_proj drawn at std / sqrt(2 * layers), as torchtitan's Llama
+    init; the other weights keep the config's initializer_range."""
+    import transformers
+
+    train, _ = trainer_module
+    torch = train.torch
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.02)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert train.depth_scale_residuals(model) == 2 * 8
+    block = model.model.layers[3]
+    want = 0.02 / (2 * 8) ** 0.5
+    assert float(block.self_attn.o_proj.weight.std()) == pytest.approx(want, rel=0.05)
+    assert float(block.mlp.down_proj.weight.std()) == pytest.approx(want, rel=0.05)
+    assert float(block.self_attn.q_proj.weight.std()) == pytest.approx(0.02, rel=0.05)
