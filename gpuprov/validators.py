@@ -119,6 +119,16 @@ def model_ref(value: str) -> str:
     return value
 
 
+def dataset_ref(value: str) -> str:
+    """A token count or a data file path: printable, within the filesystem's limits."""
+    if not value.strip():
+        raise ValueError("dataset is empty; give a token count (100M) or a file")
+    safe_text(value, "dataset")
+    if len(value.encode("utf-8")) > MAX_PATH_BYTES:
+        raise ValueError(f"dataset path is longer than {MAX_PATH_BYTES} bytes")
+    return value
+
+
 _DISPLAY_PUNCTUATION = set(" ._-/@+:,()[]=~")
 
 
@@ -180,3 +190,9 @@ def aws_reservation_id(value: str) -> str:
 
 def gcp_reservation(value: str) -> str:
     return _catalog_pattern("gcp_reservation", value, "GCP reservation name")
+
+
+def nfs_export(value: str) -> str:
+    if "/../" in value + "/" or "/./" in value + "/":
+        raise ValueError(f"NFS export {_show(value)} has a . or .. path component")
+    return _catalog_pattern("nfs_export", value, "NFS export")
