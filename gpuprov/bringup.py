@@ -274,12 +274,6 @@ def write_inventory(root: Path, output_json: str) -> int:
         raise StepFailed("terraform output ansible_inventory lacks all.children.gpu_nodes.hosts") from None
     if not isinstance(hosts, dict) or not hosts:
         raise StepFailed("terraform output ansible_inventory lists no hosts")
-    from gpuprov.reach import inventory_problems
-
-    unreachable = inventory_problems(inventory)
-    if unreachable:
-        raise StepFailed("terraform output ansible_inventory gives no connection path: " + "; ".join(unreachable[:3])
-                         + " (set bastion_cidr, bastion_host or ssh_cidr in terraform/terraform.tfvars and re-run)")
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     buffer = io.StringIO()
@@ -287,6 +281,12 @@ def write_inventory(root: Path, output_json: str) -> int:
     text = buffer.getvalue()
     if _JINJA.search(text):  # Ansible templates inventory values: a marker would run at the first step
         raise StepFailed("terraform output ansible_inventory holds a Jinja marker ({{, {% or {#); refused")
+    from gpuprov.reach import inventory_problems
+
+    unreachable = inventory_problems(inventory)
+    if unreachable:
+        raise StepFailed("terraform output ansible_inventory gives no connection path: " + "; ".join(unreachable[:3])
+                         + " (set bastion_cidr, bastion_host or ssh_cidr in terraform/terraform.tfvars and re-run)")
     # a fresh mkstemp file renamed over it: never half-written, never through a planted symlink
     write_atomic(root / "ansible" / INVENTORY,
                  "# written by `gpuprov up` from `terraform output ansible_inventory`\n" + text)

@@ -163,7 +163,9 @@ def test_write_state_and_inventory_never_follow_a_planted_symlink(tmp_path: Path
         victim.write_text("precious\n")
         os.symlink(victim, root / name)
     write_state(root, {"completed": []})
-    write_inventory(root, json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"n0": {"ansible_host": "10.0.0.1"}}}}}}))
+    from test_up import INVENTORY as reachable
+
+    write_inventory(root, json.dumps(reachable))
     assert all(v.read_text() == "precious\n" for v in victims.values())
     assert json.loads((root / ".gpuprov-up.json").read_text()) == {"completed": []}
     assert not (root / ".gpuprov-up.json").is_symlink()
