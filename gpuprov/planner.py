@@ -1024,7 +1024,8 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     if best.nodes > 1:
         # the instance catalog knows this machine's own share of the fabric
         fabric = fabric.model_copy(update={"gbps_per_gpu": inst.fabric_gbps_per_gpu})
-    software = get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud)
+    software = get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud,
+                            instance=inst.name)
     glob, _glob_src = nvme_device_glob(inst.cloud)
     util, util_src = util_of(gpu)
     step = best.step
