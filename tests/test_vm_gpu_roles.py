@@ -13,7 +13,11 @@ gcp_rdma (gIB), nccl, gds (compatibility mode). Three runs in one boot:
 2. a bare image: the 570 -server driver installs from the Ubuntu repository although the CUDA
    repository carries the same names at higher versions (the pin), fabric manager matches the
    driver version exactly, and the reboot handler reboots the guest;
-3. the same again: changed=0.
+3. the same again: changed=0;
+4. the Azure ubuntu-hpc 22.04 profile (catalog images.yaml): CUDA-repository nvidia-open 580 with
+   the repository moved past the image's build, DCGM cuda13, held NCCL, an MPI nccl-tests build:
+   the package list gains only the unsuffixed fabric manager and NSCQ at the driver's build;
+5. the same again: changed=0.
 
 A stand-in cannot prove that a real driver loads; it proves what the roles decide.
 """
