@@ -154,7 +154,8 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 
 def setup_for(row: dict[str, Any], stack: bool = True):
     """The row's TrainSetup: with its framework's stack, or (stack=False) as a user who passes no stack flags."""
-    from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
+    from gpuprov.sizing.setup import make_setup
+    from gpuprov.sizing.types import LORA_TARGET_PRESETS
 
     if stack:
         row = {**stack_settings(row), **RECIPE_SETTINGS.get(row.get("id", ""), {}), **row}
@@ -167,7 +168,9 @@ def setup_for(row: dict[str, Any], stack: bool = True):
         targets = LORA_TARGET_PRESETS.get(targets, tuple(t.strip() for t in targets.split(",")))
     offload = row.get("offload", "full" if row.get("cpu_offload") else "none")
     stack_fields = {k: row[k] for k in STACK_ONLY_FIELDS if k in row}
-    return TrainSetup(
+    # framework=None: the row (with its framework's settings merged above) gives the stack itself
+    return make_setup(
+        framework=None,
         task=row.get("task", "full"),
         seq_len=int(row["seq_len"]),
         micro_batch=int(row.get("micro_batch", 1)),
@@ -184,7 +187,7 @@ def setup_for(row: dict[str, Any], stack: bool = True):
         compile=bool(row.get("compile", False)),
         chunked_cross_entropy=bool(row.get("chunked_cross_entropy", False)),
         activation_offloading=bool(row.get("activation_offloading", False)),
-        grad_accumulation_steps=int(row.get("gradient_accumulation_steps", 1)),
+        grad_accum=int(row.get("gradient_accumulation_steps", 1)),
         **stack_fields,
     )
 

@@ -117,7 +117,7 @@ _ACT_TERMS = ("activations", "tp_gathered_inputs", "activation_transient", "logi
 
 
 def _setup(tp: int, pp: int, dp: int, seq: int, mb: int, accum: int):
-    from gpuprov.commands.estimate import build_setup
+    from gpuprov.sizing.setup import build_setup
 
     gpus = tp * pp * dp
     return build_setup(

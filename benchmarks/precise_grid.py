@@ -44,14 +44,14 @@ def run_grid(models, tasks, acs, seqs, gpus_list, micro_batch: int, progress=Non
     from gpuprov.catalog.models import get_model
     from gpuprov.sizing.memory import estimate_memory
     from gpuprov.sizing.precise import estimate_precise
-    from gpuprov.sizing.types import TrainSetup
+    from gpuprov.sizing.setup import make_setup
 
     rows = []
     for model, task, ac, seq, gpus in product(models, tasks, acs, seqs, gpus_list):
         arch = get_model(model)
-        setup = TrainSetup(
-            task=task, seq_len=seq, micro_batch=micro_batch, gpus=gpus, gpus_per_node=8,
-            sharding="fsdp" if gpus > 1 else "none", activation_checkpointing=ac,
+        setup = make_setup(
+            framework=None, grad_accum=1, task=task, seq_len=seq, micro_batch=micro_batch, gpus=gpus,
+            gpus_per_node=8, sharding="fsdp" if gpus > 1 else "none", activation_checkpointing=ac,
         )
         analytic = estimate_memory(arch, setup)
         t0 = time.monotonic()

@@ -50,7 +50,7 @@ def predicted_peak(plan, args) -> int | None:
     if args.tiny:
         return None
     from gpuprov.catalog.models import get_model
-    from gpuprov.planner import make_setup
+    from gpuprov.sizing.setup import make_setup
     from gpuprov.sizing.memory import estimate_memory
 
     setup = make_setup(task=args.task, seq_len=args.seq_len, micro_batch=args.micro_batch, gpus=args.gpus,

@@ -236,7 +236,8 @@ def run_terraform(step: Step, echo: Callable[[str], None]) -> tuple[int, str]:
     try:
         code, out, err = tf.cmd(subcommand, *args, capture_output=capture)
     except FileNotFoundError:
-        raise StepFailed("terraform not found on PATH: install Terraform >= 1.5 (https://developer.hashicorp.com/terraform/install)") from None
+        raise StepFailed("terraform not found on PATH: install Terraform >= 1.5 "
+                         "(https://developer.hashicorp.com/terraform/install)") from None
     if capture and step.kind != "inventory":
         echo((out or "") + (err or ""))
     elif step.kind == "inventory" and code != 0:

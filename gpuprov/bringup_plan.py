@@ -12,7 +12,7 @@ import hashlib
 from typing import Any
 
 from gpuprov.catalog import bringup as cat
-from gpuprov.errors import GpuprovError
+from gpuprov.targets import get_target
 
 
 def priced_pool(pool: list[Any], spec: Any) -> tuple[list[Any], list[Any]]:
@@ -71,8 +71,7 @@ def _image(cloud: str) -> Any:
     from gpuprov.plan import Image
 
     entry = cat.image(cloud)
-    ref_keys = {"aws": ("ssm_parameter",), "gcp": ("image",), "azure": ("publisher", "offer", "sku", "version"),
-                "oci": ()}[cloud]
+    ref_keys = get_target(cloud).image_ref_keys
     return Image(name=entry["name"], ref={k: str(entry[k]) for k in ref_keys}, user=entry["user"],
                  secure_boot=bool(entry["secure_boot"]), driver_preinstalled=bool(entry["driver_preinstalled"]),
                  source=entry["source"])
@@ -131,9 +130,9 @@ def purchase_alternatives(spec: Any, best: Any) -> list[Any]:
         why = [f"{offer.option}: " + (f"${offer.price_per_hour_usd:,.2f}/h per node" if offer.price_per_hour_usd
                                       is not None else "no public price")]
         if offer.option not in allowed:
-            why.append(f"not allowed (add it to --purchase)")
+            why.append("not allowed (add it to --purchase)")
         elif offer.needs and cat.held(spec, offer, inst.cloud) is None:
-            why.append("needs " + ("--capacity-reservation-id" if inst.cloud == "aws" else "--reservation"))
+            why.append("needs " + get_target(inst.cloud).held_flag)
         if offer.preemptible:
             why.append("preemptible: relies on checkpoint/resume")
         out.append(Alternative(cloud=inst.cloud, instance_type=inst.name, gpu=inst.gpu, nodes=best.nodes,

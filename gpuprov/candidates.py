@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from gpuprov.plan import CandidateRow
+from gpuprov.planning.space import objective_key
+from gpuprov.planning.space import setup_for
+
 # The chosen run is flagged when its MFU falls below this share of the GPU class's assumed
 # utilisation: most of each step is then exposed communication, not compute.
 LOW_MFU_SHARE = 0.35
@@ -38,16 +42,11 @@ def layout_label(sharding: str, shard_group: int, total_gpus: int, tp: int = 1, 
 
 
 def _objective_key(objective: str) -> Callable[[Any], tuple]:
-    from gpuprov.planner import _objective_key as key
-
-    return lambda c: key(objective, c)
+    return lambda c: objective_key(objective, c)
 
 
 def candidate_rows(spec: Any, arch: Any, result: Any, best: Any, estimator: Callable) -> list[Any]:
     """Rows for the table: each (cloud, GPU) group's best, ranked by the objective, chosen marked."""
-    from gpuprov.plan import CandidateRow
-    from gpuprov.planner import setup_for
-
     cands = sorted(result.best_by_group.values(), key=_objective_key(spec.objective))
     rows = []
     for c in cands:

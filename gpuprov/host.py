@@ -14,9 +14,8 @@ from typing import Any
 from gpuprov.catalog import load_data
 from gpuprov.catalog.instances import InstanceType
 from gpuprov.plan import Host, HostCheck
+from gpuprov.units import GiB, gib, tb
 
-GiB = 2**30
-TB = 10**12
 RDMA_FABRICS = ("efa", "infiniband", "roce", "tcpxo")
 
 
@@ -79,14 +78,6 @@ def host_needs(
     )
 
 
-def _gib(b: int | float) -> str:
-    return f"{b / GiB:,.0f} GiB"
-
-
-def _tb(b: int | float) -> str:
-    return f"{b / TB:,.2f} TB"
-
-
 def check_host(inst: InstanceType, needs: HostNeeds) -> list[HostCheck]:
     """Each rule against this (cloud or sized on-prem) machine: required vs actual."""
     r = rules()
@@ -94,8 +85,8 @@ def check_host(inst: InstanceType, needs: HostNeeds) -> list[HostCheck]:
     ram = inst.ram_bytes or 0
     checks.append(HostCheck(
         rule=f"host RAM >= {r['ram']['min_ratio_to_gpu_memory']}x GPU memory (recommended {r['ram']['recommended_ratio']}x)",
-        required=f"{_gib(needs.ram_min_bytes)} (recommended {_gib(needs.ram_recommended_bytes)})",
-        actual=_gib(ram), ok=ram >= needs.ram_min_bytes, source=r["ram"]["source"]))
+        required=f"{gib(needs.ram_min_bytes, 0)} (recommended {gib(needs.ram_recommended_bytes, 0)})",
+        actual=gib(ram, 0), ok=ram >= needs.ram_min_bytes, source=r["ram"]["source"]))
     cores = (inst.vcpus or 0) // 2  # clouds count SMT threads as vCPUs
     checks.append(HostCheck(
         rule=f"CPU cores >= {r['cpu']['min_cores_per_gpu']} per GPU for data loading (recommended {r['cpu']['recommended_cores_per_gpu']})",
@@ -105,7 +96,7 @@ def check_host(inst: InstanceType, needs: HostNeeds) -> list[HostCheck]:
     checks.append(HostCheck(
         rule=f"local NVMe for dataset share + base weights + {needs.checkpoints_kept} checkpoints "
              f"({r['nvme']['checkpoint_bytes_per_param_low']}-{r['nvme']['checkpoint_bytes_per_param']} B/param each)",
-        required=_tb(needs.nvme_bytes), actual=f"{_tb(nvme)} ({inst.nvme_count} x {_tb(inst.nvme_bytes_each)})",
+        required=tb(needs.nvme_bytes), actual=f"{tb(nvme)} ({inst.nvme_count} x {tb(inst.nvme_bytes_each)})",
         ok=nvme >= needs.nvme_bytes, source=r["nvme"]["source"]))
     net = r["network"]
     if needs.multinode:
@@ -149,9 +140,9 @@ def size_onprem(template: InstanceType, needs: HostNeeds) -> tuple[InstanceType,
         f"{template.gpus}x {template.gpu} GPU ({template.description})",
         f"CPU: {cpu['part']} = {cpu['cores']} cores (>= {needs.cores_recommended} recommended for {template.gpus} GPUs)",
         f"RAM: {dimms}x {bom_rules['dimm_gib']} GiB DDR5 RDIMM = {dimms * bom_rules['dimm_gib']} GiB "
-        f"(>= 2x {_gib(needs.gpu_memory_bytes)} GPU memory)",
-        f"NVMe: {drives}x {bom_rules['nvme_drive_gb']} GB U.2/E1.S data drives in RAID0 = {_tb(drives * drive)} "
-        f"(needs {_tb(needs.nvme_bytes)}: checkpoints + dataset share + weights)",
+        f"(>= 2x {gib(needs.gpu_memory_bytes, 0)} GPU memory)",
+        f"NVMe: {drives}x {bom_rules['nvme_drive_gb']} GB U.2/E1.S data drives in RAID0 = {tb(drives * drive)} "
+        f"(needs {tb(needs.nvme_bytes)}: checkpoints + dataset share + weights)",
         f"Network: {nics}x {nic_gbps:g} Gb/s {template.fabric} NIC, each on its GPU's PCIe switch",
         f"PCIe: Gen{template.pcie_gen} x16 slot per GPU" + ("; NVSwitch baseboard (fabric manager)" if template.nvswitch else ""),
         "Boot: 2x 960 GB NVMe M.2 in RAID1 (OS, separate from the data array)",

@@ -13,9 +13,8 @@ from typing import Any, Callable
 
 from gpuprov.catalog.instances import InstanceType
 from gpuprov.errors import GpuprovError
+from gpuprov.units import GiB, GB
 
-GiB = 2**30
-GB = 10**9
 
 
 def host_groups(hosts: list[Any]) -> dict[tuple[str, int] | None, list[Any]]:
@@ -43,7 +42,7 @@ def declared_template(hosts: list[Any], templates: list[Any], gpu_lookup: Callab
         return None
     if len(groups) > 1:
         _refuse_mixed(groups)
-    (slug, count), = groups
+    slug, count = next(k for k in groups if k is not None)
     gpu = gpu_lookup(slug)  # unknown slug: one line with suggestions
     same = [t for t in templates if t.gpu == gpu.slug]
     base = min(same, key=lambda t: abs(t.gpus - count)) if same else None

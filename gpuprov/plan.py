@@ -322,6 +322,16 @@ class CandidateRow(_Strict):
     chosen: bool
 
 
+class Provisioning(_Strict):
+    """What the target decided for bring-up (gpuprov/targets/): renderers read it, never decide it."""
+
+    target: CloudName
+    provisioner: Literal["terraform", "inventory"]  # Terraform creates the nodes, or the user's host list
+    fabric_role: str | None  # the Ansible role that sets up the fabric; None: nothing beyond Ethernet
+    gds: bool  # GPUDirect Storage configured (cuFile needs the local NVMe array)
+    checkpoint_root: str  # several nodes: the shared filesystem; one node: its own NVMe array
+
+
 class Plan(_Strict):
     schema_version: int = PLAN_SCHEMA_VERSION
     gpuprov_version: str
@@ -352,3 +362,4 @@ class Plan(_Strict):
     shared_storage: SharedStorage | None = None  # None: one node, or a cloud without one
     bundle_id: str = ""  # short hash of the spec: makes resource names unique per bundle
     stack: Stack | None = None  # None only in plans written before the stack was recorded
+    provisioning: Provisioning | None = None  # None only in plans written before targets decided it

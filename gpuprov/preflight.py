@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.errors import GpuprovError
+from gpuprov.targets import get_target
 
 Runner = Callable[[list[str]], tuple[int, str]]
 
@@ -61,17 +63,16 @@ def tfvars(root: Path) -> dict[str, Any]:
 def settings(plan: Any, root: Path) -> dict[str, Any]:
     """The values the bundle will apply with: plan defaults, overridden by terraform.tfvars."""
     given = tfvars(root)
-    cloud = plan.cluster.cloud
-    instance_key = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}[cloud]
-    region_key = "location" if cloud == "azure" else "region"
-    held_key = {"aws": "capacity_reservation_id", "gcp": "reservation_name"}.get(cloud, "")
+    keys = get_target(plan.cluster.cloud).tfvars
+    if keys is None:
+        raise GpuprovError(f"{plan.cluster.cloud} takes no Terraform variables")
     return {
-        "instance": given.get(instance_key, plan.instance.name),
-        "region": given.get(region_key, plan.instance.region),
+        "instance": given.get(keys.instance, plan.instance.name),
+        "region": given.get(keys.region, plan.instance.region),
         "nodes": int(given.get("node_count", plan.cluster.nodes)),
         "purchase": given.get("purchase_option", plan.purchase.option),
-        "held": given.get(held_key, plan.purchase.held),
-        "zone": given.get("availability_zone" if cloud == "aws" else "zone"),
+        "held": given.get(keys.held, plan.purchase.held),
+        "zone": given.get(keys.zone),
         "project": given.get("project_id"),
     }
 
@@ -171,7 +172,7 @@ def _offerings_command(cloud: str, name: str, region: str) -> str:
 
 def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
     cloud = plan.cluster.cloud
-    if cloud not in ("aws", "gcp"):
+    if not get_target(cloud).live_checks:
         return [Check("skip", "live checks", f"no live checks for {cloud} yet")]
     s = settings(plan, root)
     login = ["aws", "sts", "get-caller-identity", "--output", "json"] if cloud == "aws" else \
@@ -256,7 +257,7 @@ def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
     from gpuprov.catalog.instances import get_instance
 
     inst = get_instance(s["instance"])
-    entry = cat.quota("aws")["codes"].get(_family("aws", inst.name))
+    entry = (cat.quota("aws") or {}).get("codes", {}).get(_family("aws", inst.name))
     if entry is None or s["purchase"] in ("reservation", "capacity-block"):
         return Check("skip", "quota (live)", "no vCPU quota applies" if entry else f"no quota code for {inst.name}")
     code = entry["spot" if s["purchase"] == "spot" else "on-demand"]
@@ -309,7 +310,7 @@ def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
     from gpuprov.catalog.instances import get_instance
 
     inst = get_instance(s["instance"])
-    entry = cat.quota("gcp")
+    entry = cat.quota("gcp") or {"metrics": {}}
     metric = entry["metrics"].get(_family("gcp", inst.name))
     if metric is None:
         return Check("skip", "quota (live)", f"no quota metric for {inst.name}")

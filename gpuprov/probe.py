@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from gpuprov.units import GiB
 
-GiB = 2**30
 
 # each section starts with a marker line, so one round trip reads everything
 PROBE_SCRIPT = "; ".join([

@@ -60,7 +60,8 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelRef = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id (ORG/NAME) or path to a config.json")
+    model: ModelRef = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id "
+                                              "(ORG/NAME) or path to a config.json")
     task: Task = Field("full", description="full fine-tune / pre-train, LoRA or QLoRA")
     seq_len: PositiveInt = Field(4096, le=v.MAX_SEQ_LEN, description="Tokens per sample")
     global_batch_tokens: PositiveInt = Field(4_194_304, le=v.MAX_BATCH_TOKENS,

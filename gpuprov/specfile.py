@@ -260,8 +260,8 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     except ValidationError as exc:
         # errors on overridden keys come from flags, the rest from the file
         first = exc.errors(include_url=False)[0]
-        key = first["loc"][0] if first.get("loc") else None
-        if key in overrides:
+        failed = first["loc"][0] if first.get("loc") else None
+        if failed in overrides:
             raise GpuprovError(format_validation_error(exc, names=flag_names)) from None
         raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
 

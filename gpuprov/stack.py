@@ -1,16 +1,16 @@
 """The training software stack: one choice, read by the memory estimate and by launch/train.yaml.
 
 `choose_stack` decides it from the spec (task, precision) and the model type, with framework
-facts from catalog/data/trainer.yaml; `setup_fields` is what the estimator is told about it and
-`setup_from_plan` rebuilds the estimator's setup from a finished Plan (tests hold the plan's
-memory figure, train.yaml and this setup to one another).
+facts from catalog/data/trainer.yaml; `setup_fields` is what the estimator is told about it
+(gpuprov/sizing/setup.py builds every setup from it; tests hold the plan's memory figure,
+train.yaml and that setup to one another).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuprov.plan import Plan, Stack
+from gpuprov.plan import Stack
 
 # plan precision: (FSDP2 param_dtype, reduce_dtype, dtype of the sharded master weights + optimizer)
 PRECISIONS = {
@@ -71,22 +71,3 @@ def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,
                 activation_offloading=stack.activation_offloading, float8=stack.float8, **TRAINER_CONSTANTS)
-
-
-def setup_from_plan(plan: Plan):
-    """The TrainSetup the planner sized the chosen configuration with, from the Plan alone."""
-    from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
-
-    c, t = plan.cluster, plan.training
-    if plan.stack is None:
-        from gpuprov.errors import GpuprovError
-
-        raise GpuprovError("this plan records no training stack: run `gpuprov plan` again")
-    return TrainSetup(
-        task=plan.task, seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=c.total_gpus,
-        gpus_per_node=c.gpus_per_node, sharding=c.sharding,
-        shard_group=c.shard_group if c.sharding == "hsdp" else None,
-        activation_checkpointing=c.activation_checkpointing, precision=c.precision, optimizer=c.optimizer,
-        offload=c.offload, lora_rank=t.lora_rank or 16,
-        lora_targets=tuple(t.lora_targets) if plan.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accumulation_steps=max(1, c.grad_accum), tp=c.tp, cp=c.cp, pp=c.pp, **setup_fields(plan.stack, c.tp))

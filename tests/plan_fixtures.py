@@ -125,6 +125,7 @@ def with_bringup(plan: Plan, instance: str | None = None) -> Plan:
     from gpuprov import bringup_plan
     from gpuprov.catalog.instances import get_instance
     from gpuprov.errors import GpuprovError
+    from gpuprov.targets.decide import decided
 
     try:
         inst = get_instance(instance or plan.instance.name)
@@ -137,4 +138,4 @@ def with_bringup(plan: Plan, instance: str | None = None) -> Plan:
         inst = priced[0]
     needs = SimpleNamespace(checkpoint_bytes=plan.host.checkpoint_bytes, checkpoints_kept=plan.host.checkpoints_kept)
     fields = bringup_plan.bringup_fields(plan.spec, inst, plan.cluster.nodes, needs)
-    return plan.model_copy(update=fields)
+    return decided(plan.model_copy(update=fields))

@@ -12,6 +12,7 @@ import yaml
 from ansible_helpers import ANSIBLE_LINT, REPO, ansible_env, playbook, private_dir, write_files
 from gpuprov.errors import GpuprovError
 from gpuprov.render.ansible import GLUE, fabric_role, render_ansible
+from gpuprov.targets.decide import decided
 from plan_fixtures import sample_plan
 
 CLOUDS = ("aws", "gcp", "azure", "oci", "onprem")
@@ -98,9 +99,9 @@ def test_roles_are_copied_verbatim():
 
 def test_single_node_and_no_local_nvme():
     plan = sample_plan("aws", nodes=1)
-    plan = plan.model_copy(update={
+    plan = decided(plan.model_copy(update={
         "fabric": plan.fabric.model_copy(update={"name": "none", "nccl_env": {}}),
-        "storage": plan.storage.model_copy(update={"devices": 0, "expected_bytes": 0})})
+        "storage": plan.storage.model_copy(update={"devices": 0, "expected_bytes": 0})}))
     files = render_ansible(plan)
     site = yaml.safe_load(files["site.yml"])
     assert _roles_in(site) == ["gpu_preflight", "node_baseline", "nvidia_driver", "nccl", "training_env"]  # no fabric, RAID, GDS
@@ -169,7 +170,13 @@ def test_tcpxo_outside_gcp_is_rejected():
     plan = sample_plan("aws")
     plan = plan.model_copy(update={"fabric": plan.fabric.model_copy(update={"name": "tcpxo"})})
     with pytest.raises(GpuprovError, match="tcpxo exists only on GCP"):
-        fabric_role(plan)
+        decided(plan)
+
+
+def test_renderers_refuse_a_plan_without_provisioning_decisions():
+    plan = sample_plan("aws").model_copy(update={"provisioning": None})
+    with pytest.raises(GpuprovError, match="run `gpuprov plan` again"):
+        render_ansible(plan)
 
 
 def test_values_with_yaml_specials_stay_strings():

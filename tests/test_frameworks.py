@@ -69,7 +69,7 @@ def test_explicit_values_override_the_preset_and_when_rules_apply() -> None:
 
 
 def test_gpuprov_preset_is_what_the_planner_sizes() -> None:
-    from gpuprov.planner import make_setup
+    from gpuprov.sizing.setup import make_setup
 
     s = make_setup(task="qlora", seq_len=2048, micro_batch=1, gpus=8, gpus_per_node=8, sharding="fsdp",
                    activation_checkpointing="full", grad_accum=2)
@@ -80,7 +80,7 @@ def test_gpuprov_preset_is_what_the_planner_sizes() -> None:
 
 def test_gpuprov_preset_matches_the_bundled_trainer_code() -> None:
     """The trainer's source says what the preset claims (a drift here means the preset lies)."""
-    train = (REPO / "templates" / "launch" / "train.py").read_text()
+    train = "\n".join(p.read_text() for p in sorted((REPO / "templates" / "launch").glob("train*.py")))
     stack = frameworks.gpuprov_stack("full", "fsdp")
     assert ("fully_shard(" in train) == (stack["fsdp_version"] == 2)
     assert "MixedPrecisionPolicy(" in train and stack["autocast_fp32_params"] is False

@@ -44,7 +44,9 @@ def with_fabric(plan, **update):
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_files_and_scripts_parse(cloud, tmp_path):
     files = render_launch(sample_plan(cloud))
-    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "train.py", "parallel.py", "prepare_data.py"}
+    trainer = {"train.py", "parallel.py", "prepare_data.py", "train_config.py", "train_runtime.py", "train_model.py",
+               "train_data.py", "train_optim.py", "train_checkpoint.py", "train_metrics.py"}
+    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml"} | trainer
     launch = write(files, tmp_path)
     for name in ("env.sh", "train.sh", "slurm.sbatch"):
         subprocess.run([BASH, "-n", str(launch / name)], check=True)
@@ -53,12 +55,51 @@ def test_files_and_scripts_parse(cloud, tmp_path):
 
 
 def test_trainer_is_standalone():
-    """The cluster runs train.py without gpuprov installed."""
-    tree = ast.parse(render_launch(sample_plan())["train.py"])
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    """The cluster runs train.py without gpuprov installed: its files import only each other and
+    third-party packages, and every sibling it imports ships."""
+    files = render_launch(sample_plan())
+    imported: set[str] = set()
+    for name, text in files.items():
+        if name.endswith(".py"):
+            tree = ast.parse(text)
+            imported |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "gpuprov" not in imported
     assert {"torch", "yaml", "numpy"} <= imported
+    siblings = {m for m in imported if m.startswith("train_") or m == "parallel"}
+    assert siblings and all(f"{m}.py" in files for m in siblings)
+
+
+@pytest.mark.parametrize("cloud,nodes,sharding,task", [("aws", 2, "hsdp", "full"), ("gcp", 1, "fsdp", "lora"),
+                                                       ("azure", 2, "ddp", "full"), ("oci", 1, "fsdp", "qlora")])
+def test_rendered_train_yaml_passes_the_trainers_typed_config(cloud, nodes, sharding, task):
+    """Every key the template writes is one the trainer knows, with a value of the right type."""
+    import importlib.util
+
+    from gpuprov.resources import templates_dir
+
+    spec = importlib.util.spec_from_file_location("train_config_under_test", templates_dir() / "launch" / "train_config.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    cfg = module.from_dict(yaml.safe_load(render_launch(sample_plan(cloud, nodes, sharding, task))["train.yaml"]))
+    assert cfg.parallel.sharding == sharding and cfg.task.kind == task
+    # the trainer takes every value the planner can write
+    import typing
+
+    from gpuprov.plan import Cluster
+    from gpuprov.sizing import types
+
+    choices = lambda cls, name: set(typing.get_args(typing.get_type_hints(cls, globalns=vars(module))[name]))  # noqa: E731
+    assert set(typing.get_args(types.Offload)) <= choices(module.ParallelSection, "offload")
+    assert set(typing.get_args(types.Optimizer)) <= choices(module.OptimizerSection, "name")
+    assert set(typing.get_args(typing.get_type_hints(Cluster)["sharding"])) <= choices(module.ParallelSection, "sharding")
+    with pytest.raises(SystemExit, match="task.kind: 'qlora4' is not one of full"):
+        module.from_dict({**yaml.safe_load(render_launch(sample_plan(cloud, nodes, sharding, task))["train.yaml"]),
+                          "task": {"kind": "qlora4"}})
 
 
 @pytest.mark.parametrize("sharding,task", [("hsdp", "full"), ("fsdp", "lora"), ("ddp", "full")])

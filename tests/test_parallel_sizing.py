@@ -101,6 +101,23 @@ def test_pp_first_stage_holds_in_flight_micro_batches() -> None:
     assert staged.breakdown["parameters"] < flat["parameters"] / 3
 
 
+def test_fsdp_under_pp_keeps_the_stage_gathered_and_its_gradients_unsharded() -> None:
+    """torchtitan + torch.distributed.pipelining: no reshard after forward, no reshard or gradient sync after
+    each micro-batch's backward: a stage's fp32 gradients stay whole (of its TP shard) and every block of the
+    stage stays gathered, where plain FSDP holds 1/dp of the gradients and two gathered blocks."""
+    common = dict(gpus=256, tp=8, activation_checkpointing="full", grad_accumulation_steps=8, sharding="fsdp")
+    piped = est(pp=4, **common)
+    flat = est(pp=1, **common)
+    dp = 256 // (8 * 4)
+    stage_params = L70.num_layers // 4 * L70.layer_params() / 8  # one stage's blocks, one TP shard
+    assert piped.breakdown["gradients"] >= 4 * stage_params  # fp32, unsharded over the dp ranks
+    assert piped.breakdown["gradients"] > dp * flat.breakdown["gradients"] / 4 * 0.9
+    assert piped.breakdown["gathered_params"] >= 2 * stage_params  # every block of the stage, bf16
+    assert piped.breakdown["gathered_params"] > 3 * flat.breakdown["gathered_params"]  # 20 blocks vs 2 (+ root)
+    assert any("FSDP under PP" in a for a in piped.assumptions)
+    assert not any("FSDP under PP" in a for a in flat.assumptions)
+
+
 def test_stages_cover_every_layer() -> None:
     for pp in (1, 2, 3, 7, 80):
         s = TrainSetup(gpus=pp, pp=pp, sharding="none")

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from gpuprov.sizing import precise  # noqa: E402
+from gpuprov.sizing import precise, precise_step  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -232,7 +232,7 @@ def test_building_the_model_leaves_the_catalog_config_untouched():
 
     arch = get_model("llama-3.1-8b")
     before = _copy.deepcopy(arch.hf_config)
-    precise._build_config(arch, setup())
+    precise_step._build_config(arch, setup())
     assert arch.hf_config == before
     assert get_model("llama-3.1-8b").hf_config == before
 

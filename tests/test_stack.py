@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from gpuprov.render.launch import render_launch
-from gpuprov.stack import choose_stack, setup_from_plan
+from gpuprov.sizing.setup import setup_from_plan
+from gpuprov.stack import choose_stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from regen_examples import example_dirs, example_spec  # noqa: E402

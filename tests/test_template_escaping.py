@@ -127,11 +127,12 @@ def _marked_plan(cloud: str):
 
 def _contexts(plan) -> dict[str, object]:
     from gpuprov.render import ansible, launch, terraform
+    from gpuprov.targets import get_target
 
     found: dict[str, object] = {}
     if plan.instance.cloud != "onprem":
         found.update(terraform._common(plan))
-        found.update(terraform._PER_CLOUD[plan.instance.cloud](plan))
+        found.update(get_target(plan.instance.cloud).terraform_inputs(plan))
     found.update(launch._context(plan))
     found.update({"hosts_left_out": ansible.hosts_left_out(plan)})
     return found

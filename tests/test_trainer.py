@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import yaml
@@ -50,11 +49,12 @@ def write_launch(plan, root: Path) -> Path:
     update = dict(storage=storage)
     if plan.shared_storage is not None:  # several "nodes" checkpoint to the shared mount: this test's own
         update["shared_storage"] = plan.shared_storage.model_copy(update=dict(mount_point=str(root / "scratch")))
+    if plan.provisioning is not None:  # checkpoints where the target put them: this test's scratch
+        update["provisioning"] = plan.provisioning.model_copy(update=dict(checkpoint_root=str(root / "scratch")))
     plan = plan.model_copy(update=update)
     launch = root / "launch"
     launch.mkdir(parents=True)
-    with mock.patch("gpuprov.render.launch.SHARED_MOUNT", str(root / "scratch")):
-        files = render_launch(plan)
+    files = render_launch(plan)
     assert yaml.safe_load(files["train.yaml"])["checkpoint"]["dir"].startswith(str(root)), \
         "a test run must never checkpoint outside its own directory"
     for name, text in files.items():
@@ -66,7 +66,8 @@ def write_launch(plan, root: Path) -> Path:
 
 def start(launch: Path, *args: str, port: int, **env: str) -> subprocess.Popen:
     full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", GPUPROV_MAX_RESTARTS="0",
-                    GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"), **env)
+                    GPUPROV_HEAD_PORT=str(port), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"))
+    full_env.update(env)
     full_env.pop("TORCHRUN", None)
     # own session: a run that hangs is killed with its torchrun workers (see finish)
     return subprocess.Popen(["bash", str(launch / "train.sh"), *args], env=full_env, stdout=subprocess.PIPE,
@@ -181,7 +182,7 @@ def base_loss_on_first_batch(model_dir: Path, launch: Path, samples: int) -> flo
     finally:
         del sys.modules[spec.name]
     cfg = yaml.safe_load((launch / "train.yaml").read_text())
-    data = trainer.TokenWindows({"data": {"path": None, "synthetic": True, "synthetic_samples": samples}}, 32, 512,
+    data = trainer.TokenWindows(trainer.DataSection(synthetic=True, synthetic_samples=samples), 32, 512,
                                 cfg["training"]["seed"])
     tokens, _ = data.batch(0, samples)
     # the trainer keeps a LoRA base in bf16 (as the plan sizes it) and computes in fp32 here
@@ -275,9 +276,19 @@ def trainer_module(tmp_path_factory):
 def test_config_overrides_and_clear_errors(trainer_module):
     train, yaml_path = trainer_module
     cfg = train.load_config(str(yaml_path), ["batch.seq_len=64", "data.path=null", "task.lora.targets=[q_proj]"])
-    assert cfg["batch"]["seq_len"] == 64 and cfg["data"]["path"] is None and cfg["task"]["lora"]["targets"] == ["q_proj"]
-    with pytest.raises(SystemExit, match="unknown key 'seqlen'"):
+    assert cfg.batch.seq_len == 64 and cfg.data.path is None and cfg.task.lora.targets == ["q_proj"]
+    # a wrong key or value: one line naming it
+    with pytest.raises(SystemExit, match=r"^train.py: batch.seqlen: unknown key \(known: micro_batch"):
         train.load_config(str(yaml_path), ["batch.seqlen=64"])
+    with pytest.raises(SystemExit, match=r"^train.py: batch.seq_len: expected an integer, got 'long'$"):
+        train.load_config(str(yaml_path), ["batch.seq_len=long"])
+    with pytest.raises(SystemExit, match=r"^train.py: parallel.sharding: 'zero3' is not one of fsdp"):
+        train.load_config(str(yaml_path), ["parallel.sharding=zero3"])
+    with pytest.raises(SystemExit, match=r"^train.py: optimiser: unknown key"):
+        train.load_config(str(yaml_path), ["optimiser.lr=1"])
+    with pytest.raises(SystemExit, match=r"^train.py: batch.micro_batch: must be at least 1, got 0$"):
+        train.load_config(str(yaml_path), ["batch.micro_batch=0"])
+    assert train.load_config(str(yaml_path), ["checkpoint.async=false"]).checkpoint.async_save is False
     with pytest.raises(SystemExit, match="section.key=value"):
         train.load_config(str(yaml_path), ["batch.seq_len"])
     # QLoRA's 4-bit kernels are CUDA-only: on CPU a one-line reason, not a bitsandbytes traceback
@@ -292,8 +303,9 @@ def test_lr_schedule_warmup_then_cosine(trainer_module):
     cfg = train.load_config(str(yaml_path), [])  # lr 3e-3, warmup 3, 100 steps, floor 0.1
     lrs = [train.lr_at(s, cfg) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-3) and lrs[2] == pytest.approx(3e-3)
-    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # non-increasing after warmup
-    assert train.lr_at(100, cfg) == pytest.approx(3e-4)  # lr x min_lr_ratio at the end
+    assert lrs[3] == pytest.approx(3e-3)  # the first step after warmup is at the peak
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:]))  # decreasing after warmup
+    assert lrs[99] == pytest.approx(3e-4)  # the last step (0-based 99) trains at lr x min_lr_ratio
 
 
 def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
@@ -302,17 +314,17 @@ def test_memmap_windows_stay_inside_each_file(trainer_module, tmp_path):
     train, _ = trainer_module
     (tmp_path / "a.bin").write_bytes(np.arange(0, 21, dtype=np.uint16).tobytes())  # 2 windows of 10+1
     (tmp_path / "b.bin").write_bytes(np.arange(100, 111, dtype=np.uint16).tobytes())  # 1 window
-    data = train.TokenWindows({"data": {"path": str(tmp_path), "dtype": "uint16"}}, 10, 512, 0)
+    data = train.TokenWindows(train.DataSection(path=str(tmp_path), dtype="uint16"), 10, 512, 0)
     assert len(data) == 3
     assert data.sample(0).tolist() == list(range(0, 11))
     assert data.sample(1).tolist() == list(range(10, 21))
     assert data.sample(2).tolist() == list(range(100, 111))
     assert data.sample(3).tolist() == data.sample(0).tolist()  # next epoch
-    synthetic = train.TokenWindows({"data": {"path": None, "synthetic": True, "synthetic_samples": None}}, 10, 512, 0)
+    synthetic = train.TokenWindows(train.DataSection(synthetic=True), 10, 512, 0)
     assert synthetic.batch(5, 2)[0].shape == (2, 11) and synthetic.sample(5).tolist() == synthetic.sample(5).tolist()
     # ids the model has no embedding for: a clear error, not an index error deep in the forward
     with pytest.raises(SystemExit, match="outside the model's vocabulary of 50"):
-        train.TokenWindows({"data": {"path": str(tmp_path), "dtype": "uint16"}}, 10, 50, 0).batch(2, 1)
+        train.TokenWindows(train.DataSection(path=str(tmp_path), dtype="uint16"), 10, 50, 0).batch(2, 1)
 
 
 def test_adamw_is_fused_on_cuda_only(trainer_module, monkeypatch):
@@ -449,7 +461,9 @@ def test_prepared_instruction_jsonl_trains_validates_and_exports(tmp_path):
     ids = np.fromfile(data / "train" / "part-00000.bin", dtype="<u2")
     mask = np.fromfile(data / "train" / "part-00000.mask", dtype=np.uint8)
     eos = meta["eos_token_id"]
-    assert len(ids) == len(mask) and (ids == eos).sum() > 100 and mask[ids == eos].all() and not mask.all()
+    # each sample's closing EOS is trained on; the EOS padding after whole samples is not
+    assert len(ids) == len(mask) and mask[ids == eos].sum() > 100 and not mask[ids == eos].all() and not mask.all()
+    assert meta["packing"] == "whole" and eos not in ids[:-1:32].tolist()  # every window opens on a prompt
 
     out = finish(start(launch, "--set", f"data.path={data}", "--set", "data.validation.every_steps=10",
                        "--set", "data.validation.batches=2", "--set", "precision.param_dtype=float32",
@@ -467,7 +481,7 @@ def test_prepared_instruction_jsonl_trains_validates_and_exports(tmp_path):
     model, _ = trainer.prepare_model(cfg, rt, from_checkpoint=True)
     ckpt = checkpoints(launch)[-1]
     trainer.load_checkpoint(trainer.TrainState(model, trainer.build_optimizer(model, cfg, rt), False), ckpt)
-    tokens, labels = trainer.TokenWindows(cfg, 32, 512, 0, split="val").batch(0, 2)
+    tokens, labels = trainer.TokenWindows(cfg.data, 32, 512, 0, split="val").batch(0, 2)
     assert (labels == -100).any()  # the prompt tokens carry no loss
     exported = AutoModelForCausalLM.from_pretrained(ckpt.parent / "export" / ckpt.name, dtype=torch.float32).eval()
     model.eval()
@@ -489,11 +503,11 @@ def load_trainer(launch: Path):
 def test_refuses_synthetic_data_and_random_base_unless_asked(trainer_module):
     train, yaml_path = trainer_module
     cfg = train.load_config(str(yaml_path), [])
-    assert cfg["data"]["path"] is None and cfg["data"]["synthetic"] is False
+    assert cfg.data.path is None and cfg.data.synthetic is False
     with pytest.raises(SystemExit, match="data.synthetic=true"):
-        train.TokenWindows(cfg, 32, 512, 0)
+        train.TokenWindows(cfg.data, 32, 512, 0)
     lora = train.load_config(str(yaml_path), ["task.kind=lora"])
-    assert lora["model"]["init"] == "pretrained"  # adapters need a real base
+    assert lora.model.init == "pretrained"  # adapters need a real base
     with pytest.raises(SystemExit, match="pretrained_path is null"):
         train.pretrained_path(lora)
     assert train.pretrained_path(train.load_config(str(yaml_path), ["task.kind=lora", "model.init=random"])) is None
@@ -506,7 +520,7 @@ def test_lora_base_is_frozen_in_bf16_and_attention_is_requested(trainer_module):
                                             "runtime.device=cpu"])
     rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
     model, _ = train.build_model(cfg, rt)
-    assert model.config._attn_implementation == cfg["model"]["attn_implementation"] == "sdpa"
+    assert model.config._attn_implementation == cfg.model.attn_implementation == "sdpa"
     model = train.apply_lora(model, cfg)
     train.cast_frozen(model, cfg)
     assert train.param_dtypes(model) == {"trainable": ["float32"], "frozen": ["bfloat16"]}
@@ -531,25 +545,25 @@ def test_tf32_torch_floor_and_record(trainer_module):
         torch.set_float32_matmul_precision(before)
         torch.backends.cuda.matmul.allow_tf32 = False
     cfg = train.load_config(str(yaml_path), [])
-    assert cfg["runtime"]["min_torch"] == "2.7"
+    assert cfg.runtime.min_torch == "2.7"
     with pytest.raises(SystemExit, match="older than runtime.min_torch 99.0"):
         train.check_torch("99.0")
-    train.check_torch(cfg["runtime"]["min_torch"])  # the torch these tests run passes
+    train.check_torch(cfg.runtime.min_torch)  # the torch these tests run passes
     assert hasattr(train.main, "__wrapped__")  # torchelastic @record
 
 
 def test_tokens_per_s_leaves_out_checkpoints_and_mfu_follows_seq_len(trainer_module, tmp_path):
     train, yaml_path = trainer_module
     cfg = train.load_config(str(yaml_path), [f"logging.metrics_file={tmp_path / 'm.jsonl'}"])
-    m = cfg["mfu"]
-    plan_seq = m["plan_seq_len"]
-    assert train.flops_per_token(m, plan_seq) == pytest.approx(m["flops_per_token"])
-    assert train.flops_per_token(m, 2 * plan_seq) == pytest.approx(m["flops_per_token"] + m["attention_flops_per_token"])
+    m = cfg.mfu
+    plan_seq = m.plan_seq_len
+    assert train.flops_per_token(m, plan_seq) == pytest.approx(m.flops_per_token)
+    assert train.flops_per_token(m, 2 * plan_seq) == pytest.approx(m.flops_per_token + m.attention_flops_per_token)
     rt = train.Runtime(0, 1, 0, train.torch.device("cpu"), None, 0, 1, 0)
     metrics = train.Metrics(cfg, rt, tokens_per_step=1000, seq_len=plan_seq)
     with metrics.paused():
         time.sleep(0.5)  # a checkpoint
-    metrics.step_done(1, train.torch.tensor(1.0), train.torch.tensor(1.0), 1e-3, every=1)
+    metrics.step_done(1, 1.0, 1.0, 1e-3, every=1)
     rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert rec["tokens_per_s"] > 1000 / 0.25  # the 0.5 s pause is not counted
 
@@ -639,3 +653,87 @@ def test_chunked_loss_head_equals_the_whole_sequence_loss(trainer_module, model_
     again = copy.deepcopy(plain)
     train.install_chunked_loss(again, tp)
     assert type(again.get_output_embeddings()) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_documents_do_not_attend_across(trainer_module, tmp_path, attn):
+    """Position ids restart after each EOS and attention stays inside each document: a document
+    packed after another gets the logits it gets alone; without the positions it does not."""
+    import numpy as np
+    import transformers
+
+    train, _ = trainer_module
+    torch = train.torch
+    eos = 2
+    assert train.document_positions(np.array([[5, 6, eos, 7, 8, eos, eos]]), eos).tolist() == [[0, 1, 2, 0, 1, 2, 0]]
+    # the data path: meta.json's EOS turns on the positions
+    (tmp_path / "train").mkdir()
+    stream = np.array([5, 6, 7, eos, 9, 10, 11, 12, eos], dtype=np.uint16)
+    stream.tofile(tmp_path / "train" / "part-00000.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "eos_token_id": eos}))
+    batch = train.TokenWindows(train.DataSection(path=str(tmp_path)), 8, 97, 0).micro_batch(0, 1)
+    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    off = train.TokenWindows(train.DataSection(path=str(tmp_path), document_attention=False), 8, 97, 0)
+    assert off.micro_batch(0, 1).positions is None
+
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn,
+                                      use_cache=False)  # as the trainer builds it: no KV cache
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    inputs, positions = batch.inputs, batch.positions
+    with torch.no_grad():
+        packed = model(input_ids=inputs, position_ids=positions).logits
+        alone = model(input_ids=inputs[:, 4:]).logits
+        crossed = model(input_ids=inputs).logits
+    torch.testing.assert_close(packed[:, 4:], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(crossed[:, 4:], alone, atol=1e-3)
+    # the trainer's loss takes the positions the same way
+    labels = torch.tensor([[6, 7, eos, 9, 10, 11, 12, eos]])
+    with torch.no_grad():
+        got = train.token_loss_sum(model, inputs, labels, positions)
+        want = torch.nn.functional.cross_entropy(packed.flatten(0, 1), labels.flatten(), reduction="sum")
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    train.check_document_attention()  # this transformers builds per-document masks from positions
+
+
+def test_non_finite_step_is_skipped_counted_and_shown(trainer_module, tmp_path, capsys):
+    """A step whose loss or gradient norm is NaN/inf changes no weight and no optimizer state; the
+    metrics line and metrics.jsonl count it; the next finite step trains as usual."""
+    import transformers
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    cfg = train.load_config(str(yaml_path), ["task.kind=full", "runtime.device=cpu", "precision.param_dtype=float32",
+                                            f"logging.metrics_file={tmp_path / 'm.jsonl'}"])
+    rt = train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    optimizer = train.build_optimizer(model, cfg, rt)
+    tokens = torch.randint(0, 97, (2, 9))
+    batches = [train.Batch(tokens[:, :-1], tokens[:, 1:].clone())]
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokens[0, 0]] = float("inf")  # a poisoned row: NaN loss
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    result = train.train_step(model, optimizer, batches, cfg, rt)
+    import math
+
+    assert result.skipped and not (math.isfinite(result.loss) and math.isfinite(result.grad_norm))
+    assert result.tokens == 16 and not optimizer.state  # no AdamW step was taken
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())  # nothing carried into the next step
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tokens[0, 0]] = 0.0
+    ok = train.train_step(model, optimizer, batches, cfg, rt)
+    assert not ok.skipped and ok.loss > 0 and optimizer.state
+    assert not torch.equal(model.lm_head.weight, before["lm_head.weight"])
+
+    metrics = train.Metrics(cfg, rt, tokens_per_step=16, seq_len=8)
+    metrics.step_done(2, ok.loss, ok.grad_norm, 1e-3, every=1, skipped=1)
+    rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert rec["skipped_steps"] == 1 and rec["loss"] == pytest.approx(ok.loss)
+    assert "| skipped 1" in capsys.readouterr().out

@@ -13,9 +13,10 @@ from typing import Any
 
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
+from gpuprov.targets import get_target
+from gpuprov.units import GiB
 
 PURCHASE_OPTIONS: tuple[str, ...] = ("on-demand", "spot", "capacity-block", "reservation", "flex-start")
-GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,7 @@ def held(spec: Any, offer: Offer, cloud: str) -> str | None:
     """The id the user holds for this offer (None when the offer needs nothing or it is missing)."""
     if offer.needs is None:
         return None
-    if cloud == "aws":
-        return spec.capacity_reservation_id
-    if cloud == "gcp" and offer.option == "reservation":
-        return spec.reservation
-    return None
+    return get_target(cloud).held_id(spec, offer.option)
 
 
 def buyable(spec: Any, inst: Any) -> list[Offer]:

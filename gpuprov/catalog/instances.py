@@ -11,10 +11,10 @@ from functools import lru_cache
 
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
+from gpuprov.targets import NAMES, get_target
+from gpuprov.units import GiB, GB
 
-GiB = 2**30
-GB = 10**9
-CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure", "oci", "onprem")
+CLOUDS: tuple[str, ...] = NAMES  # the target registry (gpuprov/targets/) is the one list
 FABRICS: tuple[str, ...] = ("efa", "infiniband", "roce", "tcpxo", "ethernet", "none")
 
 
@@ -104,7 +104,8 @@ def list_instances(cloud: str | None = None) -> tuple[InstanceType, ...]:
         return tuple(items)
     if cloud not in CLOUDS:
         raise GpuprovError(f"unknown cloud {cloud!r}; choose one of {', '.join(CLOUDS)} or any")
-    return tuple(i for i in items if i.cloud == cloud)
+    target = get_target(cloud)
+    return tuple(i for i in items if target.serves(i))
 
 
 def get_instance(name: str) -> InstanceType:

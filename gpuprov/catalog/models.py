@@ -101,6 +101,12 @@ def read_config_json(p: Path) -> dict:
     return cfg
 
 
+def model_from_config(cfg: dict, *, name: str, display_name: str, source: str) -> ModelArch:
+    """A model from an already parsed config.json (a Plan's `model.hf_config`), within the same limits."""
+    _check_tree(cfg, Path(name))
+    return arch_from_hf_config(cfg, name=name, display_name=display_name, source=source)
+
+
 def _display_name(cfg: dict, p: Path) -> str | None:
     """config.json `_name_or_path` (None when absent): checked, since it reaches file comments."""
     from gpuprov.validators import display_name

@@ -6,7 +6,6 @@ import json
 
 import click
 
-GIB = 2**30
 
 
 @click.command(name="models")
@@ -53,7 +52,8 @@ def gpus(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"gpus": [g.as_dict() for g in catalog]}, indent=2))
         return
-    click.echo(f"{'slug':<19}{'arch':<10}{'mem GiB':>8}{'HBM GB/s':>9}{'BF16 TF':>9}{'FP8 TF':>8}{'NVLink GB/s':>12}{'PCIe':>5}{'TDP W':>6}")
+    click.echo(f"{'slug':<19}{'arch':<10}{'mem GiB':>8}{'HBM GB/s':>9}{'BF16 TF':>9}{'FP8 TF':>8}"
+               f"{'NVLink GB/s':>12}{'PCIe':>5}{'TDP W':>6}")
     for g in catalog:
         fp8 = f"{g.fp8_tflops:g}" if g.fp8_tflops else "-"
         nvl = f"{g.nvlink_gbytes_per_s:g}" if g.nvlink_gbytes_per_s else "-"

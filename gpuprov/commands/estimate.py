@@ -7,77 +7,12 @@ import json
 import click
 
 from gpuprov.errors import GpuprovError
+from gpuprov.sizing.setup import setup_from_options
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
-    TrainSetup,
 )
+from gpuprov.units import GiB as GIB
 
-GIB = 2**30
-
-
-def stack_defaults() -> dict[str, object]:
-    """Each stack field when neither a flag nor a --framework preset sets it: TrainSetup's default, except
-    the sharding, whose default depends on the GPU count (none on one GPU, else fsdp)."""
-    from dataclasses import fields
-
-    from gpuprov.sizing.frameworks import STACK_FIELDS
-
-    out: dict[str, object] = {f.name: f.default for f in fields(TrainSetup) if f.name in STACK_FIELDS}
-    out["sharding"] = None
-    return out
-
-
-def _default_sharding(gpus: int, model_parallel: int = 1) -> str:
-    # TP/CP/PP run under FSDP2 even on one data-parallel rank (torchtitan's mesh)
-    return "none" if gpus == 1 and model_parallel == 1 else "fsdp"
-
-
-def resolve_stack(framework, explicit: dict, *, task: str, gpus: int, model_parallel: int = 1, tp: int = 1):
-    """Stack fields from explicit flags > the --framework preset > stack_defaults(); and what the preset set."""
-    from gpuprov.sizing.frameworks import resolve
-
-    def shape_of(values: dict) -> dict:
-        return {"task": task, "sharding": values.get("sharding") or _default_sharding(gpus, model_parallel),
-                "tensor_parallel": tp > 1}
-
-    values, applied = resolve(framework, explicit, stack_defaults(), shape_of)
-    if values["sharding"] is None:
-        values["sharding"] = _default_sharding(gpus, model_parallel)
-    return values, applied
-
-
-def build_setup(
-    *, task, seq_len, micro_batch, gpus, gpus_per_node, shard_group, lora_rank, lora_targets,
-    grad_accumulation=1, stack: dict | None = None, tp=1, cp=1, pp=1,
-) -> TrainSetup:
-    from gpuprov.sizing.arch import resolve_lora_targets
-
-    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--gpus", gpus),
-                        ("--lora-rank", lora_rank), ("--grad-accumulation", grad_accumulation)):
-        if value <= 0:
-            raise GpuprovError(f"{flag} must be a positive integer, got {value}")
-    if gpus_per_node is not None and gpus_per_node > 0 and gpus % gpus_per_node:
-        raise GpuprovError(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {gpus_per_node}")
-    if gpus_per_node is None:
-        gpus_per_node = min(8, gpus)
-    if gpus_per_node <= 0:
-        raise GpuprovError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
-    for flag, value in (("--tp", tp), ("--cp", cp), ("--pp", pp)):
-        if value <= 0:
-            raise GpuprovError(f"{flag} must be a positive integer, got {value}")
-    stack = dict(stack_defaults(), **(stack or {}))
-    if stack["sharding"] is None:
-        stack["sharding"] = _default_sharding(gpus, tp * cp * pp)
-    if shard_group is not None and stack["sharding"] != "hsdp":
-        raise GpuprovError("--shard-group applies to --sharding hsdp only")
-    if not 0.0 <= float(stack["lora_dropout"]) < 1.0:
-        raise GpuprovError(f"--lora-dropout must be in [0, 1), got {stack['lora_dropout']}")
-    targets = resolve_lora_targets(lora_targets)
-    return TrainSetup(
-        task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
-        shard_group=shard_group, lora_rank=lora_rank, lora_targets=targets,
-        grad_accumulation_steps=grad_accumulation, tp=tp, cp=cp, pp=pp, **stack,
-    )
 
 
 def _progress(stage: str, fraction: float) -> None:
@@ -250,33 +185,10 @@ class _FrameworkChoice(click.Choice):
 
 
 
-def setup_from_params(p: dict):
-    """(setup, explicit stack flags, shape, what the preset set) from estimate's option values: one path
-    for the run itself and for each suggested command, so a suggestion sizes what its command sizes
-    (a preset's `when:` rules follow a changed --task or --sharding)."""
-    qlora_base, fsdp_version = p["qlora_base"], p["fsdp_version"]
-    explicit = {field: p[field] for field in _EXPLICIT_STACK}
-    explicit.update(compile=p["use_compile"],
-                    qlora_base_replicated=None if qlora_base is None else qlora_base == "replicated",
-                    fsdp_version=None if fsdp_version is None else int(fsdp_version))
-    task, gpus = p["task"], p["gpus"]
-    stack, applied = resolve_stack(p["framework"], explicit, task=task, gpus=gpus,
-                                   model_parallel=p["tp"] * p["cp"] * p["pp"], tp=p["tp"])
-    shape = {k: p[k] for k in ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group",
-                               "lora_rank", "lora_targets", "tp", "cp", "pp")}
-    setup = build_setup(**shape, grad_accumulation=p["grad_accumulation"], stack=stack)
-    return setup, explicit, shape, applied
-
-
-# stack flags whose option name is the TrainSetup field (compile, qlora_base and fsdp_version convert)
-_EXPLICIT_STACK = ("sharding", "activation_checkpointing", "precision", "optimizer", "offload", "chunked_cross_entropy",
-                   "activation_offloading", "optimizer_impl", "loss_impl", "lora_dropout", "autocast_fp32_params",
-                   "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "compile_loss",
-                   "defer_grad_sync", "fp32_logits", "float8")
-
-
 @click.command(name="estimate")
-@click.option("--model", "model_name", default="7b", show_default=True, help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) or config.json path.")
+@click.option("--model", "model_name", default="7b", show_default=True,
+              help="Preset (see `gpuprov models`), Hugging Face id (ORG/NAME: local cache, else the hub) "
+                   "or config.json path.")
 @click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
 @click.option("--seq-len", type=int, default=4096, show_default=True, help="Tokens per sample.")
 @click.option("--micro-batch", type=int, default=1, show_default=True, help="Samples per GPU per forward.")
@@ -289,7 +201,8 @@ _EXPLICIT_STACK = ("sharding", "activation_checkpointing", "precision", "optimiz
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="[default: bf16-mixed]")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: adamw]")
 @click.option("--lora-rank", type=int, default=16, show_default=True)
-@click.option("--lora-targets", default="all-linear", show_default=True, help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
+@click.option("--lora-targets", default="all-linear", show_default=True,
+              help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
 @click.option("--offload", type=click.Choice(OFFLOADS), default=None, help="[default: none]")
 @click.option("--compile/--no-compile", "use_compile", default=None, help="torch.compile (see --compile-scope).  [default: no-compile]")
 @click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=None, help="[default: no-chunked-cross-entropy]")
@@ -347,8 +260,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, float8, tp, cp, pp, suggest, fail_if_not_fits, precise,
-             as_json) -> None:
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, float8, tp, cp, pp,
+             suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
     \b
@@ -369,7 +282,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
     params = click.get_current_context().params
-    setup, explicit, shape, applied = setup_from_params(params)
+    setup, explicit, shape, applied = setup_from_options(params)
     if precise and tp * cp * pp > 1:
         raise GpuprovError("--precise simulates FSDP on one rank; it does not model --tp/--cp/--pp yet (drop --precise)")
     analytic = estimate_memory(arch, setup, gpu.memory_bytes)
@@ -385,7 +298,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
 
         base_cmd = command_words(model_name, gpu_slug, framework, shape, grad_accumulation, explicit)
         found = find(arch, gpu, setup, estimate_memory, gpu.memory_bytes,
-                     rebuild=lambda flags: setup_from_params(params_with_flags(params, flags))[0])
+                     rebuild=lambda flags: setup_from_options(params_with_flags(params, flags))[0])
         d["suggestions"] = [suggestion_dict(x, base_cmd) for x in found]
     click.echo(json.dumps(d, indent=2) if as_json else render_table(d) + render_stack(d))
     if fail_if_not_fits and not fits:

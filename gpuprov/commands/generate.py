@@ -10,6 +10,7 @@ import click
 
 from gpuprov.commands.spec_options import spec_options
 from gpuprov.errors import GpuprovError
+from gpuprov.targets import CHOICES
 
 
 def make_plan(spec):
@@ -145,7 +146,7 @@ def starter_spec() -> str:
 @click.command()
 @click.argument("path", default="gpuprov.yaml", type=click.Path(dir_okay=False))
 @click.option("--model", "-m", default=None, help="Model to put in the starter spec")
-@click.option("--cloud", default=None, type=click.Choice(("aws", "gcp", "azure", "oci", "onprem", "any")))
+@click.option("--cloud", default=None, type=click.Choice(CHOICES))
 def init(path: str, model: str | None, cloud: str | None) -> None:
     """Write a commented starter spec (default gpuprov.yaml); never overwrites.
 

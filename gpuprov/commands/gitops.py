@@ -85,7 +85,8 @@ def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
         if d.diff:
             click.echo("")
             click.echo(d.diff, nl=False)
-    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  (--force where files were edited by hand)")
+    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  "
+               "(--force where files were edited by hand)")
     if added:
         click.echo(f"added files change what Terraform/Ansible run: remove them, or list them under \"keep\" "
                    f"in {root / bundle.LOCK_NAME}")
@@ -235,29 +236,18 @@ def check_plan(root: Path) -> Result:
     except ValueError as exc:
         return "fail", f"plan.json does not load: {str(exc).splitlines()[0]}"
     from gpuprov.catalog.gpus import get_gpu
-    from gpuprov.catalog.models import get_model
     from gpuprov.sizing.memory import estimate_memory
-    from gpuprov.sizing.types import LORA_TARGET_PRESETS, TrainSetup
+    from gpuprov.sizing.setup import arch_from_plan, setup_from_plan
 
-    c = plan.cluster
-    with tempfile.TemporaryDirectory(prefix="gpuprov-validate-") as scratch:
-        # rebuild the architecture from the config the plan carries: works for presets and paths alike
-        config = Path(scratch) / "config.json"
-        config.write_text(__import__("json").dumps(plan.model.hf_config))
-        try:
-            arch = get_model(str(config))
-            gpu = get_gpu(c.gpu)
-        except GpuprovError as exc:
-            return "fail", str(exc)
-    targets = tuple(plan.training.lora_targets) or LORA_TARGET_PRESETS["all-linear"]
-    setup = TrainSetup(task=plan.task, seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=c.total_gpus,
-                       gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
-                       activation_checkpointing=c.activation_checkpointing, precision=c.precision,
-                       optimizer=c.optimizer, offload=c.offload, lora_rank=plan.training.lora_rank or 16,
-                       lora_targets=targets, tp=c.tp, cp=c.cp, pp=c.pp)
+    try:  # the plan's own model config and stack: the figure the planner sized
+        arch, gpu, setup = arch_from_plan(plan), get_gpu(plan.cluster.gpu), setup_from_plan(plan)
+    except GpuprovError as exc:
+        return "fail", str(exc)
     estimate = estimate_memory(arch, setup, gpu.memory_bytes)
     usable = int(gpu.memory_bytes * (1 - plan.memory.safety_margin))
     detail = f"{estimate.per_gpu_bytes / 2**30:.1f} GiB of {usable / 2**30:.1f} GiB usable per GPU on {gpu.slug}"
+    if estimate.per_gpu_bytes != plan.memory.per_gpu_bytes:  # the catalog or the estimator changed since
+        detail += f" (plan: {plan.memory.per_gpu_bytes / 2**30:.1f} GiB)"
     if estimate.per_gpu_bytes > usable:
         return "fail", "no longer fits: " + detail
     instance_problem, price_note = _instance_still_listed(plan)

@@ -6,7 +6,9 @@ import json
 
 import click
 
-GiB = 2**30
+from gpuprov.targets import CHOICES
+from gpuprov.units import GiB
+
 
 
 def _row(inst) -> dict:
@@ -36,7 +38,7 @@ def _row(inst) -> dict:
 
 
 @click.command()
-@click.option("--cloud", type=click.Choice(("aws", "gcp", "azure", "oci", "onprem", "any")), default="any",
+@click.option("--cloud", type=click.Choice(CHOICES), default="any",
               show_default=True, help="Only this cloud's instance types (onprem: server templates)")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list")
 def instances(cloud: str, as_json: bool) -> None:

@@ -7,19 +7,15 @@ import json
 import click
 
 from gpuprov.commands.spec_options import spec_options
+from gpuprov.units import GiB, TB, gib
+from gpuprov.render.explain import render_explain
 
-GiB = 2**30
-TB = 10**12
 
 
 def _plan(spec):
     from gpuprov.planner import make_plan
 
     return make_plan(spec)
-
-
-def _gib(b: float) -> str:
-    return f"{b / GiB:,.1f} GiB"
 
 
 def _money(x: float | None) -> str:
@@ -66,7 +62,8 @@ def _mfu_text(plan) -> str:
     exposed = t.comm_time_s / t.step_time_s if t.step_time_s else 0.0
     fp8 = ""
     if t.float8_gain != 1.0:
-        fp8 = f" in bf16, and float8 linears run it x{t.float8_gain:.2f} faster (measured ratio)"
+        fp8 = (f" in bf16, and float8 linears run their matmuls x{t.float8_gain:.2f} faster"
+               " (from the measured step ratio; attention stays bf16)")
     return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
             f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
@@ -140,8 +137,8 @@ def render_plan(plan) -> str:
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     out.append(f"  {'total':<{width}}  {m.per_gpu_bytes / GiB:10,.2f}  of {m.gpu_memory_bytes / GiB:,.1f} GiB "
                f"({usable / GiB:,.1f} usable at {m.safety_margin:.0%} margin; headroom {m.headroom_bytes / GiB:,.1f})")
-    out.append(f"  model states, all GPUs: {_gib(m.model_states_bytes)}; the 18 B/param rule of thumb (mixed-precision Adam): "
-               f"{_gib(m.rule_of_thumb_bytes)}")
+    out.append(f"  model states, all GPUs: {gib(m.model_states_bytes)}; the 18 B/param rule of thumb (mixed-precision Adam): "
+               f"{gib(m.rule_of_thumb_bytes)}")
     out.append("")
     out.append("Time and cost:")
     out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster; step {t.step_time_s:,.2f} s = compute "
@@ -210,147 +207,3 @@ def explain(spec) -> None:
     gpuprov explain -f gpuprov.yaml
     """
     click.echo(render_explain(spec, _plan(spec)))
-
-
-def _float8_kw(plan, arch) -> dict:
-    """The step estimate's float8 arguments, as the planner passed them (the Plan's gain)."""
-    if plan.throughput.float8_gain == 1.0:
-        return {}
-    return {"float8_gain": plan.throughput.float8_gain, "float8_params": arch.num_layers * arch.layer_linear_params()}
-
-
-def render_explain(spec, plan) -> str:
-    """The plan's arithmetic, term by term; the 18 B/param rule of thumb beside the model states."""
-    from gpuprov.catalog.gpus import get_gpu
-    from gpuprov.catalog.models import get_model
-    from gpuprov.sizing.throughput import (
-        LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
-    )
-
-    a = assumptions()
-    arch = get_model(spec.model)
-    gpu = get_gpu(plan.gpu.slug)
-    c, m, t = plan.cluster, plan.memory, plan.throughput
-    n_params, trainable = plan.model.params, plan.model.trainable_params
-    L, d, s = arch.num_layers, arch.num_attention_heads * arch.head_dim, c.seq_len
-    fl = flops_per_token(arch, s, plan.task, trainable, c.activation_checkpointing)
-    intra, link = intra_node_gbytes(gpu)
-    inter = inter_node_gbytes(plan.fabric.name, plan.fabric.gbps_per_gpu) if c.nodes > 1 else 0.0
-    shape = Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
-                  micro_batch=c.micro_batch, grad_accum=c.grad_accum, seq_len=s)
-    layer = LayerShape(L, arch.hidden_size, arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
-    st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
-                       flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
-                       hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
-                       params=n_params, trainable=trainable, num_layers=L, task=plan.task, optimizer=c.optimizer,
-                       precision=c.precision, offload=c.offload, pcie_gen=gpu.pcie_gen, **_float8_kw(plan, arch))
-    out: list[str] = []
-    w = out.append
-    w(f"== {plan.model.display_name}: {c.nodes} x {c.instance_type}, {c.total_gpus} x {gpu.slug}, {c.sharding}, "
-      f"AC {c.activation_checkpointing}, micro-batch {c.micro_batch}")
-    w("")
-    w("1. Parameters (exact, from the config)")
-    w(f"   N = {n_params:,}   trainable = {trainable:,}   matmul params (no input embedding) = {fl.matmul_params:,}")
-    w("")
-    w("2. Memory per GPU (estimator terms)                         GiB")
-    for term, b in m.breakdown.items():
-        if b:
-            w(f"   {term:<55}{b / GiB:10,.2f}")
-    w(f"   {'= per-GPU peak':<55}{m.per_gpu_bytes / GiB:10,.2f}")
-    usable = m.gpu_memory_bytes * (1 - m.safety_margin)
-    w(f"   usable = {m.gpu_memory_bytes / GiB:,.2f} GiB x (1 - {m.safety_margin:g}) = {usable / GiB:,.2f} GiB -> "
-      f"headroom {m.headroom_bytes / GiB:,.2f} GiB")
-    w(f"   model states, all GPUs (weights + grads + optimizer) = {m.model_states_bytes / GiB:,.1f} GiB"
-      f"   | rule of thumb: 18 B x N = {m.rule_of_thumb_bytes / GiB:,.1f} GiB "
-      f"({(m.model_states_bytes - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
-    node_mem = gpu.memory_bytes * c.gpus_per_node
-    w(f"   one node holds {c.gpus_per_node} x {gpu.memory_bytes / GiB:,.1f} GiB = {node_mem / GiB:,.1f} GiB of GPU "
-      f"memory; the rule of thumb {'fits' if m.rule_of_thumb_bytes <= node_mem else 'does NOT fit'} in it")
-    w("")
-    w("3. FLOPs per token (PaLM appendix B)")
-    if plan.task == "full":
-        w(f"   6 x N_matmul            = 6 x {fl.matmul_params:,} = {6 * fl.matmul_params:.4g}")
-    else:
-        w(f"   4 x N_matmul + 6 x N_lora = 4 x {fl.matmul_params:,} + 6 x {trainable:,} = "
-          f"{4 * fl.matmul_params + 6 * trainable:.4g}")
-    w(f"   attention 12 x L x s x d = 12 x {L} x {s} x {d} = {fl.attention:.4g}")
-    w(f"   model FLOPs (MFU counts) = {fl.model:.4g}   | rule of thumb 6N = {6 * n_params:.4g}")
-    w(f"   recompute ({c.activation_checkpointing}) = {fl.recompute:.4g}  -> executed = {fl.executed:.4g}")
-    w("")
-    w("4. Compute")
-    peak = gpu.bf16_tflops
-    w(f"   GPU dense BF16 peak {peak:g} TFLOPS x assumed utilisation {t.mfu_assumed:.2f} ({t.mfu_source})")
-    if plan.task == "qlora":
-        w(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
-    cmb = st.terms["compute_per_micro_batch_s"]
-    split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""
-    w(f"   per micro-batch: {c.micro_batch} x {s} tokens x {fl.executed:.4g} / ({peak:g}e12 x {st.utilisation:.3f}){split} "
-      f"= {cmb:,.3f} s")
-    w("")
-    w("5. Communication per GPU")
-    w(f"   inside a node: {link} at {intra:,.0f} GB/s achievable; across nodes: {plan.fabric.name} "
-      f"{plan.fabric.gbps_per_gpu:g} Gb/s per GPU -> {inter:,.1f} GB/s achievable" if c.nodes > 1 else
-      f"   inside a node: {link} at {intra:,.0f} GB/s achievable (single node: no fabric)")
-    if c.sharding in ("fsdp", "hsdp"):
-        g = c.shard_group // c.tp  # FSDP runs over dp x cp; each rank gathers its TP shard (1/tp)
-        if plan.task == "full":
-            gathers = f"{a.param_gather_bytes:g} B"
-            if t.float8_gain != 1.0:  # the blocks' linears travel as float8
-                gathers = f"{a.f8_gather_bytes:g} B (block linears, float8) or {a.param_gather_bytes:g} B"
-            what = f"(2 all-gathers x {gathers} + reduce-scatter {a.grad_reduce_bytes:g} B) per parameter"
-        else:
-            base = a.qlora_gather_bytes if plan.task == "qlora" else a.param_gather_bytes
-            what = (f"(2 all-gathers of the frozen base x {base:g} B/param + reduce-scatter of the adapter "
-                    f"grads x {a.grad_reduce_bytes:g} B/param)")
-        w(f"   per micro-batch over the shard group of {g}: (g-1)/g x {what} = "
-          f"{st.terms['comm_per_micro_batch_s']:,.3f} s")
-        if c.sharding == "hsdp":
-            w(f"   per step across {c.replicate} replicas: all-reduce of the grad shard = {st.terms['sync_per_step_s']:,.3f} s")
-    elif c.sharding == "zero2":
-        w(f"   per micro-batch reduce-scatter of grads = {st.terms['comm_per_micro_batch_s']:,.3f} s; after the step "
-          f"all-gather of params = {st.terms['tail_s']:,.3f} s (not hidden)")
-    elif c.sharding == "ddp":
-        w(f"   once per step all-reduce of {a.grad_reduce_bytes:g} B/param grads = {st.terms['sync_per_step_s']:,.3f} s")
-    else:
-        w("   single GPU: none")
-    if c.tp > 1:
-        w(f"   tensor parallel {c.tp} (Megatron-LM sec. 3: 2 all-reduces forward + 2 backward per layer, + recompute;"
-          f" SP splits each into reduce-scatter + all-gather) on {link}: {st.terms['tp_comm_per_micro_batch_s']:,.3f} s"
-          " per micro-batch, not hidden (the next matmul waits for it)")
-    if c.cp > 1:
-        w(f"   context parallel {c.cp} ring (K/V forward, K/V + fp32 dK/dV backward, cp-1 hops per layer): "
-          f"{st.terms['cp_ring_per_micro_batch_s']:,.3f} s per micro-batch, exposed "
-          f"{st.terms['cp_exposed_per_micro_batch_s']:,.3f} s")
-    w(f"   compute hides {a.overlap:.0%} of the per-micro-batch communication (it runs while the GPUs compute); "
-      f"what is left waits: {st.terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch, "
-      f"{st.terms['exposed_sync_s']:,.3f} s for the per-step sync")
-    w(f"   total per GPU per step: {st.comm_bytes_per_gpu / 1e9:,.2f} GB")
-    w("")
-    w("6. Step, time and cost")
-    w(f"   step = {c.grad_accum} x ({cmb:,.3f} + {st.terms['exposed_per_micro_batch_s']:,.3f}) + "
-      f"{st.terms['exposed_sync_s']:,.3f} + {st.terms['tail_s']:,.3f} + optimizer {st.terms['optimizer_s']:,.3f} "
-      f"= {t.step_time_s:,.3f} s")
-    ranks = (f"{c.total_gpus // (c.tp * c.cp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}))"
-             if c.tp * c.cp > 1 else f"{c.total_gpus}")
-    w(f"   tokens per step = {c.micro_batch} x {s} x {ranks} x {c.grad_accum} = {c.global_batch_tokens:,}; "
-      f"steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = {plan.training.steps:,}")
-    overhead = float(a.raw["run"]["overhead_hours"])
-    w(f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up = "
-      f"{plan.time_hours:,.2f} h")
-    ideal = 6 * n_params * plan.training.tokens / (c.total_gpus * peak * 1e12 * t.mfu_assumed) / 3600
-    w(f"   | rule of thumb 6 N D / (GPUs x peak x MFU) = {ideal:,.2f} h")
-    if plan.instance.price_per_hour_usd is not None:
-        w(f"   cost = {plan.time_hours:,.2f} h x {c.nodes} nodes x ${plan.instance.price_per_hour_usd:,.3f}/h = "
-          f"${plan.cost_usd:,.2f}")
-    w(f"   tokens/s = {t.tokens_per_s:,.0f}; MFU = tokens/s x model FLOPs / (GPUs x peak) = {t.mfu:.1%}")
-    w("")
-    w("7. Host rules")
-    for chk in plan.host.checks:
-        w(f"   [{'ok' if chk.ok else 'SHORT'}] {chk.rule}: need {chk.required}; have {chk.actual}")
-    w(f"   checkpoint = {plan.host.checkpoint_bytes / TB:,.2f} TB (16 B x trainable params) x {plan.host.checkpoints_kept} kept")
-    if plan.notes:
-        w("")
-        w("Notes:")
-        for n in plan.notes:
-            w(f"   - {n}")
-    return "\n".join(out)

@@ -18,10 +18,11 @@ import click
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PRECISIONS, TASKS
+from gpuprov.targets import CHOICES
 
 # field -> (flag declarations, click type, help). Defaults and help come from TrainingSpec's
 # fields where they exist, so `--help` and `gpuprov schema` agree.
-_CLOUDS = ("aws", "gcp", "azure", "oci", "onprem", "any")
+_CLOUDS = CHOICES
 _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "model": (("--model", "-m"), str, "Preset (70b, llama-3.1-8b, ...), Hugging Face id (ORG/NAME) or config.json path"),
     "task": (("--task",), click.Choice(TASKS), "full, lora or qlora"),

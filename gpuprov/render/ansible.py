@@ -2,7 +2,7 @@
 ansible.cfg, and inventory.yml on-prem) from templates/ansible/, plus every role of the repo's
 ansible/roles/ copied as it is. Paths are relative to the bundle's ansible/ folder.
 
-The renderer only reads the plan: which fabric role runs follows plan.fabric.name and the cloud,
+The renderer only reads the plan: which fabric role runs follows plan.fabric.name and the target,
 every version and threshold comes from plan.software / plan.fabric / plan.storage / plan.health.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
 from gpuprov.host import hosts_left_out
-from gpuprov.plan import Plan
+from gpuprov.plan import Plan, Provisioning
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_flow, yaml_string
 from gpuprov.resources import ansible_dir, templates_dir
@@ -24,18 +24,16 @@ _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
 
 
+def decisions(plan: Plan) -> Provisioning:
+    """What the target decided for bring-up (recorded by the planner; gpuprov/targets/decide.py)."""
+    if plan.provisioning is None:
+        raise GpuprovError("the plan records no provisioning decisions: run `gpuprov plan` again")
+    return plan.provisioning
+
+
 def fabric_role(plan: Plan) -> str | None:
     """The role that sets up this plan's fabric on the hosts (None: nothing beyond Ethernet)."""
-    name = plan.fabric.name
-    if name == "efa":
-        return "efa"
-    if plan.instance.cloud == "gcp" and name in ("roce", "tcpxo"):
-        return "gcp_rdma"
-    if name in ("infiniband", "roce"):
-        return "infiniband"
-    if name == "tcpxo":
-        raise GpuprovError(f"fabric tcpxo exists only on GCP, not {plan.instance.cloud}")
-    return None
+    return decisions(plan).fabric_role
 
 
 _FLOW_WIDTH = 100  # longer collections go block style: yamllint (ansible-lint) allows 160 a line
@@ -103,8 +101,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         "version": __version__,
         "fabric_role": fabric_role(plan),
         "storage": storage,
-        # cuFile needs a local filesystem to serve: GDS only where the plan has the RAID
-        "gds": bool(plan.software.gds and storage),
+        "gds": decisions(plan).gds,
         "forks": max(10, min(100, plan.cluster.nodes)),
         "hosts_left_out": hosts_left_out(plan),
     }
@@ -117,7 +114,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
 
     files: RenderedFiles = {name: render(name) for name in GLUE}
     files[REQUIREMENTS] = requirements_text(plan)
-    if plan.instance.cloud == "onprem":
+    if decisions(plan).provisioner == "inventory":
         if not plan.hosts:
             raise GpuprovError("an on-prem plan needs hosts (--hosts FILE) for the Ansible inventory")
         files["inventory.yml"] = render("inventory.yml")

@@ -11,7 +11,7 @@ import re
 
 from gpuprov import __version__
 from gpuprov.errors import GpuprovError
-from gpuprov.plan import SHARED_MOUNT, Plan
+from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_scalar, yaml_string
 from gpuprov.resources import templates_dir
@@ -19,7 +19,9 @@ from gpuprov.resources import templates_dir
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml")
-_COPIED = ("train.py", "parallel.py", "prepare_data.py")
+# the trainer's Python files (train.py and the train_*.py it imports, parallel.py,
+# prepare_data.py) ship as they are: every *.py in templates/launch
+_COPIED_GLOB = "*.py"
 
 
 def yaml_value(value, indent: int = 0) -> str:
@@ -66,11 +68,10 @@ def _context(plan: Plan) -> dict:
         raise GpuprovError(f"task {plan.task} needs lora_rank and lora_alpha in the plan")
     vocab = int(plan.model.hf_config.get("vocab_size") or 0)
     run_id = _run_id(plan)
+    if plan.provisioning is None:
+        raise GpuprovError("the plan records no provisioning decisions: run `gpuprov plan` again")
     mount = plan.storage.mount_point.rstrip("/") or ""
-    # Several nodes: checkpoints on the filesystem they all mount (a node-local array cannot
-    # hold the other nodes' shards for a resume); one node: its own NVMe array is fastest.
-    shared = plan.shared_storage.mount_point if plan.shared_storage else SHARED_MOUNT  # on-prem: the site's NFS
-    ckpt_root = shared.rstrip("/") if plan.cluster.nodes > 1 else mount
+    ckpt_root = plan.provisioning.checkpoint_root  # the target decided it (gpuprov/targets/decide.py)
     return {
         "plan": plan,
         "version": __version__,
@@ -106,6 +107,6 @@ def render_launch(plan: Plan) -> RenderedFiles:
     for name in _TEMPLATES:
         text = env.get_template(f"{name}.j2").render(**ctx)
         files[name] = "\n".join(line.rstrip() for line in text.split("\n"))
-    for name in _COPIED:
-        files[name] = (src / name).read_text()
+    for path in sorted(src.glob(_COPIED_GLOB)):
+        files[path.name] = path.read_text()
     return files

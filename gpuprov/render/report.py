@@ -11,9 +11,8 @@ import re
 from gpuprov.host import hosts_left_out
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import comment, md, md_code, svg
+from gpuprov.units import GiB, TB, gib, tb
 
-GiB = 2**30
-TB = 10**12
 
 
 
@@ -21,14 +20,6 @@ _GDS_MODES = {  # what cuFile does on the local NVMe (plan.software.gds_mode)
     "compat": "compatibility mode: POSIX reads; nvidia-fs needs DOCA's GDS-enabled NVMe driver",
     "nvidia-fs": "nvidia-fs mode: direct NVMe to GPU reads",
 }
-
-def _gib(n: int | float) -> str:
-    return f"{n / GiB:,.1f} GiB"
-
-
-def _tb(n: int | float) -> str:
-    return f"{n / TB:,.2f} TB"
-
 
 def _usd(x: float | None) -> str:
     return "n/a (owned hardware)" if x is None else f"${x:,.0f}"
@@ -62,7 +53,7 @@ def _summary(plan) -> list[str]:
         ["Task", plan.task + (f" (rank {plan.training.lora_rank}, targets {', '.join(plan.training.lora_targets)})"
                               if plan.task != "full" else "")],
         ["Where", f"{where}: {c.nodes} x `{c.instance_type}` ({price})"],
-        ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {_gib(plan.gpu.memory_bytes)} each)"],
+        ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {gib(plan.gpu.memory_bytes)} each)"],
         ["Parallelism", f"{c.sharding}: shard group {c.shard_group} GPUs x {c.replicate} "
                         f"replica{'s' if c.replicate != 1 else ''}"
                         + (f"; tensor parallel {c.tp} x context parallel {c.cp} inside it" if c.tp * c.cp > 1 else "")],
@@ -81,22 +72,22 @@ def _summary(plan) -> list[str]:
 def _memory(plan) -> list[str]:
     mem = plan.memory
     usable = int(mem.gpu_memory_bytes * (1 - mem.safety_margin))
-    rows = [[term, _gib(b), f"{100 * b / mem.per_gpu_bytes:.1f}%" if mem.per_gpu_bytes else "-"]
+    rows = [[term, gib(b), f"{100 * b / mem.per_gpu_bytes:.1f}%" if mem.per_gpu_bytes else "-"]
             for term, b in sorted(mem.breakdown.items(), key=lambda kv: (-kv[1], kv[0])) if b > 0]
     zero = sorted(term for term, b in mem.breakdown.items() if b <= 0)
-    rows.append(["**total per GPU**", f"**{_gib(mem.per_gpu_bytes)}**", "100.0%"])
+    rows.append(["**total per GPU**", f"**{gib(mem.per_gpu_bytes)}**", "100.0%"])
     out = [
         "## Memory: why it fits",
         "",
-        f"Peak memory on the busiest GPU, term by term. Usable: {_gib(usable)} "
-        f"({_gib(mem.gpu_memory_bytes)} less a {mem.safety_margin:.0%} safety margin); "
-        f"headroom {_gib(mem.headroom_bytes)}; fits: **{'yes' if mem.fits else 'NO'}**.",
+        f"Peak memory on the busiest GPU, term by term. Usable: {gib(usable)} "
+        f"({gib(mem.gpu_memory_bytes)} less a {mem.safety_margin:.0%} safety margin); "
+        f"headroom {gib(mem.headroom_bytes)}; fits: **{'yes' if mem.fits else 'NO'}**.",
         "",
         *_table(["term", "per GPU", "share"], rows),
         "",
         *([f"Zero in this configuration: {', '.join(zero)}.", ""] if zero else []),
-        f"Model states (weights, gradients, optimizer) over all GPUs: {_gib(mem.model_states_bytes)}. "
-        f"The widely quoted 18 bytes/parameter rule of thumb for mixed-precision Adam says {_gib(mem.rule_of_thumb_bytes)}"
+        f"Model states (weights, gradients, optimizer) over all GPUs: {gib(mem.model_states_bytes)}. "
+        f"The widely quoted 18 bytes/parameter rule of thumb for mixed-precision Adam says {gib(mem.rule_of_thumb_bytes)}"
         + (" (it ignores activations, buffers and fragmentation, and overstates LoRA)."
            if plan.task != "full" else " (it ignores activations, buffers and fragmentation)."),
     ]
@@ -151,8 +142,8 @@ def _hosts(plan) -> list[str]:
     out = [
         "## Host checklist",
         "",
-        f"Each node needs at least {_gib(h.ram_bytes_required)} RAM, {h.cpu_cores_required} CPU cores and "
-        f"{_tb(h.nvme_bytes_required)} of local NVMe (checkpoints: {_gib(h.checkpoint_bytes)} each, "
+        f"Each node needs at least {gib(h.ram_bytes_required)} RAM, {h.cpu_cores_required} CPU cores and "
+        f"{tb(h.nvme_bytes_required)} of local NVMe (checkpoints: {gib(h.checkpoint_bytes)} each, "
         f"{h.checkpoints_kept} kept, whole cluster).",
         "",
         *_table(["check", "required", "actual", "ok", "source"],
@@ -186,7 +177,7 @@ def _stack(plan) -> list[str]:
         f"- {_fabric_words(plan).replace('fabric ', 'Fabric: ', 1) if plan.cluster.nodes > 1 else 'Fabric: none (one node)'}"
         + (f", subnet manager {f.subnet_manager}" if f.subnet_manager != "none" else "")
         + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else ""),
-        f"- Storage: RAID0 of {st.devices} local NVMe drives ({_tb(st.expected_bytes)}) as "
+        f"- Storage: RAID0 of {st.devices} local NVMe drives ({tb(st.expected_bytes)}) as "
         f"/dev/md/{st.raid_name}, {st.filesystem} on {st.mount_point}",
     ] + _bringup(plan)
     if f.nccl_env or f.nccl_env_profile:
@@ -217,7 +208,7 @@ def _bringup(plan) -> list[str]:
     shared = plan.shared_storage
     if shared is not None:
         size = f"{shared.size_gib:,} GiB" if shared.size_gib else "elastic"
-        out.append(f"- Checkpoints: {shared.checkpoint_dir} on {shared.kind} ({size}, for {_tb(shared.need_bytes)} "
+        out.append(f"- Checkpoints: {shared.checkpoint_dir} on {shared.kind} ({size}, for {tb(shared.need_bytes)} "
                    f"of checkpoints and data)")
     return out
 

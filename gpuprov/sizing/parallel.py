@@ -164,7 +164,8 @@ def _root_params(arch: Any, st: Stage, tp: int, layer_params: int) -> tuple[floa
     return held, arch.params - arch.num_layers * layer_params
 
 
-def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: int, layer_params: int) -> dict[str, int]:
+def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: int, layer_params: int,
+                 whole_stage: bool = False) -> dict[str, int]:
     t, c = lay.tp, lay.cp
     norms = _norm_params(arch)
     lf = ((layer_params - norms) / t + norms) / layer_params
@@ -178,6 +179,8 @@ def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: in
     if "gathered_params" in out and out["gathered_params"]:
         root_bytes = a * root_all
         layer_part = max(0, out["gathered_params"] - root_bytes)
+        if whole_stage:  # every block of the model was counted gathered: this stage keeps its own
+            layer_part *= st.layers / arch.num_layers
         out["gathered_params"] = int(layer_part * lf + root_bytes * (root_held / root_all if root_all else 0))
     if "reduce_scatter_buffers" in out:
         out["reduce_scatter_buffers"] = int(out["reduce_scatter_buffers"] * lf)
@@ -224,9 +227,10 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
     out = []
     layer_params = arch.layer_params()
     ring = ring_buffers(arch, setup, tokens, a)
+    keep = lay.pp > 1 and setup.sharding in ("fsdp", "hsdp")  # memory_weights.pipeline_keeps_stage
     for st in stages(arch, setup, lay):
         for tag, ph in zip("abc", phases):
-            terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params)
+            terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params, whole_stage=keep)
             terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
             terms["cp_ring_buffers"] = ring if tag == "b" else 0
             name = f"{ph.name}, {st.name}" if st.name else ph.name
@@ -255,4 +259,10 @@ def assumptions(arch: Any, setup: Any) -> list[str]:
             f"PP {lay.pp} 1F1B: first stage holds min(pp, micro-batches) micro-batches in flight plus the embedding,"
             " last stage the head and logits; the busier stage is reported"
         )
+        if setup.sharding in ("fsdp", "hsdp"):
+            out.append(
+                "FSDP under PP (torchtitan + torch.distributed.pipelining): no reshard after forward, and no reshard or"
+                " gradient sync after each micro-batch's backward, so every stage keeps all its blocks gathered and"
+                " its gradients unsharded (fp32 reduce dtype) until the step's last backward"
+            )
     return out

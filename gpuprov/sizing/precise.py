@@ -34,10 +34,14 @@ import contextlib
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpuprov.errors import GpuprovError
+from gpuprov.sizing.precise_kernels import _constants, nf4_bytes  # noqa: F401 - nf4_bytes: precise mode's interface
+from gpuprov.sizing.precise_step import _global_bytes, _local_bytes, _progress_hooks, build_step
 from gpuprov.sizing.types import MemoryEstimate, TrainSetup
+from gpuprov.units import gib
 
 Progress = Callable[[str, float], None]
 
@@ -66,12 +70,6 @@ _TERM_OF_REFTYPE = {
     "cross_entropy": "cross_entropy",
     "autocast_weight_cache": "autocast_weight_cache",
 }
-
-# bitsandbytes 8-bit optimizers keep fp32 states for tensors under min_8bit_size elements
-# (bnb.optim.Optimizer8bit default). NF4 and 8-bit block sizes come from memory_constants.yaml.
-_BNB8_MIN_SIZE = 4096
-
-_ATTN_IMPL = "gpuprov_fa2"  # no "flash" in the name: HF would look for a hub kernel
 
 # Wall time of a simulation: fake tensors cost per op, not per byte, so time ~ decoder layers.
 # Measured on a shared 2-core machine (benchmarks/precise_grid.py prints each run's seconds):
@@ -145,551 +143,11 @@ def _validate(arch: Any, setup: TrainSetup) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------------
-# Attention: FlashAttention-2 memory behaviour on the CPU build
-# --------------------------------------------------------------------------------------------
-
-def _register_attention() -> None:
-    """Register an HF attention implementation that behaves like FlashAttention-2 in memory.
-
-    The CPU build has no CUDA kernels. HF's `sdpa` path on CPU happens to pick PyTorch's CPU flash
-    kernel (O(s) memory: saves q, k, v, out and a (b, h, s) fp32 logsumexp, GQA without repeating
-    k/v), but (1) any attention mask (padding, sliding window) or a softcap sends it to the math
-    path or eager attention, which materialise (b, h, s, s) scores, and (2) the CPU kernel returns
-    out in (b, h, s, d) layout, so HF's transpose().contiguous() copies it and the copy is saved
-    for o_proj: a (b, s, h*d) tensor per layer that CUDA FA2 (which writes (b, s, h, d)) never has.
-    This function forces the flash kernel with is_causal=True (no mask tensor) and hands back the
-    output in the CUDA layout, so neither the s^2 scores nor the extra copy appear.
-    """
-    import torch
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    if _ATTN_IMPL in AttentionInterface._global_mapping:
-        return
-
-    aten = torch.ops.aten
-
-    class _FlashCPU(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, scale):  # q: (b, h, s, d); k, v: (b, kvh, s, d)
-            out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, True, scale=scale
-            )
-            # CUDA FA2 layout: (b, s, h, d) memory; the (b, h, s, d) CPU buffer dies here.
-            out_bshd = out.transpose(1, 2).contiguous()
-            del out
-            ctx.scale = scale
-            ctx.save_for_backward(q, k, v, out_bshd, lse)
-            return out_bshd
-
-        @staticmethod
-        def backward(ctx, grad_bshd):
-            q, k, v, out_bshd, lse = ctx.saved_tensors
-            dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_bshd.transpose(1, 2), q, k, v, out_bshd.transpose(1, 2), lse,
-                0.0, True, scale=ctx.scale,
-            )
-            return dq, dk, dv, None
-
-    def flash_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        # Masks (padding, sliding window) and softcap are ignored: FA2 applies them inside the
-        # kernel without extra memory; only the memory behaviour matters here.
-        # Autocast runs SDPA in the low-precision dtype (CUDA and CPU lists); a custom Function
-        # is not autocast, so cast as it would.
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else value.dtype
-        query, key, value = (t.to(dtype) for t in (query, key, value))
-        return _FlashCPU.apply(query, key, value, scaling), None
-
-    AttentionInterface.register(_ATTN_IMPL, flash_forward)
-    AttentionMaskInterface.register(_ATTN_IMPL, flash_attention_mask)
-
-
-# --------------------------------------------------------------------------------------------
-# QLoRA: NF4 storage of frozen base weights
-# --------------------------------------------------------------------------------------------
-
-def nf4_bytes(numel: int) -> int:
-    """Bytes bitsandbytes NF4 with double quantisation stores for `numel` weights: 4-bit codes,
-    an 8-bit absmax per block, an fp32 scale per double-quant block of absmax values."""
-    q = _constants()["nf4"]
-    blocks = math.ceil(numel / q["blocksize"])
-    return (
-        math.ceil(numel * q["weight_bits"] / 8)
-        + blocks * q["double_quant_absmax_bytes"]
-        + q["double_quant_scale_bytes"] * math.ceil(blocks / q["double_quant_blocksize"])
-    )
-
-
-def _nf4_linear_class():
-    import torch
-    from torch import nn
-
-    class _Dequant4bit(torch.autograd.Function):
-        """bnb MatMul4Bit: dequantise to the compute dtype for the matmul, keep only the packed
-        weight for backward, dequantise again there (no weight gradient: the base is frozen)."""
-
-        @staticmethod
-        def forward(ctx, x, packed, shape):
-            w = torch.empty(shape, dtype=x.dtype, device=x.device)  # transient dequantised weight
-            y = x @ w.t()
-            ctx.shape = shape
-            ctx.save_for_backward(packed)
-            return y
-
-        @staticmethod
-        def backward(ctx, grad_y):
-            w = torch.empty(ctx.shape, dtype=grad_y.dtype, device=grad_y.device)
-            return grad_y @ w, None, None
-
-    class NF4Linear(nn.Module):
-        """A frozen Linear whose weight is stored as NF4 + double-quant scales.
-
-        The packed storage is kept in the frozen dtype (bnb_4bit_quant_storage, as FSDP QLoRA
-        recipes set it) so FSDP2 shards it like any parameter; its byte count is `nf4_bytes`.
-        """
-
-        def __init__(self, linear: nn.Linear, storage_dtype):
-            super().__init__()
-            self.in_features = linear.in_features
-            self.out_features = linear.out_features
-            numel = self.in_features * self.out_features
-            esize = torch.empty((), dtype=storage_dtype).element_size()
-            packed = torch.empty(math.ceil(nf4_bytes(numel) / esize), dtype=storage_dtype,
-                                 device=linear.weight.device)
-            self.weight = nn.Parameter(packed, requires_grad=False)
-            self.bias = linear.bias
-
-        def forward(self, x):
-            y = _Dequant4bit.apply(x, self.weight, (self.out_features, self.in_features))
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
-            return y
-
-    return NF4Linear
-
-
-def _quantize_frozen_linears(model, storage_dtype) -> int:
-    """Replace every frozen nn.Linear inside the decoder layers by NF4Linear (lm_head stays)."""
-    from torch import nn
-
-    nf4 = _nf4_linear_class()
-    replaced = 0
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if (
-                type(child) is nn.Linear
-                and ".layers." in f".{full}"
-                and not child.weight.requires_grad
-            ):
-                setattr(module, child_name, nf4(child, storage_dtype))
-                replaced += 1
-    return replaced
-
-
-# --------------------------------------------------------------------------------------------
-# 8-bit AdamW (bitsandbytes) state sizes
-# --------------------------------------------------------------------------------------------
-
-def _adamw8bit_class():
-    import torch
-
-    class AdamW8bitSim(torch.optim.Optimizer):
-        """Memory model of bnb.optim.AdamW8bit: two uint8 states + fp32 absmax per block
-        (fp32 states under 4096 elements); the fused kernel updates in place (no transient).
-        The update arithmetic is plain SGD-like: only the bytes are simulated."""
-
-        def __init__(self, params, lr=1e-4):
-            super().__init__(params, {"lr": lr})
-
-        @torch.no_grad()
-        def step(self, closure=None):
-            block = _constants()["adamw_8bit"]["blocksize"]
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    if not state:
-                        if p.numel() < _BNB8_MIN_SIZE:
-                            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
-                        else:
-                            blocks = math.ceil(p.numel() / block)
-                            state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-                            state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-                            state["absmax1"] = p.new_zeros(blocks, dtype=torch.float32)
-                            state["absmax2"] = p.new_zeros(blocks, dtype=torch.float32)
-                    p.add_(p.grad, alpha=-group["lr"])
-
-    return AdamW8bitSim
-
-
-# --------------------------------------------------------------------------------------------
-# The simulation
-# --------------------------------------------------------------------------------------------
-
-def _build_config(arch: Any, setup: TrainSetup):
-    import copy
-
-    from transformers import AutoConfig
-
-    # Deep copy: transformers rewrites nested dicts such as rope_scaling in place, and the
-    # caller's arch (a preset or a config.json) goes on to be rendered into plans and bundles.
-    cfg = copy.deepcopy(dict(arch.hf_config))
-    model_type = cfg.pop("model_type")
-    for key in ("architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
-                "auto_map", "quantization_config"):
-        cfg.pop(key, None)
-    try:
-        config = AutoConfig.for_model(model_type, **cfg)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise GpuprovError(f"cannot build a {model_type!r} model from its config: {exc}") from None
-    config.use_cache = False
-    config._attn_implementation = _ATTN_IMPL
-    return config
-
-
-def _decoder_layers(model):
-    """The ModuleList of decoder layers (HF CausalLM.model.layers, also under a peft wrapper)."""
-    from torch import nn
-
-    for name, module in model.named_modules():
-        if name.endswith("layers") and isinstance(module, nn.ModuleList) and len(module) > 0:
-            return module
-    raise GpuprovError("precise mode: found no decoder layers in the model")
-
-
-def _selective_policy(meta: dict):
-    """torchtitan's op-level SAC: keep matmul (every other one) and attention outputs, recompute
-    the rest (norms, activations, rotary, elementwise)."""
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    aten = torch.ops.aten
-    save = {
-        aten.mm.default,
-        aten._scaled_dot_product_flash_attention_for_cpu.default,
-        aten._scaled_dot_product_efficient_attention.default,
-        aten._scaled_dot_product_flash_attention.default,
-        torch.ops._c10d_functional.reduce_scatter_tensor.default,
-    }
-
-    def policy(ctx, func, *args, **kwargs):
-        mode = "recompute" if ctx.is_recompute else "forward"
-        key = f"{mode}_mm_count"
-        if func == aten.mm.default:
-            meta[key] = meta.get(key, 0) + 1
-        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return policy
-
-
-def _apply_ac(layers, mode: str) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    for i, layer in enumerate(layers):
-        if mode == "full":
-            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
-        elif mode == "selective":
-            def ctx_fn():  # fresh mm counter per layer call, shared by forward and recompute
-                return create_selective_checkpoint_contexts(_selective_policy({}))
-
-            layers[i] = checkpoint_wrapper(layer, context_fn=ctx_fn, preserve_rng_state=False)
-
-
-def _progress_hooks(layers, report: Progress):
-    """Per-layer progress through forward (0.15..0.5) and backward (0.5..0.9)."""
-    n = len(layers)
-    handles = []
-    done_fwd = set()
-
-    def make(i):
-        def pre_hook(module, args):
-            if i not in done_fwd:
-                done_fwd.add(i)
-                report("forward", 0.15 + 0.35 * (i + 1) / n)
-
-        def post_hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            if getattr(out, "requires_grad", False):
-                out.register_hook(lambda g: report("backward", 0.5 + 0.4 * (n - i) / n))
-
-        return pre_hook, post_hook
-
-    for i, layer in enumerate(layers):
-        pre, post = make(i)
-        handles.append(layer.register_forward_pre_hook(pre))
-        handles.append(layer.register_forward_hook(post))
-    return handles
-
-
-def _add_lora(model, setup: TrainSetup, dtype_frozen, dtype_store, notes: list[str]):
-    """peft LoRA on the meta model; QLoRA also swaps frozen decoder Linears for NF4 storage."""
-    from peft import LoraConfig, get_peft_model
-
-    model.requires_grad_(False)
-    model.to(dtype_frozen)
-    lcfg = LoraConfig(
-        r=setup.lora_rank, lora_alpha=2 * setup.lora_rank, lora_dropout=0.0,
-        target_modules=list(setup.lora_targets), bias="none",
-    )
-    model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
-    for p in model.parameters():
-        if p.requires_grad:
-            p.data = p.data.to(dtype_store)
-    name = lambda d: str(d).split(".")[-1]  # noqa: E731
-    notes.append(
-        f"LoRA via peft: rank {setup.lora_rank}, targets {','.join(setup.lora_targets)}, "
-        f"dropout 0; frozen base weights in {name(dtype_frozen)}, adapters in {name(dtype_store)}"
-    )
-    if setup.task == "qlora":
-        n = _quantize_frozen_linears(model, dtype_frozen)
-        notes.append(
-            f"QLoRA: {n} frozen decoder Linear weights stored as NF4 + double-quant scales "
-            "(~0.516 B/param; bnb quant_storage in the frozen dtype so FSDP2 shards it), "
-            "dequantised per matmul (transient), embeddings and lm_head unquantised"
-        )
-    return model
-
-
-def _materialize(model) -> None:
-    """Replace meta parameters/buffers by CPU tensors: fake inside FakeTensorMode, real (and
-    uninitialised: memory is what matters) outside. Tied parameters stay tied."""
-    import torch
-    from torch import nn
-
-    memo: dict[int, Any] = {}
-    for module in model.modules():
-        for key, p in list(module._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in memo:
-                memo[id(p)] = nn.Parameter(
-                    torch.empty(p.shape, dtype=p.dtype, device="cpu"), requires_grad=p.requires_grad
-                )
-            module._parameters[key] = memo[id(p)]
-        for key, b in list(module._buffers.items()):
-            if b is not None:
-                module._buffers[key] = torch.zeros(b.shape, dtype=b.dtype, device="cpu")
-
-
-def _local_bytes(t) -> int:
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return local.numel() * local.element_size()
-
-
-def _global_bytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
-class Step:
-    """A training step ready to run: model, optimizer, batch (fake or real tensors)."""
-
-    def __init__(self, model, layers, opt, params, ids, labels, autocast, trainable: int,
-                 offload_activations: bool = False, keep_outputs: bool = False):
-        self.model, self.layers, self.opt, self.params = model, layers, opt, params
-        self.ids, self.labels, self.autocast, self.trainable = ids, labels, autocast, trainable
-        self.offload_activations = offload_activations
-        self.keep_outputs = keep_outputs  # the loop holds the model output (logits) through the step
-
-    def warm_up_optimizer(self, keep_grads: bool = False) -> None:
-        """Create optimizer states (and DTensor sharding caches) with one step on zero grads.
-        keep_grads: leave the gradients allocated, as in gradient accumulation, where the
-        measured micro-batch runs with the previous micro-batches' gradients alive."""
-        import torch
-
-        for p in self.params:
-            p.grad = torch.zeros_like(p)
-        self.opt.step()
-        if not keep_grads:
-            self.opt.zero_grad(set_to_none=True)
-
-    def run(self, report: Progress | None = None) -> None:
-        """forward, backward, optimizer step, zero_grad(set_to_none): one steady-state step."""
-        report = report or (lambda stage, fraction: None)
-        offload = _offload_saved_activations() if self.offload_activations else contextlib.nullcontext()
-        with self.autocast, offload:
-            out = self.model(input_ids=self.ids, labels=self.labels)
-        loss = out.loss
-        if not self.keep_outputs:
-            del out  # torchtitan / torchtune / HF Trainer: only the loss survives the forward
-        report("backward", 0.5)
-        loss.backward()
-        del loss
-        report("optimizer step", 0.92)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-
-def _fused_cross_entropy_class():
-    import torch
-
-    class FusedChunkCE(torch.autograd.Function):
-        """What a compiled (fused) cross-entropy keeps: the low-precision logits and one fp32
-        log-sum-exp per token; the fp32 softmax is rebuilt in backward one chunk at a time."""
-
-        @staticmethod
-        def forward(ctx, logits, labels):  # logits (b, c, V), labels (b, c)
-            lse = torch.logsumexp(logits.float(), dim=-1)  # the fp32 chunk lives only here
-            picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
-            ctx.save_for_backward(logits, labels, lse)
-            return (lse - picked).sum()
-
-        @staticmethod
-        def backward(ctx, grad_out):
-            logits, labels, lse = ctx.saved_tensors
-            # one fp32 chunk-sized buffer, updated in place as a fused kernel would
-            grad = logits.float()
-            grad.sub_(lse.unsqueeze(-1)).exp_()
-            grad.scatter_add_(-1, labels.unsqueeze(-1), -torch.ones_like(lse).unsqueeze(-1))
-            grad.mul_(grad_out)
-            return grad.to(logits.dtype), None
-
-    return FusedChunkCE
-
-
-def _cross_entropy_loss(chunks: int, fused: bool, upcast: bool = True):
-    """An HF loss_function: eager chunked CE (torchtune CEWithChunkedOutputLoss: fp32 upcast per
-    chunk, every chunk's log-softmax saved) or, for torch.compile, a fused CE per chunk."""
-
-    def loss_function(logits, labels, vocab_size=None, num_items_in_batch=None,
-                      ignore_index: int = -100, **kwargs):
-        import torch.nn.functional as F
-
-        # next-token targets as HF shifts them; the padded last position is clamped to a valid
-        # id (memory is the same, and the fused path indexes with it)
-        labels = F.pad(labels, (0, 1), value=0)[..., 1:]
-        total = None
-        fused_ce = _fused_cross_entropy_class() if fused else None
-        for lc, yc in zip(logits.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
-            if fused_ce is not None:
-                part = fused_ce.apply(lc, yc)
-            else:
-                part = F.cross_entropy((lc.float() if upcast else lc).flatten(0, 1), yc.flatten(), reduction="sum")
-            total = part if total is None else total + part
-        return total / labels.numel()
-
-    return loss_function
-
-
-def _offload_saved_activations():
-    """torchtune-style activation offloading: saved activations leave the GPU after the forward
-    uses them and come back for their backward. Simulated by keeping only the shape: the tensor
-    is freed at pack time and re-allocated at unpack (the host-to-device copy's destination)."""
-    import torch
-
-    def pack(t):
-        if isinstance(t, torch.nn.Parameter) or t.numel() < 2**12:
-            return t  # weights and small tensors stay (torchtune skips them too)
-        return (t.shape, t.dtype, t.device)
-
-    def unpack(packed):
-        if isinstance(packed, tuple):
-            shape, dtype, device = packed
-            return torch.empty(shape, dtype=dtype, device=device)
-        return packed
-
-    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-
-
-def build_step(arch: Any, setup: TrainSetup, notes: list[str], mesh=None) -> Step:
-    """Build the configured model and optimizer in the current tensor mode.
-
-    Inside FakeTensorMode the tensors are fake; outside they are real CPU tensors (the tests
-    run the same step for real to check the simulation against measured allocations).
-    `mesh` (a DeviceMesh) turns on FSDP2 fully_shard per decoder layer and at the root.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    _register_attention()
-    config = _build_config(arch, setup)
-    lowp = torch.bfloat16
-    dtype_store = torch.float32 if setup.precision in ("bf16-mixed", "fp32") else lowp
-    # Frozen weights of LoRA/QLoRA need no fp32 master: stored in bf16 unless the run is fp32.
-    fp32_autocast = setup.precision == "bf16-mixed" and setup.autocast_fp32_params
-    dtype_frozen = torch.float32 if (setup.precision == "fp32" or fp32_autocast) else lowp
-    # Build (and adapt) on the meta device outside any fake mode, then materialise: peft and
-    # Module.to() cannot move fake parameters (swap_tensors refuses their weak references).
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily(), torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype_store)
-        if setup.task in ("lora", "qlora"):
-            model = _add_lora(model, setup, dtype_frozen, dtype_store, notes)
-    _materialize(model)
-    if setup.chunked_cross_entropy or setup.compile or not setup.loss_upcast:
-        chunks = int(_constants()["cross_entropy"]["chunks"]) if setup.chunked_cross_entropy else 1
-        getattr(model, "get_base_model", lambda: model)().loss_function = _cross_entropy_loss(
-            chunks, fused=setup.compile, upcast=setup.loss_upcast
-        )
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    layers = _decoder_layers(model)
-    _apply_ac(layers, setup.activation_checkpointing)
-    if mesh is not None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        kwargs: dict[str, Any] = {"mesh": mesh}
-        if setup.precision == "bf16-mixed" and not fp32_autocast:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=lowp, reduce_dtype=torch.float32)
-        if setup.task == "qlora" and getattr(setup, "qlora_base_replicated", False):
-            # gpuprov's trainer leaves the NF4 base out of FSDP (it cannot shard bitsandbytes
-            # weights): every GPU holds all of it, so simulate the same.
-            kwargs["ignored_params"] = {m.weight for m in model.modules() if type(m).__name__ == "NF4Linear"}
-        for layer in layers:
-            fully_shard(layer, **kwargs)
-        if setup.shard_embeddings and not getattr(config, "tie_word_embeddings", False):
-            # torchtitan / torchtune: embeddings and output head are FSDP units of their own
-            fully_shard(model.get_input_embeddings(), **kwargs)
-            fully_shard(model.get_output_embeddings(), **kwargs)
-        fully_shard(model, **kwargs)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if setup.optimizer == "adamw":
-        # fused (the analytic model's default) updates in place; foreach, PyTorch's default for
-        # CUDA tensors, holds one extra state-sized buffer (sqrt of exp_avg_sq) at the step.
-        impl = getattr(setup, "optimizer_impl", "fused")
-        if impl not in ("fused", "foreach"):
-            raise GpuprovError(f"optimizer implementation {impl!r} is not one of fused, foreach")
-        opt = torch.optim.AdamW(params, lr=1e-4, **{impl: True})
-    else:
-        opt = _adamw8bit_class()(params, lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (setup.micro_batch, setup.seq_len))
-    labels = ids.clone()
-    # Without FSDP, bf16-mixed is PyTorch AMP (fp32 weights, autocast casts; the cast weights
-    # are cached and saved for backward). With FSDP2 the MixedPrecisionPolicy does the casts.
-    amp = (
-        torch.autocast("cpu", dtype=lowp)
-        if setup.precision == "bf16-mixed" and (mesh is None or fp32_autocast)
-        else contextlib.nullcontext()
-    )
-    return Step(model, layers, opt, params, ids, labels, amp, trainable,
-                offload_activations=bool(setup.activation_offloading), keep_outputs=setup.loss_impl != "native")
-
-
-def _tracker_classes():
-    """(MemTracker, FSDPMemTracker) subclasses tuned for this use.
-
-    - Only the global peak is kept: upstream also updates every tracked module's local peak on
-      every op, O(ops x modules), which dominates the run time with peft's many small modules.
-    - MemTracker skips gradient hooks on frozen parameters (upstream hooks every parameter,
-      which raises for LoRA's requires_grad=False base weights).
-    """
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-
+def _head_aware_class() -> type:
+    """A tracker mixin that splits the loss end of the model out of "Activation"/"Temp"."""
     import torch
 
     _TO_COPY = torch.ops.aten._to_copy.default
-
-    def update_peak_stats(self, peak_state) -> None:
-        for dev, dev_snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
-                self._peak_mem[dev] = dev_snap["Total"]
-                self._peak_mem_snap[dev] = dict(dev_snap)
 
     class HeadAware:
         """Split the loss end of the model out of "Activation"/"Temp": tensors made inside the
@@ -727,6 +185,28 @@ def _tracker_classes():
                 elif known.get(self.body) not in parents and not self._in_ac:
                     reftype = "cross_entropy"
             super()._track(reftype, t)
+
+    return HeadAware
+
+
+def _tracker_classes():
+    """(MemTracker, FSDPMemTracker) subclasses tuned for this use.
+
+    - Only the global peak is kept: upstream also updates every tracked module's local peak on
+      every op, O(ops x modules), which dominates the run time with peft's many small modules.
+    - MemTracker skips gradient hooks on frozen parameters (upstream hooks every parameter,
+      which raises for LoRA's requires_grad=False base weights).
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    def update_peak_stats(self, peak_state) -> None:
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = dict(dev_snap)
+
+    HeadAware = _head_aware_class()
 
     class FastMemTracker(HeadAware, MemTracker):
         _update_peak_stats = update_peak_stats
@@ -784,29 +264,11 @@ def _unsimulated(setup: TrainSetup, use_fsdp: bool) -> list[str]:
     return [name for name, on in checks if on]
 
 
-def estimate_precise(
-    arch: Any,
-    setup: TrainSetup,
-    gpu_memory_bytes: int | None = None,
-    progress: Progress | None = None,
-) -> MemoryEstimate:
-    """Peak memory of one GPU from a simulated training step (see the module docstring)."""
-    _validate(arch, setup)
-    _require_torch(setup)
-    report: Progress = progress or (lambda stage, fraction: None)
-    report("loading torch", 0.0)
-
-    import torch
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    world = _shard_world(setup)
-    use_fsdp = setup.sharding in ("fsdp", "hsdp")
-    assumptions: list[str] = [
+def _assumptions(setup: TrainSetup, world: int, use_fsdp: bool, torch_version: str) -> list[str]:
+    """What the simulation runs, and what it leaves to the analytic model."""
+    out: list[str] = [
         "precise: one forward+backward+AdamW step simulated on fake tensors (torch "
-        f"{torch.__version__}, FakeTensorMode + {'FSDPMemTracker' if use_fsdp else 'MemTracker'}"
+        f"{torch_version}, FakeTensorMode + {'FSDPMemTracker' if use_fsdp else 'MemTracker'}"
         f"{f', FSDP2 on a fake process group of {world}' if use_fsdp else ''}); optimizer states "
         "created by a warm-up step first, so the measured step is steady state",
         "attention: FlashAttention-2 memory (saves q,k,v,out and fp32 logsumexp; no s^2 scores, "
@@ -826,25 +288,93 @@ def estimate_precise(
     ]
     unsimulated = _unsimulated(setup, use_fsdp)
     if unsimulated:
-        assumptions.append("not simulated (the analytic estimate models them): " + ", ".join(unsimulated))
+        out.append("not simulated (the analytic estimate models them): " + ", ".join(unsimulated))
     if setup.compile:
-        assumptions.append(
+        out.append(
             "torch.compile: only the loss is modelled as compiled (fused cross-entropy keeping "
             "bf16 logits + fp32 log-sum-exp); the blocks run eager (overestimate of fused "
             "intermediates)"
         )
     if int(getattr(setup, "grad_accumulation_steps", 1) or 1) > 1:
-        assumptions.append("gradient accumulation: gradients stay allocated through the forward")
+        out.append("gradient accumulation: gradients stay allocated through the forward")
     if getattr(setup, "activation_offloading", False):
-        assumptions.append(
+        out.append(
             "activation offloading (torchtune-style saved-tensor hooks): saved activations leave "
             "the GPU after use and return for backward; prefetch buffers in flight not counted"
         )
     if setup.chunked_cross_entropy:
-        assumptions.append(
+        out.append(
             "chunked cross-entropy as torchtune's CEWithChunkedOutputLoss: bf16 logits of the whole "
             "sequence, fp32 upcast per chunk (chunks from memory_constants.yaml)"
         )
+    return out
+
+
+@dataclass
+class _Measured:
+    """What one simulated step measured (bytes; `untracked`: parameters outside FSDP's view)."""
+
+    peak: dict
+    state_local: int
+    state_global: int
+    param_global: int
+    grad_global: int
+    grad_local: int
+    trainable: int
+    untracked: int
+    elapsed: float
+
+
+def _tracker_for(step: Any, use_fsdp: bool) -> Any:
+    plain_tracker, fsdp_tracker = _tracker_classes()
+    if use_fsdp:
+        tracker = fsdp_tracker(step.model, step.opt)
+        tracker.track_inputs((step.ids, step.labels))
+    else:
+        tracker = plain_tracker()
+        tracker.track_external(step.model, step.opt, step.ids, step.labels)
+    tracker.head = step.model.get_output_embeddings()
+    tracker.body = step.model.get_decoder()
+    return tracker
+
+
+def _measure(step: Any, setup: TrainSetup, use_fsdp: bool, report: Progress, t_start: float) -> _Measured:
+    """Warm the optimizer up, then run one tracked step and read its peak and the states' sizes."""
+    import torch
+
+    grad_accum = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
+    step.warm_up_optimizer(keep_grads=grad_accum > 1)
+    tracker = _tracker_for(step, use_fsdp)
+    hooks = _progress_hooks(step.layers, report)
+    report("forward", 0.15)
+    with tracker:
+        step.run(report)
+    for h in hooks:
+        h.remove()
+    states = [v for st in step.opt.state.values() for v in st.values()
+              if isinstance(v, torch.Tensor) and v.dim() > 0]
+    # Parameters left out of FSDP (a replicated NF4 base) are not FSDP state, so the
+    # FSDP tracker does not see them; they are live the whole step, so add them whole.
+    untracked = sum(
+        _local_bytes(m.weight) for m in step.model.modules()
+        if use_fsdp and type(m).__name__ == "NF4Linear" and getattr(setup, "qlora_base_replicated", False)
+    )
+    return _Measured(
+        peak=tracker.get_tracker_snapshot("peak"),
+        state_local=sum(_local_bytes(v) for v in states), state_global=sum(_global_bytes(v) for v in states),
+        param_global=sum(_global_bytes(p) for p in step.model.parameters()),
+        grad_global=sum(_global_bytes(p) for p in step.params),  # grads take the param dtype
+        grad_local=sum(_local_bytes(p) for p in step.params), trainable=step.trainable, untracked=untracked,
+        elapsed=time.monotonic() - t_start)
+
+
+def _simulate(arch: Any, setup: TrainSetup, assumptions: list[str], report: Progress, world: int,
+              use_fsdp: bool) -> _Measured:
+    """Build and run the step on fake tensors, on a fake process group when FSDP shards it."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     created_pg = False
     if use_fsdp:
@@ -863,86 +393,71 @@ def estimate_precise(
             warnings.simplefilter("ignore", FutureWarning)
             step = build_step(arch, setup, assumptions, mesh=mesh)
             report("optimizer warm-up", 0.1)
-            grad_accum = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
-            step.warm_up_optimizer(keep_grads=grad_accum > 1)
-            plain_tracker, fsdp_tracker = _tracker_classes()
-            if use_fsdp:
-                tracker = fsdp_tracker(step.model, step.opt)
-                tracker.track_inputs((step.ids, step.labels))
-            else:
-                tracker = plain_tracker()
-                tracker.track_external(step.model, step.opt, step.ids, step.labels)
-            tracker.head = step.model.get_output_embeddings()
-            tracker.body = step.model.get_decoder()
-            hooks = _progress_hooks(step.layers, report)
-            report("forward", 0.15)
-            with tracker:
-                step.run(report)
-            for h in hooks:
-                h.remove()
-            peak = tracker.get_tracker_snapshot("peak")
-            states = [
-                v for st in step.opt.state.values() for v in st.values()
-                if isinstance(v, torch.Tensor) and v.dim() > 0
-            ]
-            state_local = sum(_local_bytes(v) for v in states)
-            state_global = sum(_global_bytes(v) for v in states)
-            param_global = sum(_global_bytes(p) for p in step.model.parameters())
-            grad_global = sum(_global_bytes(p) for p in step.params)  # grads take the param dtype
-            grad_local = sum(_local_bytes(p) for p in step.params)
-            trainable = step.trainable
-            # Parameters left out of FSDP (a replicated NF4 base) are not FSDP state, so the
-            # FSDP tracker does not see them; they are live the whole step, so add them whole.
-            untracked = sum(
-                _local_bytes(m.weight) for m in step.model.modules()
-                if use_fsdp and type(m).__name__ == "NF4Linear" and getattr(setup, "qlora_base_replicated", False)
-            )
-        elapsed = time.monotonic() - t_start
+            return _measure(step, setup, use_fsdp, report, t_start)
     finally:
         if created_pg:
             dist.destroy_process_group()
 
-    breakdown = _breakdown_from_peak(peak, state_local)
-    if untracked:
-        breakdown["parameters"] = breakdown.get("parameters", 0) + untracked
-        assumptions.append(f"qlora: NF4 base replicated on every GPU (left out of FSDP), {untracked / 2**30:.2f} GiB")
-    breakdown = _apply_sharding_outside_fsdp(breakdown, setup, grad_local, assumptions)
+
+def _estimate(m: _Measured, setup: TrainSetup, world: int, use_fsdp: bool, assumptions: list[str],
+              gpu_memory_bytes: int | None) -> MemoryEstimate:
+    """The measured peak as the analytic model's terms, with the non-tensor terms added."""
+    breakdown = _breakdown_from_peak(m.peak, m.state_local)
+    if m.untracked:
+        breakdown["parameters"] = breakdown.get("parameters", 0) + m.untracked
+        assumptions.append(f"qlora: NF4 base replicated on every GPU (left out of FSDP), {gib(m.untracked, 2)}")
+    breakdown = _apply_sharding_outside_fsdp(breakdown, setup, m.grad_local, assumptions)
     breakdown = _apply_offload(breakdown, setup, assumptions)
     breakdown.update(_overhead_terms(setup, sum(breakdown.values()), assumptions))
     if use_fsdp and setup.offload == "none":
         # FSDP2 allocates the sharded gradients (reduce-scatter outputs) on its reduce-scatter
         # stream; zero_grad frees them into that stream's cache, which the compute stream's
         # activations cannot reuse, so the blocks stay reserved through the next forward.
-        held = max(0, grad_local - breakdown.get("gradients", 0))
+        held = max(0, m.grad_local - breakdown.get("gradients", 0))
         if held:
             breakdown["allocator_fragmentation"] = breakdown.get("allocator_fragmentation", 0) + held
             assumptions.append(
-                f"allocator: {held / 2**30:.2f} GiB of freed sharded gradients stay cached on "
+                f"allocator: {gib(held, 2)} of freed sharded gradients stay cached on "
                 "FSDP's reduce-scatter stream (reserved, not reusable by activations)"
             )
     breakdown = {k: int(v) for k, v in breakdown.items() if v}
     replicas = max(1, setup.gpus // world)
     if setup.sharding == "zero1":
-        states_all = (param_global + grad_global) * setup.gpus + state_global
+        states_all = (m.param_global + m.grad_global) * setup.gpus + m.state_global
     elif setup.sharding == "zero2":
-        states_all = param_global * setup.gpus + grad_global + state_global
+        states_all = m.param_global * setup.gpus + m.grad_global + m.state_global
     else:
-        states_all = (param_global + grad_global + state_global) * replicas
-    assumptions.append(f"simulated in {elapsed:.1f} s on CPU")
+        states_all = (m.param_global + m.grad_global + m.state_global) * replicas
+    assumptions.append(f"simulated in {m.elapsed:.1f} s on CPU")
     per_gpu = sum(breakdown.values())
     if gpu_memory_bytes is not None:
         verdict = "fits" if per_gpu <= gpu_memory_bytes else "does not fit"
-        assumptions.append(
-            f"{verdict}: {per_gpu / 2**30:.2f} GiB of {gpu_memory_bytes / 2**30:.2f} GiB"
-        )
+        assumptions.append(f"{verdict}: {gib(per_gpu, 2)} of {gib(gpu_memory_bytes, 2)}")
+    return MemoryEstimate(per_gpu_bytes=per_gpu, breakdown=breakdown, model_states_bytes=int(states_all),
+                          trainable_params=int(m.trainable), assumptions=tuple(assumptions))
+
+
+def estimate_precise(
+    arch: Any,
+    setup: TrainSetup,
+    gpu_memory_bytes: int | None = None,
+    progress: Progress | None = None,
+) -> MemoryEstimate:
+    """Peak memory of one GPU from a simulated training step (see the module docstring)."""
+    _validate(arch, setup)
+    _require_torch(setup)
+    report: Progress = progress or (lambda stage, fraction: None)
+    report("loading torch", 0.0)
+
+    import torch
+
+    world = _shard_world(setup)
+    use_fsdp = setup.sharding in ("fsdp", "hsdp")
+    assumptions = _assumptions(setup, world, use_fsdp, torch.__version__)
+    measured = _simulate(arch, setup, assumptions, report, world, use_fsdp)
+    estimate = _estimate(measured, setup, world, use_fsdp, assumptions, gpu_memory_bytes)
     report("done", 1.0)
-    return MemoryEstimate(
-        per_gpu_bytes=per_gpu,
-        breakdown=breakdown,
-        model_states_bytes=int(states_all),
-        trainable_params=int(trainable),
-        assumptions=tuple(assumptions),
-    )
+    return estimate
 
 
 def _breakdown_from_peak(peak: dict, state_local: int) -> dict[str, int]:
@@ -1001,12 +516,6 @@ def _apply_offload(bd: dict[str, int], setup: TrainSetup, notes: list[str]) -> d
             "the GPU holds unsharded layers and activations"
         )
     return bd
-
-
-def _constants() -> dict:
-    from gpuprov.catalog import load_data
-
-    return load_data("memory_constants.yaml")
 
 
 def _overhead_terms(setup: TrainSetup, tensor_bytes: int, notes: list[str]) -> dict[str, int]:

@@ -99,7 +99,7 @@ def _gpu_changes(s: TrainSetup) -> list[Change]:
     sharding = s.sharding if _sharded(s.sharding) else "fsdp"
     while gpus * 2 <= s.gpus * MAX_GPU_FACTOR:
         gpus *= 2
-        fields = {"gpus": gpus, "sharding": sharding, "gpus_per_node": min(max(s.gpus_per_node, min(gpus, 8)), gpus)}
+        fields: dict[str, Any] = {"gpus": gpus, "sharding": sharding, "gpus_per_node": min(max(s.gpus_per_node, min(gpus, 8)), gpus)}
         flags = {"--gpus": str(gpus)}
         if sharding != s.sharding:
             flags["--sharding"] = sharding
@@ -161,7 +161,7 @@ def gpu_seconds_per_token(arch: Any, gpu: Any, s: TrainSetup, trainable: int) ->
     group = s.shard_group if (s.sharding == "hsdp" and s.shard_group) else (gpn if s.sharding == "hsdp" else s.gpus)
     shape = Shape(nodes=nodes, gpus_per_node=gpn, sharding=sharding, shard_group=group,
                   micro_batch=s.micro_batch, grad_accum=s.grad_accumulation_steps, seq_len=s.seq_len)
-    util, _ = utilisation(gpu)
+    util, _ = utilisation(gpu, compiled=s.compile)
     intra, _ = intra_node_gbytes(gpu)
     step = step_estimate(
         shape=shape, flops=flops_per_token(arch, s.seq_len, s.task, trainable, s.activation_checkpointing),

@@ -13,7 +13,7 @@ All assumptions come from catalog/data/throughput.yaml, each with its source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -81,9 +81,28 @@ def gpu_class(gpu: Any) -> str:
     return a.class_by_arch.get(gpu.architecture, "ada")
 
 
-def utilisation(gpu: Any) -> tuple[float, str]:
-    """(assumed sustained fraction of dense BF16 peak, its source) for this GPU."""
-    return assumptions().utilisation[gpu_class(gpu)]
+def power_factor(gpu: Any) -> float:
+    """Sustained tensor throughput of this part relative to the power limit its class was measured at.
+
+    Under a power cap the GPU lowers its clock until C V^2 f fits, and the voltage falls with the clock
+    across the DVFS range, so the sustained clock goes as the cube root of the power limit
+    (catalog/data/throughput.yaml power)."""
+    power = assumptions().raw["power"]
+    measured_at = power["measured_at_w"].get(gpu_class(gpu))
+    tdp = getattr(gpu, "tdp_w", None)
+    if not measured_at or not tdp:
+        return 1.0
+    return float((float(tdp) / float(measured_at)) ** float(power["clock_exponent"]))
+
+
+def utilisation(gpu: Any, compiled: bool = True) -> tuple[float, str]:
+    """(sustained fraction of dense BF16 peak, its source) for this GPU at its power limit: the class's
+    measured (compiled) value, scaled by the power limit, and by the measured eager/compiled ratio for eager."""
+    value, source = assumptions().utilisation[gpu_class(gpu)]
+    value *= power_factor(gpu)
+    if not compiled:
+        value *= float(assumptions().raw["compile"]["eager_factor"])
+    return value, source
 
 
 # --------------------------------------------------------------------------- float8
@@ -121,13 +140,29 @@ def float8_refusal(*, task: str, precision: str, compiled: bool, moe: bool, tp: 
     return "; ".join(why) or None
 
 
+def float8_linear_gain(arch: Any, step_gain: float) -> float:
+    """The float8 linears' own speed-up behind a step gain measured at the runs' sequence length.
+
+    float8 runs the linears' matmuls on FP8 tensor cores; attention (SDPA) stays bf16. The measured runs
+    (seq_len and AC in catalog/data/throughput.yaml float8) spent a share `a` of their FLOPs in
+    attention, so 1/step_gain = (1 - a)/linear_gain + a (Amdahl); the linear gain then applies at any
+    sequence length, and long sequences, attention-heavy, gain less."""
+    f = assumptions().raw["float8"]
+    fl = flops_per_token(arch, int(f["measured_seq_len"]), "full", arch.params, str(f["measured_ac"]))
+    a = attention_executed(fl) / fl.executed
+    rest = 1.0 / step_gain - a
+    return (1.0 - a) / rest if rest > 0 else step_gain
+
+
 def float8_step_kw(gpu: Any, arch: Any) -> dict[str, float]:
-    """step_estimate's float8 arguments for this GPU and model: the measured gain and the parameters
-    gathered in float8 (every decoder block's linears; embeddings and head stay bf16); {} without a gain."""
+    """step_estimate's float8 arguments for this GPU and model: the linears' speed-up behind the measured
+    gain and the parameters gathered in float8 (every decoder block's linears; embeddings and head stay
+    bf16); {} without a gain."""
     found = float8_gain(gpu, arch.params)
     if found is None:
         return {}
-    return {"float8_gain": found[0], "float8_params": arch.num_layers * arch.layer_linear_params()}
+    return {"float8_gain": float8_linear_gain(arch, found[0]),
+            "float8_params": arch.num_layers * arch.layer_linear_params()}
 
 
 # --------------------------------------------------------------------------- FLOPs per token
@@ -157,6 +192,11 @@ def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str)
     else:
         recompute = 0.0
     return Flops(model=model, executed=model + recompute, matmul_params=n, attention=attn, recompute=recompute)
+
+
+def attention_executed(fl: Flops) -> float:
+    """Attention FLOPs the step runs (forward + backward, + the forward again under AC): what float8 leaves bf16."""
+    return fl.attention + (fl.attention / 3.0 if fl.recompute > 0 else 0.0)
 
 
 # --------------------------------------------------------------------------- links
@@ -209,11 +249,99 @@ class Shape:
 
 
 def _collective_bw(group: int, gpus_per_node: int, intra: float, inter: float) -> tuple[float, float]:
-    """(GB/s, latency s) of a ring over `group` consecutive ranks (spans nodes if group > node)."""
+    """(bus GB/s, latency s) of a ring over `group` consecutive ranks (spans nodes if group > node).
+
+    `inter` is one GPU's share of its node's fabric. NCCL builds one ring per channel and gives each
+    channel its own NIC, so a ring that spans nodes crosses every node boundary on all the NICs of the
+    node's ranks at once: the bus bandwidth is channels x one NIC (NVIDIA/nccl src/graph/tuning.cc
+    `busBw = nChannels * bw`, bw = bwInter beyond two nodes), i.e. the node's aggregate for the ranks it
+    has in the group, never more than NVLink inside the node."""
     a = assumptions()
     if group <= gpus_per_node:
         return intra, a.lat_intra
-    return min(intra, inter), a.lat_inter
+    return min(intra, inter * gpus_per_node), a.lat_inter
+
+
+@dataclass(frozen=True)
+class _Comm:
+    """Collective time of one step by where it can hide, and the bytes a GPU sends."""
+
+    per_micro_batch: float = 0.0  # hides under each micro-batch's compute
+    per_step_sync: float = 0.0  # hides under the last backward only
+    tail: float = 0.0  # after the optimizer step: cannot hide
+    volume: float = 0.0
+
+
+def _gather_and_reduce_bytes(a: Assumptions, prec: dict[str, Any], task: str, params: int, trainable: int,
+                             float8_params: int) -> tuple[float, float]:
+    """(bytes in one full copy of what FSDP gathers, bytes in one full copy of the reduced gradients)."""
+    param_bytes = float(prec["gather_bytes"])
+    gather_bytes = a.qlora_gather_bytes if task == "qlora" else param_bytes
+    frozen = params - trainable if task != "full" else 0
+    gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * param_bytes
+    if float8_params:
+        gather_buf -= float8_params * (param_bytes - a.f8_gather_bytes)
+    return gather_buf, trainable * float(prec["reduce_bytes"])
+
+
+def _data_parallel_comm(shape: Shape, gather_buf: float, grad_buf: float, trainable_bytes: float, num_layers: int,
+                        intra: float, inter: float) -> _Comm:
+    """FSDP/HSDP, ZeRO-2 or DDP collectives of one step, ring algorithms over the group's links."""
+    n, s = shape.total_gpus, shape.sharding
+    if s in ("fsdp", "hsdp") and shape.shard_group > 1:
+        g = shape.shard_group
+        bw, lat = _collective_bw(g, shape.gpus_per_node, intra, inter)
+        # forward all-gather + backward re-gather (reshard_after_forward) + grad reduce-scatter
+        b = (g - 1) / g * (2 * gather_buf + grad_buf)
+        out = _Comm(per_micro_batch=b / (bw * 1e9) + 3 * num_layers * lat, volume=b * shape.grad_accum)
+        if s == "hsdp" and n > g:
+            r = n // g
+            bw_r, lat_r = _collective_bw(n, shape.gpus_per_node, intra, inter)
+            # replicas all-reduce their shard of the grads once per step (ranks of one replica
+            # group sit on different nodes, one per node: one NIC each carries it)
+            b_r = 2 * (r - 1) / r * grad_buf / g
+            out = replace(out, volume=out.volume + b_r,
+                          per_step_sync=b_r / (min(bw_r, inter) * 1e9) + num_layers * lat_r)
+        return out
+    if s == "zero2" and n > 1:
+        bw, lat = _collective_bw(n, shape.gpus_per_node, intra, inter)
+        b_rs = (n - 1) / n * grad_buf
+        b_ag = (n - 1) / n * trainable_bytes  # updated params after the step
+        return _Comm(per_micro_batch=b_rs / (bw * 1e9) + num_layers * lat, tail=b_ag / (bw * 1e9) + lat,
+                     volume=b_rs * shape.grad_accum + b_ag)
+    if s == "ddp" and n > 1:
+        bw, lat = _collective_bw(n, shape.gpus_per_node, intra, inter)
+        b = 2 * (n - 1) / n * grad_buf  # no_sync during accumulation: one all-reduce per step
+        return _Comm(per_step_sync=b / (bw * 1e9) + num_layers * lat, volume=b)
+    return _Comm()
+
+
+def _local_shards(shape: Shape, params: int, trainable: int) -> tuple[float, float]:
+    """(trainable params this GPU's optimizer steps, params this GPU stores)."""
+    if shape.sharding in ("fsdp", "hsdp"):
+        return trainable / max(1, shape.shard_group), params / max(1, shape.shard_group)
+    if shape.sharding == "zero2":
+        return trainable / shape.total_gpus, params
+    return trainable, params
+
+
+def _optimizer_seconds(shard: float, optimizer: str, offload: str, hbm_gbytes_per_s: float, host_gbytes: float) -> float:
+    """AdamW over this GPU's shard: HBM-bound on the GPU, or host-side after shipping grads down and
+    params up when offloaded."""
+    a = assumptions()
+    off = a.raw["offload"]
+    if offload in ("optimizer", "full"):
+        return shard / float(off["cpu_adam_params_per_s_per_gpu"]) + \
+            shard * float(off["host_link_bytes_per_param_per_step"]) / (host_gbytes * 1e9)
+    opt_bytes = a.opt_bytes_8bit if optimizer == "adamw-8bit" else a.opt_bytes
+    return shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
+
+
+def compute_seconds(tokens: float, flops: Flops, peak_tflops: float, speed: float, float8_gain: float = 1.0) -> float:
+    """Seconds `tokens` take at `speed` x peak; float8 speeds up the linears' matmuls, not attention."""
+    attn = attention_executed(flops) if float8_gain != 1.0 else 0.0
+    work = (flops.executed - attn) / float8_gain + attn
+    return tokens * work / (peak_tflops * 1e12 * speed)
 
 
 def step_estimate(
@@ -236,106 +364,46 @@ def step_estimate(
     float8_gain: float = 1.0,
     float8_params: int = 0,
 ) -> StepEstimate:
-    """`float8_gain` > 1: torchao float8 linears (measured speed-up on the step's compute);
+    """`float8_gain` > 1: torchao float8 linears (their matmuls' speed-up, float8_step_kw);
     `float8_params` of the parameters are then all-gathered in float8 (1 byte each)."""
     a = assumptions()
     prec = a.raw["precision"][precision]
     n = shape.total_gpus
-    speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"]) * float8_gain
+    speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"])
     tokens_mb = shape.micro_batch * shape.seq_len
-    compute_mb = tokens_mb * flops.executed / (peak_tflops * 1e12 * speed)
+    compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
     compute = compute_mb * shape.grad_accum
 
-    param_bytes = float(prec["gather_bytes"])
-    gather_bytes = a.qlora_gather_bytes if task == "qlora" else param_bytes
-    frozen = params - trainable if task != "full" else 0
-    # bytes in one full copy of what is gathered / reduced
-    gather_buf = params * gather_bytes if task == "full" else frozen * gather_bytes + trainable * param_bytes
-    if float8_params:
-        gather_buf -= float8_params * (param_bytes - a.f8_gather_bytes)
-    grad_buf = trainable * float(prec["reduce_bytes"])
-
-    per_mb_comm = 0.0  # hides under each micro-batch's compute
-    per_step_sync = 0.0  # hides under the last backward only
-    tail = 0.0  # after the optimizer step: cannot hide
-    vol = 0.0
-    s = shape.sharding
-    if s in ("fsdp", "hsdp") and shape.shard_group > 1:
-        g = shape.shard_group
-        bw, lat = _collective_bw(g, shape.gpus_per_node, intra_gbytes, inter_gbytes)
-        frac = (g - 1) / g
-        # forward all-gather + backward re-gather (reshard_after_forward) + grad reduce-scatter
-        b = frac * (2 * gather_buf + grad_buf)
-        vol += b * shape.grad_accum
-        per_mb_comm = b / (bw * 1e9) + 3 * num_layers * lat
-        if s == "hsdp" and shape.nodes * shape.gpus_per_node > g:
-            r = n // g
-            bw_r, lat_r = _collective_bw(n, shape.gpus_per_node, intra_gbytes, inter_gbytes)
-            # replicas all-reduce their shard of the grads once per step (ranks of one replica
-            # group sit on different nodes: the fabric carries it)
-            b_r = 2 * (r - 1) / r * grad_buf / g
-            vol += b_r
-            per_step_sync = b_r / (min(bw_r, inter_gbytes) * 1e9) + num_layers * lat_r
-    elif s == "zero2" and n > 1:
-        bw, lat = _collective_bw(n, shape.gpus_per_node, intra_gbytes, inter_gbytes)
-        frac = (n - 1) / n
-        b_rs = frac * grad_buf
-        vol += b_rs * shape.grad_accum
-        per_mb_comm = b_rs / (bw * 1e9) + num_layers * lat
-        b_ag = frac * trainable * param_bytes  # updated params after the step
-        vol += b_ag
-        tail = b_ag / (bw * 1e9) + lat
-    elif s == "ddp" and n > 1:
-        bw, lat = _collective_bw(n, shape.gpus_per_node, intra_gbytes, inter_gbytes)
-        b = 2 * (n - 1) / n * grad_buf  # no_sync during accumulation: one all-reduce per step
-        vol += b
-        per_step_sync = b / (bw * 1e9) + num_layers * lat
-    # CPU offload: the host link (PCIe) carries what the optimizer and the offloaded shards need
-    if s in ("fsdp", "hsdp"):
-        shard = trainable / max(1, shape.shard_group)
-        param_shard = params / max(1, shape.shard_group)
-    elif s == "zero2":
-        shard, param_shard = trainable / n, params
-    else:
-        shard, param_shard = trainable, params
+    gather_buf, grad_buf = _gather_and_reduce_bytes(a, prec, task, params, trainable, float8_params)
+    comm = _data_parallel_comm(shape, gather_buf, grad_buf, trainable * float(prec["gather_bytes"]), num_layers,
+                               intra_gbytes, inter_gbytes)
+    shard, param_shard = _local_shards(shape, params, trainable)
     host_gbytes = a.pcie_gbytes.get(int(pcie_gen), 16.0) * a.link_eff["pcie"]
-    off = a.raw["offload"]
+    per_mb_comm = comm.per_micro_batch
     if offload == "full":
         # parameters live on the host: every micro-batch brings the shard up twice, grads down
-        per_mb_comm += param_shard * float(off["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
+        per_mb_comm += param_shard * float(a.raw["offload"]["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
     exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
-    backward_last = compute_mb * 2.0 / 3.0
-    exposed_sync = max(0.0, per_step_sync - a.overlap * backward_last)
-    exposed = exposed_mb * shape.grad_accum + exposed_sync + tail
-    comm = per_mb_comm * shape.grad_accum + per_step_sync + tail
-
-    # optimizer step over this GPU's shard of the trainable parameters: HBM-bound on the GPU, or
-    # host-side after shipping grads down and params up when offloaded
-    if offload in ("optimizer", "full"):
-        opt = shard / float(off["cpu_adam_params_per_s_per_gpu"]) + \
-            shard * float(off["host_link_bytes_per_param_per_step"]) / (host_gbytes * 1e9)
-    else:
-        opt_bytes = a.opt_bytes_8bit if optimizer == "adamw-8bit" else a.opt_bytes
-        opt = shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
+    exposed_sync = max(0.0, comm.per_step_sync - a.overlap * compute_mb * 2.0 / 3.0)  # last backward only
+    exposed = exposed_mb * shape.grad_accum + exposed_sync + comm.tail
+    opt = _optimizer_seconds(shard, optimizer, offload, hbm_gbytes_per_s, host_gbytes)
 
     step = compute + exposed + opt
-    tokens_step = tokens_mb * shape.grad_accum * n
-    tps = tokens_step / step
-    mfu = tps * flops.model / (peak_tflops * 1e12 * n)
-    bound = "communication" if exposed > 0.25 * compute else "compute"
+    tps = tokens_mb * shape.grad_accum * n / step
     terms = {
         "compute_per_micro_batch_s": compute_mb,
         "comm_per_micro_batch_s": per_mb_comm,
         "exposed_per_micro_batch_s": exposed_mb,
-        "sync_per_step_s": per_step_sync,
+        "sync_per_step_s": comm.per_step_sync,
         "exposed_sync_s": exposed_sync,
-        "tail_s": tail,
+        "tail_s": comm.tail,
         "optimizer_s": opt,
     }
     return StepEstimate(
-        step_time_s=step, compute_time_s=compute, comm_time_s=comm, exposed_comm_s=exposed,
-        optimizer_time_s=opt, tokens_per_s=tps, mfu=mfu, utilisation=speed,
-        comm_bytes_per_gpu=vol, bound=bound, terms=terms,
+        step_time_s=step, compute_time_s=compute,
+        comm_time_s=per_mb_comm * shape.grad_accum + comm.per_step_sync + comm.tail, exposed_comm_s=exposed,
+        optimizer_time_s=opt, tokens_per_s=tps, mfu=tps * flops.model / (peak_tflops * 1e12 * n), utilisation=speed,
+        comm_bytes_per_gpu=comm.volume, bound="communication" if exposed > 0.25 * compute else "compute", terms=terms,
     )
 
 
@@ -381,43 +449,65 @@ def cp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbyte
     return layer.num_layers * (volume / (gbytes * 1e9) + 3 * (cp - 1) * latency)
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """Pipeline parallelism of one layout: stages (the PP degree), micro-batches per step and model chunks
+    per rank (1 for 1F1B/GPipe, 2 for torchtitan's looped schedules such as Interleaved1F1B)."""
+
+    stages: int = 1
+    micro_batches: int = 1
+    stages_per_rank: int = 1
+
+    def bubble(self) -> float:
+        """Idle time over busy time: (p - 1)/m for 1F1B, (p - 1)/(v m) interleaved (Narayanan et al. 2021,
+        "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", sec. 2.2)."""
+        if self.stages <= 1:
+            return 0.0
+        return (self.stages - 1) / (max(1, self.stages_per_rank) * max(1, self.micro_batches))
+
+
 def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, ac: str, peak_tflops: float,
                          intra_gbytes: float, inter_gbytes: float, params: int, trainable: int,
-                         **kw: Any) -> StepEstimate:
-    """step_estimate for a (tp, cp) layout: torchtitan's FSDP over dp x cp with TP inside the node.
+                         pipeline: Pipeline | None = None, **kw: Any) -> StepEstimate:
+    """step_estimate for a (tp, cp, pp) layout: torchtitan's FSDP over dp x cp with TP inside the node.
 
-    A TP group acts as one data-parallel rank with tp x the FLOPs and 1/tp of the parameters to
-    gather and reduce (FSDP shards the TP shards); a CP rank sees seq/cp tokens per sample. FSDP's
-    collectives then run over the dp x cp ranks, gpus_per_node / tp of them per node; TP's per-layer
-    collectives (NVLink, exposed) and CP's ring (overlapped with compute) are added per micro-batch.
+    A TP x PP group acts as one data-parallel rank with tp x pp the FLOPs and 1/(tp pp) of the parameters
+    to gather and reduce (FSDP shards the TP shards of its stage); a CP rank sees seq/cp tokens per sample.
+    FSDP's collectives then run over the dp x cp ranks, gpus_per_node / tp of them per node; TP's
+    per-layer collectives (NVLink, exposed) and CP's ring (overlapped with compute) are added per
+    micro-batch. With PP, FSDP keeps the stage unsharded through the step (torchtitan turns
+    reshard_after_forward off), so the data-parallel collectives run once per step, and the schedule's
+    bubble idles the stage for Pipeline.bubble() of its compute and TP time.
     """
-    if tp * cp == 1:
+    pp = pipeline.stages if pipeline else 1
+    if tp * cp * pp == 1:
         return step_estimate(shape=shape, peak_tflops=peak_tflops, intra_gbytes=intra_gbytes,
                              inter_gbytes=inter_gbytes, params=params, trainable=trainable, **kw)
     a = assumptions()
-    fsdp_group = max(1, shape.shard_group // tp)
     virtual = Shape(nodes=shape.nodes, gpus_per_node=max(1, shape.gpus_per_node // tp), sharding=shape.sharding,
-                    shard_group=fsdp_group, micro_batch=shape.micro_batch, grad_accum=shape.grad_accum,
-                    seq_len=shape.seq_len // cp)
-    base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp, intra_gbytes=intra_gbytes,
-                         inter_gbytes=inter_gbytes, params=params // tp, trainable=trainable // tp, **kw)
+                    shard_group=max(1, shape.shard_group // (tp * pp)), micro_batch=shape.micro_batch,
+                    grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
+    base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
+                         inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp), **kw)
     tokens = shape.micro_batch * shape.seq_len / cp
-    tp_s = tp_comm_seconds(tokens=tokens, layer=layer, tp=tp, ac=ac, gbytes=intra_gbytes, latency=a.lat_intra)
+    stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
+    tp_s = tp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, ac=ac, gbytes=intra_gbytes, latency=a.lat_intra)
     ring_intra = tp * cp <= shape.gpus_per_node
     cp_bw = intra_gbytes if ring_intra else min(intra_gbytes, inter_gbytes)
-    cp_s = cp_comm_seconds(tokens=tokens, layer=layer, tp=tp, cp=cp, gbytes=cp_bw,
+    cp_s = cp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,
                            latency=a.lat_intra if ring_intra else a.lat_inter)
     compute_mb = base.terms["compute_per_micro_batch_s"]
     cp_exposed = max(0.0, cp_s - a.overlap * compute_mb)
     extra = (tp_s + cp_exposed) * shape.grad_accum
-    step = base.step_time_s + extra
-    tps = base.tokens_per_s * base.step_time_s / step
+    bubble = pipeline.bubble() * (base.compute_time_s + tp_s * shape.grad_accum) if pipeline else 0.0
+    step = base.step_time_s + extra + bubble
     exposed = base.exposed_comm_s + extra
     terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, cp_ring_per_micro_batch_s=cp_s,
-                 cp_exposed_per_micro_batch_s=cp_exposed)
+                 cp_exposed_per_micro_batch_s=cp_exposed, pipeline_bubble_s=bubble)
     return StepEstimate(
         step_time_s=step, compute_time_s=base.compute_time_s, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
-        exposed_comm_s=exposed, optimizer_time_s=base.optimizer_time_s, tokens_per_s=tps,
+        exposed_comm_s=exposed, optimizer_time_s=base.optimizer_time_s,
+        tokens_per_s=base.tokens_per_s / pp * base.step_time_s / step,  # the pp stages share one replica's tokens
         mfu=base.mfu * base.step_time_s / step, utilisation=base.utilisation,
         comm_bytes_per_gpu=base.comm_bytes_per_gpu, bound="communication" if exposed > 0.25 * base.compute_time_s else "compute",
         terms=terms,

@@ -1,6 +1,6 @@
 """Tensor and context parallelism for gpuprov's trainer: torchtitan's 4-D device mesh and TP plan.
 
-Shipped beside train.py and imported by it only when train.yaml asks for parallel.tp or
+Shipped beside train.py; its mesh is built only when train.yaml asks for parallel.tp or
 parallel.cp above 1. The layout follows torchtitan (torchtitan@9dec370
 torchtitan/parallelisms/parallel_dims.py and parallelize_llama.py `apply_tp`), mapped onto
 Hugging Face Llama-family module names:
@@ -88,6 +88,7 @@ def build_mesh(device_type: str, lay: Layout) -> DeviceMesh:
     mesh["dp_shard", "cp"]._flatten("shard")
     mesh["dp_replicate"]._flatten("replicate")
     mesh["dp_replicate", "dp_shard"]._flatten("dp")  # ranks that read different data
+    mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")  # ranks whose loss partial sums add up
     return mesh
 
 
@@ -112,9 +113,8 @@ def state() -> State:
     return _STATE[0]
 
 
-def runtime(cfg: dict, runtime_cls: Any, rank: int, world: int, local_rank: int, device: torch.device) -> Any:
-    """train.py's Runtime for a TP/CP layout: FSDP's mesh, data-parallel rank and size."""
-    par = cfg["parallel"]
+def runtime(par: dict, runtime_cls: Any, rank: int, world: int, local_rank: int, device: torch.device) -> Any:
+    """train.py's Runtime for a TP/CP layout: FSDP's mesh, data-parallel rank, size and groups."""
     lay = layout_from(par, world)
     if lay.cp > 1 and device.type != "cuda":
         raise LayoutError("parallel.cp needs CUDA: torch's ring attention wraps the CUDA SDPA kernels only")
@@ -124,7 +124,7 @@ def runtime(cfg: dict, runtime_cls: Any, rank: int, world: int, local_rank: int,
     # CPU init draws each local shard from the rank's own generator: seed by (shard, tp) coordinate
     shard_rank = mesh["shard"].get_local_rank() * lay.tp + mesh["tp"].get_local_rank()
     return runtime_cls(rank, world, local_rank, device, fsdp_mesh(mesh, par["sharding"]), dp.get_local_rank(),
-                       dp.size(), shard_rank)
+                       dp.size(), shard_rank, dp_group=dp.get_group(), loss_group=mesh["dp_cp"].get_group())
 
 
 # ---------------------------------------------------------------------------- tensor parallel

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Speed of the throughput model against tokens/s per GPU published for PyTorch-native training runs.
+
+    python benchmarks/throughput.py [--file rows.yaml ...] [--json]
+
+Reads benchmarks/measured-throughput.yaml (the calibration rows: catalog/data/throughput.yaml takes its
+figures from those tables) and benchmarks/holdout-throughput.yaml (rows nothing in the catalog is taken
+from). Each row is predicted from its stated settings alone with the planner's own step model
+(gpuprov.sizing.throughput.layout_step_estimate); the table prints the signed error of each row
+(positive = predicted too fast), then per file the mean absolute percentage error (MAPE) and the worst
+over-prediction (a plan that promises more speed than the cluster gives under-budgets time and money).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+CALIBRATION = REPO / "benchmarks" / "measured-throughput.yaml"
+HOLDOUT = REPO / "benchmarks" / "holdout-throughput.yaml"
+TARGET_MAPE = 12.0  # issue target on unseen points
+TARGET_WORST_OVER = 20.0  # no row predicted more than 20% too fast
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    from ruamel.yaml import YAML
+
+    with path.open(encoding="utf-8") as stream:
+        data = YAML(typ="safe", pure=True).load(stream)
+    return [dict(r) for r in data["rows"]]
+
+
+def gpu_of(row: dict[str, Any]) -> Any:
+    """The catalog GPU, with what the source says its measured part differed in (power limit, HBM)."""
+    from gpuprov.catalog.gpus import get_gpu
+
+    gpu = get_gpu(row["gpu"])
+    changes = {}
+    if "gpu_power_w" in row:
+        changes["tdp_w"] = int(row["gpu_power_w"])
+    if "hbm_gbytes_per_s" in row:
+        changes["hbm_gbytes_per_s"] = float(row["hbm_gbytes_per_s"])
+    return dataclasses.replace(gpu, **changes) if changes else gpu
+
+
+def predict(row: dict[str, Any]) -> Any:
+    """The step estimate of one row's stated settings (StepEstimate)."""
+    from gpuprov.catalog.models import get_model
+    from gpuprov.sizing import throughput as tp_model
+
+    arch = get_model(row["model"])
+    gpu = gpu_of(row)
+    tp, cp, pp = int(row.get("tp", 1)), int(row.get("cp", 1)), int(row.get("pp", 1))
+    gpn, nodes = int(row["gpus_per_node"]), int(row["nodes"])
+    ac = row.get("activation_checkpointing", "selective")
+    seq = int(row["seq_len"])
+    shape = tp_model.Shape(nodes=nodes, gpus_per_node=gpn, sharding=row.get("sharding", "fsdp"),
+                           shard_group=int(row.get("shard_group", nodes * gpn)), micro_batch=int(row["micro_batch"]),
+                           grad_accum=int(row.get("grad_accum", 1)), seq_len=seq)
+    kv = arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim
+    layer = tp_model.LayerShape(arch.num_layers, arch.hidden_size, kv)
+    flops = tp_model.flops_per_token(arch, seq, "full", arch.params, ac)
+    util = tp_model.utilisation(gpu, compiled=bool(row.get("compile", True)))[0]
+    intra = tp_model.intra_node_gbytes(gpu)[0]
+    inter = tp_model.inter_node_gbytes(row["fabric"], float(row["fabric_gbps_per_gpu"]))
+    f8 = tp_model.float8_step_kw(gpu, arch) if row.get("float8") else {}
+    pipeline = tp_model.Pipeline(stages=pp, micro_batches=int(row.get("pp_microbatches", pp)),
+                                 stages_per_rank=int(row.get("pp_stages_per_rank", 1)))
+    return tp_model.layout_step_estimate(
+        shape=shape, tp=tp, cp=cp, layer=layer, ac=ac, flops=flops, peak_tflops=gpu.bf16_tflops, util=util,
+        hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,
+        trainable=arch.params, num_layers=arch.num_layers, task="full", pcie_gen=gpu.pcie_gen, pipeline=pipeline,
+        **f8,
+    )
+
+
+def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        est = predict(row)
+        gpus = int(row["nodes"]) * int(row["gpus_per_node"])
+        predicted = est.tokens_per_s / gpus
+        measured = float(row["measured"])
+        out.append({"id": row["id"], "predicted": round(predicted, 1), "measured": measured,
+                    "error_pct": round(100.0 * (predicted - measured) / measured, 1), "bound": est.bound,
+                    "source": f"{row.get('source', '')} {row.get('table', '')}".strip()})
+    return out
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [r["error_pct"] for r in results]
+    worst = max(results, key=lambda r: r["error_pct"])
+    return {"rows": len(results), "mape_pct": round(sum(abs(e) for e in errors) / len(errors), 1),
+            "worst_over_pct": worst["error_pct"], "worst_over_id": worst["id"],
+            "worst_under_pct": min(errors)}
+
+
+def render(name: str, results: list[dict[str, Any]]) -> str:
+    lines = [f"== {name}", f"{'row':<32}{'predicted':>11}{'measured':>10}{'error':>9}  bound"]
+    for r in results:
+        lines.append(f"{r['id']:<32}{r['predicted']:>11,.0f}{r['measured']:>10,.0f}{r['error_pct']:>+8.1f}%  {r['bound']}")
+    s = summary(results)
+    lines.append(f"{name}: {s['rows']} rows, MAPE {s['mape_pct']:.1f}%, worst over-prediction "
+                 f"{s['worst_over_pct']:+.1f}% ({s['worst_over_id']}), worst under-prediction {s['worst_under_pct']:+.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--file", action="append", type=Path, default=[], help="more rows (same format)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    files = [("calibration", CALIBRATION), ("hold-out", HOLDOUT)] + [(str(p), p) for p in args.file]
+    report = {name: evaluate(load_rows(path)) for name, path in files}
+    if args.json:
+        print(json.dumps({name: {"rows": res, "summary": summary(res)} for name, res in report.items()}, indent=2))
+        return 0
+    print("\n\n".join(render(name, res) for name, res in report.items()))
+    held = summary(report["hold-out"])
+    print(f"\ntargets on the hold-out: MAPE <= {TARGET_MAPE:.0f}% (now {held['mape_pct']:.1f}%), no row more than "
+          f"{TARGET_WORST_OVER:.0f}% too fast (now {held['worst_over_pct']:+.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""Plan assembly: the search's choice, sized and described as a complete Plan."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from gpuprov import __version__, bringup_plan
+from gpuprov.candidates import candidate_rows, pick_warnings
+from gpuprov.catalog.fabrics import fabric_allreduce_threshold, get_fabric, get_software
+from gpuprov.catalog.gpus import get_gpu
+from gpuprov.catalog.instances import list_instances, nvme_device_glob
+from gpuprov.catalog.models import get_model
+from gpuprov.errors import GpuprovError
+from gpuprov.host import host_needs, make_host, rules, size_onprem
+from gpuprov.onprem import with_declared_hosts
+from gpuprov.plan import (
+    Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput, Training,
+)
+from gpuprov.planning.messages import _notes, loss_reason, nothing_fits_message, rule_of_thumb_bytes_per_param
+from gpuprov.planning.onprem import _prefer_every_host, hosts_note
+from gpuprov.planning.search import search
+from gpuprov.planning.space import (
+    Candidate, Estimator, SearchResult, _lora_targets, objective_key, setup_for, stack_for,
+)
+from gpuprov.sizing.memory import estimate_memory
+from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
+from gpuprov.sizing.throughput import utilisation as util_of
+from gpuprov.targets.decide import decided
+from gpuprov.units import GiB
+
+
+def _training_defaults(arch: Any, task: str, steps: int, step_time_s: float) -> dict[str, Any]:
+    """LR schedule defaults: Llama 2 (Touvron et al. 2023, Table 1) for full training, QLoRA paper
+    (Dettmers et al. 2023, Appendix B) for adapters; warmup 2000 steps capped at 5% of the run."""
+    if task == "full":
+        lr = 1.5e-4 if arch.params >= 30e9 else 3e-4
+        wd = 0.1
+    else:
+        lr = 1e-4 if arch.params >= 30e9 else 2e-4
+        wd = 0.0
+    warmup = max(1, min(2000, steps // 20))
+    # checkpoint about every hour of training (a node failure loses at most an hour)
+    ckpt = max(1, min(steps, round(3600.0 / max(step_time_s, 1e-6))))
+    return dict(learning_rate=lr, warmup_steps=warmup, weight_decay=wd, grad_clip=1.0,
+                checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
+
+
+def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Iterable[Any] | None = None) -> Any:
+    """The cheapest (or fastest / fewest-GPU) configuration that fits, as a complete Plan."""
+    arch = get_model(spec.model)
+    est_fn = estimator or estimate_memory
+    pool = list(instances) if instances is not None else list(list_instances())
+    pool = with_declared_hosts(spec, pool, get_gpu)
+    if spec.gpus:
+        for g in spec.gpus:
+            get_gpu(g)  # unknown slug -> GpuprovError with suggestions
+    # each type priced at the purchase option it would be bought with; unbuyable types drop out
+    pool, unbuyable = bringup_plan.priced_pool(pool, spec)
+    result = search(spec, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)
+    if result.best is None:
+        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn)
+                           + bringup_plan.unbuyable_hint(spec, unbuyable))
+    best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
+    plan = _assemble(spec, arch, est_fn, pool, result, best)
+    return _with_table(decided(plan), spec, arch, result, best, est_fn)
+
+
+def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: SearchResult,
+              best: Candidate) -> Plan:
+    """The Plan for the chosen candidate: memory re-sized for it, host, fabric, software, bring-up."""
+    inst, gpu = best.instance, best.gpu
+    mem = est_fn(arch, setup_for(spec, arch, best))
+    needs = host_needs(gpu_memory_bytes=gpu.memory_bytes, gpus_per_node=inst.gpus, nodes=best.nodes,
+                       params=arch.params, trainable=mem.trainable_params, tokens=spec.tokens, task=spec.task,
+                       offload=spec.offload)
+    bom = None
+    if inst.onprem and inst.ram_bytes is None:  # a template, or hosts that declare only their GPUs
+        inst, bom = size_onprem(inst, needs)
+    fabric = get_fabric(inst.fabric if best.nodes > 1 else "none", inst.cloud, inst.name)
+    if best.nodes > 1:
+        # the instance catalog knows this machine's own share of the fabric
+        fabric = fabric.model_copy(update={"gbps_per_gpu": inst.fabric_gbps_per_gpu})
+    glob, _glob_src = nvme_device_glob(inst.cloud)
+    bringup = bringup_plan.bringup_fields(spec, best.instance, best.nodes, needs)
+    return Plan(
+        gpuprov_version=__version__, spec=spec, task=spec.task,
+        model=ModelInfo(name=spec.model, display_name=arch.display_name, hf_model_type=arch.model_type,
+                        params=arch.params, trainable_params=mem.trainable_params, hf_config=dict(arch.hf_config),
+                        source=arch.source),
+        gpu=GpuInfo(slug=gpu.slug, name=gpu.name, architecture=gpu.architecture, memory_bytes=gpu.memory_bytes,
+                    bf16_tflops=gpu.bf16_tflops, fp8_tflops=gpu.fp8_tflops,
+                    nvlink_gbytes_per_s=gpu.nvlink_gbytes_per_s, pcie_gen=gpu.pcie_gen, source=gpu.source),
+        instance=_instance_info(spec, inst), fabric=fabric, cluster=_cluster(spec, inst, best),
+        training=_training(spec, arch, best), memory=_memory(spec, arch, gpu, mem),
+        throughput=_throughput(spec, arch, best, mem.trainable_params),
+        time_hours=best.time_hours, cost_usd=best.cost_usd,
+        host=make_host(inst, needs, bom),
+        software=get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud,
+                              instance=inst.name),
+        storage=Storage(mount_point="/scratch", raid_name="scratch", device_glob=glob, devices=inst.nvme_count,
+                        expected_bytes=inst.nvme_bytes_total),
+        health=_health(inst, fabric, best.nodes),
+        hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
+        alternatives=_alternatives(spec, result, best) + bringup_plan.purchase_alternatives(spec, best),
+        notes=_notes(spec, arch, best, mem, pool, get_gpu)
+        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
+        + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
+                                      bringup["shared_storage"]),
+        **bringup,
+        stack=stack_for(spec, arch, best.tp, best.float8),
+    )
+
+
+def _instance_info(spec: Any, inst: Any) -> InstanceInfo:
+    return InstanceInfo(
+        cloud=inst.cloud, name=inst.name, region=spec.region or inst.region, gpus=inst.gpus,
+        vcpus=inst.vcpus or 0, ram_bytes=inst.ram_bytes or 0, local_nvme_count=inst.nvme_count,
+        local_nvme_bytes_each=inst.nvme_bytes_each, network_cards=inst.network_cards,
+        efa_interfaces=inst.efa_interfaces, nvswitch=inst.nvswitch, pcie_gen=inst.pcie_gen,
+        price_per_hour_usd=inst.price_per_hour_usd, price_date=inst.price_date,
+        source=inst.source + (f"; price: {inst.price_source}" if inst.price_source else ""))
+
+
+def _cluster(spec: Any, inst: Any, best: Candidate) -> Cluster:
+    return Cluster(
+        cloud=inst.cloud, region=spec.region or inst.region, instance_type=inst.name, gpu=best.gpu.slug,
+        gpus_per_node=inst.gpus, nodes=best.nodes, total_gpus=best.total_gpus, sharding=best.sharding,
+        shard_group=best.shard_group, replicate=best.total_gpus // best.shard_group,
+        activation_checkpointing=best.activation_checkpointing, micro_batch=best.micro_batch,
+        grad_accum=best.grad_accum, seq_len=spec.seq_len, global_batch_tokens=best.batch_tokens,
+        precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload, tp=best.tp, cp=best.cp)
+
+
+def _training(spec: Any, arch: Any, best: Candidate) -> Training:
+    targets = list(_lora_targets(spec)) if spec.task != "full" else []
+    return Training(task=spec.task, lora_rank=None if spec.task == "full" else spec.lora_rank,
+                    lora_alpha=None if spec.task == "full" else 2 * spec.lora_rank,
+                    lora_targets=targets, tokens=spec.tokens, steps=best.steps,
+                    **_training_defaults(arch, spec.task, best.steps, best.step.step_time_s))
+
+
+def _memory(spec: Any, arch: Any, gpu: Any, mem: Any) -> Memory:
+    usable = int(gpu.memory_bytes * (1.0 - spec.safety_margin))
+    return Memory(per_gpu_bytes=mem.per_gpu_bytes, breakdown=dict(mem.breakdown),
+                  model_states_bytes=mem.model_states_bytes,
+                  rule_of_thumb_bytes=rule_of_thumb_bytes_per_param() * arch.params,
+                  gpu_memory_bytes=gpu.memory_bytes, safety_margin=spec.safety_margin, fits=True,
+                  headroom_bytes=usable - mem.per_gpu_bytes, assumptions=list(mem.assumptions))
+
+
+def _throughput(spec: Any, arch: Any, best: Candidate, trainable: int) -> Throughput:
+    step, gpu = best.step, best.gpu
+    util, util_src = util_of(gpu)
+    fl = flops_per_token(arch, spec.seq_len, spec.task, trainable, best.activation_checkpointing)
+    return Throughput(tokens_per_s=step.tokens_per_s, mfu=step.mfu, mfu_assumed=util, mfu_source=util_src,
+                      flops_per_token=fl.model, attention_flops_per_token=fl.attention,
+                      step_time_s=step.step_time_s, compute_time_s=step.compute_time_s,
+                      comm_time_s=step.exposed_comm_s, bound=step.bound,
+                      float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0)
+
+
+def _alternatives(spec: Any, result: SearchResult, best: Candidate) -> list[Alternative]:
+    """The best of every other GPU type, those the deadline or budget ruled out, and those too small."""
+    def row(cand: Candidate, slug: str, reason: str) -> Alternative:
+        return Alternative(
+            cloud=cand.instance.cloud, instance_type=cand.instance.name, gpu=slug, nodes=cand.nodes,
+            total_gpus=cand.total_gpus, sharding=cand.sharding, time_hours=round(cand.time_hours, 3),
+            cost_usd=None if cand.cost_usd is None else round(cand.cost_usd, 2), reason=reason,
+            purchase=cand.instance.purchase)
+
+    out = [row(cand, slug, loss_reason(cand, best, spec.objective))
+           for slug, cand in sorted(result.best_by_gpu.items(), key=lambda kv: objective_key(spec.objective, kv[1]))
+           if cand is not best]
+    for slug, cand in sorted(result.constrained_by_gpu.items()):
+        limits = []
+        if spec.deadline_hours is not None and cand.time_hours > spec.deadline_hours:
+            limits.append(f"over deadline: fastest fit takes {cand.time_hours:,.1f} h > {spec.deadline_hours:g} h")
+        if spec.budget_usd is not None and cand.cost_usd is not None and cand.cost_usd > spec.budget_usd:
+            limits.append(f"over budget: ${cand.cost_usd:,.0f} > ${spec.budget_usd:,.0f}")
+        out.append(row(cand, slug, "; ".join(limits)))
+    for slug, miss in sorted(result.unfit_gpus.items()):
+        out.append(Alternative(
+            cloud=miss.instance.cloud, instance_type=miss.instance.name, gpu=slug, nodes=miss.nodes,
+            total_gpus=miss.nodes * miss.instance.gpus, sharding=miss.sharding, time_hours=None, cost_usd=None,
+            reason=f"too small: needs {miss.per_gpu_bytes / GiB:,.1f} GiB per GPU, {miss.usable_bytes / GiB:,.1f} GiB "
+                   f"usable at best (x{miss.nodes} nodes, {miss.sharding})"))
+    return out
+
+
+def _with_table(plan: Any, spec: Any, arch: Any, result: SearchResult, best: Candidate, est_fn: Estimator) -> Any:
+    """The plan with its candidates table and the warnings on a pathological pick."""
+    rows = candidate_rows(spec, arch, result, best, est_fn)
+    min_gbps = float(rules()["network"]["min_gbps_per_gpu_multinode"])
+    return plan.model_copy(update={"candidates": rows, "warnings": pick_warnings(spec, best, rows, min_gbps)})
+
+
+def _health(inst: Any, fabric: Any, nodes: int) -> Health:
+    fabric_min, fabric_source = fabric_allreduce_threshold(fabric, inst.gpus, nodes)
+    return Health(nccl_allreduce_busbw_gbytes_per_s=inst.nccl_busbw_gbytes_per_s,
+                  source=inst.busbw_source or "no published threshold",
+                  fabric_allreduce_busbw_gbytes_per_s=fabric_min, fabric_source=fabric_source)

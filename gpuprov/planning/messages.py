@@ -1,0 +1,212 @@
+"""What the planner tells the user in words: why nothing fits, why an alternative lost, where the
+18 B/param rule of thumb is wrong for this spec."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable
+
+from gpuprov.catalog.gpus import list_gpus
+from gpuprov.host import rules
+from gpuprov.planning.space import (
+    Candidate, Estimator, Miss, SearchResult, _lora_targets, stack_for,
+)
+from gpuprov.sizing.setup import make_setup
+from gpuprov.units import GiB, tb
+from gpuprov.sizing.throughput import float8_refusal, float8_step_kw
+from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
+
+def rule_of_thumb_bytes_per_param() -> int:
+    """The widely quoted 18 B/param of mixed-precision Adam (host_rules.yaml names the papers)."""
+    return int(rules()["memory"]["rule_of_thumb_bytes_per_param"])
+
+
+def largest_node_bytes(instances: Iterable[Any], gpu_lookup: Callable[[str], Any]) -> tuple[int, Any]:
+    best, which = 0, None
+    for inst in instances:
+        total = gpu_lookup(inst.gpu).memory_bytes * inst.gpus
+        if total > best:
+            best, which = total, inst
+    return best, which
+
+
+def _floor_with_many_gpus(spec: Any, arch: Any, miss: Miss, estimator: Estimator | None) -> int | None:
+    """Per-GPU peak of the miss's GPU with 64 of them (FSDP, full recompute, micro-batch 1)."""
+    if estimator is None:
+        return None
+    setup = make_setup(task=spec.task, seq_len=spec.seq_len, micro_batch=1, gpus=64, gpus_per_node=8,
+                       sharding="fsdp", shard_group=None, activation_checkpointing="full",
+                       precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
+                       lora_rank=spec.lora_rank, lora_targets=_lora_targets(spec) if spec.task != "full"
+                       else LORA_TARGET_PRESETS["all-linear"], grad_accum=2,
+                       framework=getattr(spec, "framework", "gpuprov"), stack=stack_for(spec, arch))
+    return estimator(arch, setup).per_gpu_bytes
+
+
+def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: list[Any],
+                         gpu_lookup: Callable[[str], Any], estimator: Estimator | None = None) -> str:
+    """One line: what the spec needs, the nearest miss, and what to relax."""
+    if result.fitting and result.constrained_out:
+        parts = []
+        f, c = result.fastest_unconstrained, result.cheapest_unconstrained
+        if spec.deadline_hours is not None and f is not None:
+            parts.append(f"the fastest fitting run ({f.instance.name} x{f.nodes}) takes {f.time_hours:,.1f} h "
+                         f"> deadline {spec.deadline_hours:g} h")
+        if spec.budget_usd is not None and c is not None and c.cost_usd is not None:
+            parts.append(f"the cheapest ({c.instance.name} x{c.nodes}) costs ${c.cost_usd:,.0f} > budget "
+                         f"${spec.budget_usd:,.0f}")
+        return ("configurations fit in memory but none meets the constraints: "
+                + "; ".join(parts) + "; relax --deadline/--budget, allow more nodes (--max-nodes) or train fewer tokens")
+    miss = result.nearest_miss
+    if miss is None:
+        scope = f"cloud {spec.cloud}" + (f", GPUs {','.join(spec.gpus)}" if spec.gpus else "")
+        if spec.gpu_count:
+            sizes = sorted({i.gpus for i in result.searched})
+            return (f"no instance type of {scope} makes exactly {spec.gpu_count} GPUs within --max-nodes "
+                    f"{spec.max_nodes} (GPUs per node on offer: {', '.join(map(str, sizes)) or 'none'}; "
+                    f"see `gpuprov instances`)")
+        return f"no instance in the catalog matches {scope} (see `gpuprov instances`)"
+    node_bytes, node = largest_node_bytes(result.searched or instances, gpu_lookup)
+    # model states of one replica: the nearest miss's total over its shard group(s)
+    states = miss.model_states_bytes
+    hint = []
+    bigger_gpus = _gpus_that_fit(miss, spec.safety_margin)
+    if bigger_gpus:
+        hint.append(f"GPUs that hold {miss.per_gpu_bytes / GiB:,.1f} GiB in this layout ({miss.nodes * miss.instance.gpus} "
+                    f"GPUs, {miss.sharding}): {', '.join(bigger_gpus)}")
+    floor = _floor_with_many_gpus(spec, arch, miss, estimator)
+    if floor is not None and floor > miss.usable_bytes:
+        hint.append(f"more {miss.instance.gpu} GPUs do not help: even 64 of them need {floor / GiB:,.1f} GiB each "
+                    f"(what every GPU keeps whole{', the NF4 base included' if spec.task == 'qlora' else ''})")
+    elif spec.hosts and miss.instance.onprem:
+        hint.append(f"add hosts to the hosts file (it lists {len(spec.hosts)})")
+    elif node_bytes and states > node_bytes * (1 - spec.safety_margin):
+        hint.append("allow 2+ nodes" if spec.max_nodes == 1 else "allow more nodes (--max-nodes)")
+    elif spec.max_nodes < 32:
+        hint.append("allow more nodes (--max-nodes)")
+    if spec.task == "full":
+        hint.append("use LoRA (--task lora) or QLoRA (--task qlora)")
+    elif spec.task == "lora":
+        hint.append("use QLoRA (--task qlora)")
+    if miss.per_gpu_bytes <= miss.usable_bytes / (1 - spec.safety_margin) * 0.98 and spec.safety_margin > 0.02:
+        hint.append("lower --safety-margin")
+    hint.append("or shorten --seq-len")
+    bigger = [i for i in result.excluded_unpriced if gpu_lookup(i.gpu).memory_bytes * i.gpus > node_bytes]
+    if bigger:
+        hint.append(f"{bigger[0].name} (larger, no public price) is searched with --objective time")
+    if node is not None:
+        nominal = _nominal_gb(gpu_lookup(node.gpu))
+        node_txt = (f"{node.gpus * nominal / 1000:.2f} TB ({node.gpus} x {nominal:.0f} GB, {node.name}; "
+                    f"{node_bytes / 2**40:.2f} TiB visible, {node_bytes * (1 - spec.safety_margin) / 2**40:.2f} TiB "
+                    f"usable at {spec.safety_margin:.0%} margin)")
+    else:
+        node_txt = "n/a"
+    return (f"nothing fits: {arch.display_name} {spec.task} needs {tb(states)} of model states plus "
+            f"activations; the largest "
+            f"single node holds {node_txt}; nearest miss {miss.instance.name} x{miss.nodes} {miss.sharding}: "
+            f"{miss.per_gpu_bytes / GiB:,.1f} GiB per GPU vs {miss.usable_bytes / GiB:,.1f} GiB usable; "
+            + "; ".join(hint))
+
+
+def _gpus_that_fit(miss: Miss, margin: float) -> list[str]:
+    """GPU slugs of the catalog whose usable memory holds the nearest miss's per-GPU peak."""
+
+    fit = [g for g in list_gpus() if g.memory_bytes * (1 - margin) >= miss.per_gpu_bytes]
+    return [g.slug for g in sorted(fit, key=lambda g: g.memory_bytes)][:4]
+
+
+def loss_reason(alt: Candidate, best: Candidate, objective: str) -> str:
+    bits = []
+    if best.cost_usd is not None and alt.cost_usd is not None and alt.cost_usd > best.cost_usd:
+        bits.append(f"dearer: ${alt.cost_usd:,.0f} vs ${best.cost_usd:,.0f} (x{alt.cost_usd / best.cost_usd:.2f})")
+    if alt.time_hours > best.time_hours * 1.0001:
+        bits.append(f"slower: {alt.time_hours:,.1f} h vs {best.time_hours:,.1f} h")
+    elif alt.time_hours < best.time_hours * 0.9999:
+        bits.append(f"faster ({alt.time_hours:,.1f} h) but not better on {objective}")
+    if alt.total_gpus > best.total_gpus:
+        bits.append(f"more GPUs: {alt.total_gpus} vs {best.total_gpus}")
+    if alt.step.bound == "communication":
+        bits.append("communication-bound")
+    return "; ".join(bits) or f"ties on {objective}; ranked after the chosen one"
+
+
+def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances: list[Any],
+           gpu_lookup: Callable) -> list[str]:
+    """Where the widely quoted 18 bytes/param rule of thumb (mixed-precision Adam) is wrong for this spec."""
+    notes: list[str] = []
+    framework = getattr(spec, "framework", "gpuprov")
+    if framework != "gpuprov":
+        notes.append(f"Memory is sized for the {framework} stack (`gpuprov estimate --framework {framework}`); the "
+                     "bundle's launch files run gpuprov's own trainer, so launch your framework yourself")
+    rot = rule_of_thumb_bytes_per_param() * arch.params
+    states = mem.model_states_bytes
+    if spec.task == "full":
+        per_param = states / arch.params
+        diff = (states - rot) / rot
+        if abs(diff) > 0.05:
+            notes.append(
+                f"Rule of thumb 18 B/param x {arch.params / 1e9:.1f}B = {tb(rot)}; the estimator's model states "
+                f"(weights + grads + optimizer, {spec.precision}, {spec.optimizer}) are {per_param:.1f} B/param = "
+                f"{tb(states)} ({diff:+.0%})")
+    else:
+        if spec.task == "qlora" and getattr(spec, "framework", "gpuprov") == "gpuprov":
+            notes.append("QLoRA base: the trainer leaves the NF4 base out of FSDP2 (it cannot shard bitsandbytes "
+                         "weights), so every GPU holds all of it and the memory estimate sizes it so "
+                         "(`gpuprov estimate --framework gpuprov` or `--qlora-base replicated` gives the same figure)")
+        notes.append(f"Rule of thumb 18 B/param ({tb(rot)}) is for full training; {spec.task} trains "
+                     f"{mem.trainable_params:,} adapter parameters and keeps the base frozen: model states "
+                     f"{tb(states)}")
+    # sizing tables built on the rule put a 70B (~1.26 TB) on one 8 x 141 GB node: check each
+    # 8-GPU node type against the rule itself -- do 18 B/param fit in the node's GPU memory?
+    seen: set[str] = set()
+    for inst in instances:
+        if inst.gpus != 8 or inst.gpu in seen or spec.task != "full":
+            continue
+        seen.add(inst.gpu)
+        gpu = gpu_lookup(inst.gpu)
+        node_gb = 8 * _nominal_gb(gpu)
+        if rot > node_gb * 1e9 and rot < node_gb * 1e9 * 1.25:
+            notes.append(
+                f"One 8 x {_nominal_gb(gpu):.0f} GB {gpu.name.split(' ')[1]} node looks enough for "
+                f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb / 1000:.2f} TB < "
+                f"{tb(rot)} by its own 18 B/param rule: the model states cannot fit one node "
+                f"(and activations need room on top); plan multi-node sharding or LoRA")
+    if getattr(spec, "float8", False):
+        notes.append(_float8_note(spec, arch, best))
+    if best.batch_tokens != spec.global_batch_tokens:
+        notes.append(f"Global batch is {best.batch_tokens:,} tokens ({best.micro_batch} x {spec.seq_len} x "
+                     f"{best.total_gpus} GPUs x {best.grad_accum} accumulation), "
+                     f"{(best.batch_tokens - spec.global_batch_tokens) / spec.global_batch_tokens:+.1%} from the "
+                     f"requested {spec.global_batch_tokens:,}")
+    if best.instance.onprem and not spec.gpus and not any(h.gpu for h in spec.hosts or []):
+        notes.append("On-prem: this server template was chosen among all templates by GPU-hours; give each host "
+                     "gpu: and gpus: in the hosts file (`gpuprov hosts probe` fills them) or pass --gpu, so the "
+                     "plan matches the machines you have")
+    if spec.region and best.instance.region and spec.region != best.instance.region:
+        notes.append(f"Price is the {best.instance.region} list price ({best.instance.price_date}); "
+                     f"{spec.region} may differ and the instance type may not be offered there")
+    for name in sorted({i.name for i in instances if not i.onprem and i.price_per_hour_usd is None
+                        and spec.cloud in ("any", i.cloud)}):
+        if spec.objective == "cost":
+            notes.append(f"{name} has no public on-demand price (quote only); not ranked by cost")
+    return notes
+
+
+def _float8_note(spec: Any, arch: Any, best: Candidate) -> str:
+    """What --float8 did to this plan, and why not where it did nothing."""
+    if best.float8:
+        gain = float8_step_kw(best.gpu, arch)["float8_gain"]
+        return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather): compute timed x{gain:.2f} "
+                f"faster, the measured float8/bf16 tokens/s ratio for a {arch.params / 1e9:.0f}B model on "
+                f"{best.gpu.architecture.capitalize()}; blocks gathered at 1 byte per linear weight; MFU is counted "
+                "against the BF16 peak")
+    why = float8_refusal(task=spec.task, precision=spec.precision, compiled=stack_for(spec, arch).compile,
+                         moe=arch.is_moe, tp=best.tp)
+    return "float8 allowed but off in this plan: " + (why or f"no published float8 speed-up covers {best.gpu.slug}")
+
+
+def _nominal_gb(gpu: Any) -> float:
+    """The marketing size (141 GB, 80 GB) sizing tables speak in, from the slug."""
+
+    m = re.search(r"(\d+)gb", gpu.slug)
+    return float(m.group(1)) if m else gpu.memory_bytes / 1e9

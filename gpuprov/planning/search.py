@@ -1,0 +1,476 @@
+"""The search: walk instance types x nodes x layouts x recompute x micro-batch, keep what fits and
+meets the constraints, rank by the objective (gpuprov/planner.py says what it prunes and why)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from gpuprov.errors import GpuprovError
+from gpuprov.planning.space import (
+    AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
+    _mp_degrees, _pool, objective_key, stack_for,
+)
+from gpuprov.sizing.setup import make_setup
+from gpuprov.sizing.throughput import (
+    LayerShape, Shape, StepEstimate, assumptions, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
+    intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, utilisation,
+)
+from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
+from gpuprov.targets import get_target
+
+@dataclass
+class _Slot:
+    """One instance type at one node count: the figures every layout on it shares."""
+
+    inst: Any
+    gpu: Any
+    nodes: int
+    usable: int
+    util: float
+    intra: float
+    inter: float
+
+    @property
+    def gpn(self) -> int:
+        return self.inst.gpus
+
+    @property
+    def total(self) -> int:
+        return self.nodes * self.inst.gpus
+
+
+class _Search:
+    """One walk of the space for one spec. Methods are the steps; the fields are what they share."""
+
+    def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
+
+        self.spec, self.arch, self.estimator, self.gpus, self.exhaustive = spec, arch, estimator, gpus, exhaustive
+        self.task = spec.task
+        self.targets = _lora_targets(spec) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
+        self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
+            if self.task != "full" else arch.params
+        self.seq, self.gbt, self.tokens = spec.seq_len, spec.global_batch_tokens, spec.tokens
+        if self.seq > self.gbt:
+            raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt} tokens")
+        self.objective = spec.objective
+        self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
+        self.stack = stack_for(spec, arch)
+        self.stack_f8 = stack_for(spec, arch, float8=True)
+        # GPU slug -> step_estimate's float8 arguments ({}: float8 not allowed or not measured there)
+        self.f8_kw: dict[str, dict[str, float]] = {}
+        self.f8_allowed = getattr(spec, "float8", False) and float8_refusal(
+            task=self.task, precision=spec.precision, compiled=self.stack.compile, moe=arch.is_moe, tp=1) is None
+        a = assumptions()
+        self.overhead_h = float(a.raw["run"]["overhead_hours"])
+        self.tol = float(a.raw["run"]["batch_tolerance"])
+        self.qfac = a.qlora_factor if self.task == "qlora" else 1.0
+        self.mem_cache: dict[tuple, MemoryEstimate] = {}
+        self.mem_calls = 0
+        # Per-GPU memory never grows when the same model state is spread over more GPUs, and
+        # replicas (ddp, hsdp with a fixed shard group) do not change it at all: a fit (or, for
+        # replicas, a miss) seen at one cluster size settles others without asking the estimator
+        # again. Gradient accumulation enters as the estimator models it: whether gradients stay
+        # alive between micro-batches (steps > 1), not how many; the family key separates the two.
+        # The brute force asks every time; tests and benchmark hold the two to the same answer.
+        self.seen: dict[tuple, list[tuple[int, int]]] = {}
+        self.shape_cache: dict[int, list[tuple[int, int, int]]] = {}
+        self.compute_cache: dict[tuple[str, str], float] = {}
+        self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
+        self.walk_top: dict[str, int] = {}  # instance -> the most nodes an ascending walk reaches
+        self.probe_cache: dict[tuple, int] = {}  # -> the farthest node count that misses (0: none)
+        self.step_cache: dict[tuple, StepEstimate] = {}
+        # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
+        self.layer = LayerShape(arch.num_layers, arch.hidden_size,
+                                arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
+        self.best: Candidate | None = None
+        self.best_by_gpu: dict[str, Candidate] = {}
+        self.best_by_group: dict[tuple[str, str], Candidate] = {}
+        self.fastest: Candidate | None = None
+        self.cheapest: Candidate | None = None
+        self.nearest: Miss | None = None
+        self.unfit: dict[str, Miss] = {}
+        self.constrained: dict[str, Candidate] = {}
+        self.evaluated = self.fitting = self.constrained_out = 0
+
+    # ---------------------------------------------------------------- memory
+    @staticmethod
+    def _family(gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> tuple:
+        sg = lay.sg if lay.sharding in ("hsdp", "ddp") else 0
+        return (gpn, lay.sharding, sg, ac, mb, ga > 1, lay.tp, lay.cp, lay.f8)
+
+    def memory(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> MemoryEstimate:
+        # the estimate sees accumulation only as "gradients live between micro-batches" (ga > 1):
+        # the planner lays out no pipeline stages, whose in-flight micro-batches would count ga
+        key = (total, gpn, lay, ac, mb, ga > 1)
+        est = None if self.exhaustive else self.mem_cache.get(key)
+        if est is None:
+            spec = self.spec
+            setup = make_setup(
+                task=self.task, seq_len=self.seq, micro_batch=mb, gpus=total, gpus_per_node=gpn,
+                sharding=lay.sharding, shard_group=lay.sg if lay.sharding == "hsdp" else None,
+                activation_checkpointing=ac, precision=spec.precision, optimizer=spec.optimizer,
+                offload=spec.offload, lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
+                tp=lay.tp, cp=lay.cp,
+                framework=getattr(spec, "framework", "gpuprov"), stack=self.stack_f8 if lay.f8 else self.stack,
+            )
+            est = self.estimator(self.arch, setup)
+            self.mem_calls += 1
+            self.mem_cache[key] = est
+            self.seen.setdefault(self._family(gpn, lay, ac, mb, ga), []).append((total, est.per_gpu_bytes))
+        return est
+
+    def known_fit(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int, usable: int) -> bool | None:
+        replicas = lay.sharding in ("ddp", "hsdp")
+        for t, b in self.seen.get(self._family(gpn, lay, ac, mb, ga), ()):
+            if b <= usable and t <= total:
+                return True
+            if replicas and b > usable:
+                return False
+        return self.fsdp_missed(total, gpn, lay, ac, mb, ga, usable) if lay.sharding == "hsdp" else None
+
+    def fsdp_missed(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int, usable: int) -> bool | None:
+        """False when FSDP over all the GPUs (same TP x CP, same shape) already misses: HSDP holds at least as much."""
+        flat = self.mem_cache.get((total, gpn, lay._replace(sharding="fsdp", sg=total), ac, mb, ga > 1))
+        return False if flat is not None and flat.per_gpu_bytes > usable else None
+
+    # ---------------------------------------------------------------- bounds
+    def _compute_seconds(self, inst: Any, ac: str) -> float:
+        """GPU-seconds of pure compute at the assumed utilisation (no recompute, no communication)."""
+        key = (inst.gpu, ac)
+        out = self.compute_cache.get(key)
+        if out is None:
+            gpu = self.gpus[inst.gpu]
+            util, _ = utilisation(gpu, compiled=self.stack.compile)
+            gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
+            out = self.compute_cache[key] = \
+                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain)
+        return out
+
+    def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
+        """GPU-seconds per token of the TP collectives a TP layout cannot hide (0 without TP)."""
+        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra) if tp > 1 else 0.0
+
+    def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
+        """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
+        `tp_s` GPU-seconds per token of TP collectives)."""
+        price = inst.price_per_hour_usd
+        if price is None:
+            return 0.0
+        gpu_seconds = self._compute_seconds(inst, ac) + self.tokens * tp_s
+        return (gpu_seconds / 3600.0 / inst.gpus + self.overhead_h * nodes) * price
+
+    def lower_bound_hours(self, inst: Any, nodes: int, ac: str = "none", tp_s: float = 0.0) -> float:
+        gpu_seconds = self._compute_seconds(inst, ac) + self.tokens * tp_s
+        return gpu_seconds / (nodes * inst.gpus) / 3600.0 + self.overhead_h
+
+    def beaten(self, inst: Any, nodes: int, ac: str, tp_s: float = 0.0) -> bool:
+        """True when no candidate from here on can beat the best of this instance's table row."""
+        if self.exhaustive:
+            return False
+        inc = self.best_by_group.get(_group(inst))
+        if inc is None:
+            return False
+        if self.objective == "cost":
+            return inc.cost_usd is not None and inst.price_per_hour_usd is not None and \
+                self.lower_bound_cost(inst, nodes, ac, tp_s) > inc.cost_usd
+        if self.objective == "time":
+            return self.lower_bound_hours(inst, nodes, ac, tp_s) > inc.time_hours
+        return nodes * inst.gpus > inc.total_gpus
+
+    # ---------------------------------------------------------------- shapes
+    def batch_shapes(self, dp: int) -> list[tuple[int, int, int]]:
+        """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
+
+        `dp` counts data-parallel ranks: the GPUs over tp x cp (one sample spans a TP x CP group)."""
+        out = self.shape_cache.get(dp)
+        if out is None:
+            out = []
+            for mb in MICRO_BATCHES:
+                per_step_tokens = mb * self.seq * dp
+                ga = max(1, round(self.gbt / per_step_tokens))
+                batch = ga * per_step_tokens
+                if abs(batch - self.gbt) <= self.tol * self.gbt:
+                    out.append((mb, ga, batch))
+                elif per_step_tokens > self.gbt:
+                    break
+            self.shape_cache[dp] = out
+        return out
+
+    def record_miss(self, slot: _Slot, sharding: str, est: MemoryEstimate) -> None:
+        ratio = est.per_gpu_bytes / slot.usable
+        slug = slot.inst.gpu
+        miss = Miss(ratio, slot.inst, slot.gpu, slot.nodes, sharding, est.per_gpu_bytes, slot.usable,
+                    est.model_states_bytes)
+        if self.nearest is None or ratio < self.nearest.ratio:
+            self.nearest = miss
+        if slug not in self.best_by_gpu and slug not in self.constrained and (
+                slug not in self.unfit or ratio < self.unfit[slug].ratio):
+            self.unfit[slug] = miss
+
+    def fitting_shapes(self, slot: _Slot, lay: _Layout, ac: str,
+                       shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """The shapes whose memory fits the slot's GPUs."""
+        if self.exhaustive:
+            out = []
+            for x in shapes:
+                est = self.memory(slot.total, slot.gpn, lay, ac, x[0], x[1])
+                if est.per_gpu_bytes <= slot.usable:
+                    out.append(x)
+                else:
+                    self.record_miss(slot, lay.sharding, est)
+            return out
+        # The same GPU type on another cloud (or instance) answers the same: memory does not depend
+        # on the instance, and its misses were recorded the first time (a repeat ratio changes no miss).
+        key = (slot.inst.gpu, slot.usable, slot.gpn, slot.total, lay, ac, tuple(shapes))
+        cached = self.fit_cache.get(key)
+        if cached is None:
+            cached = self.fit_cache[key] = self.scan_shapes(slot, lay, ac, shapes)
+        return cached
+
+    def scan_shapes(self, slot: _Slot, lay: _Layout, ac: str,
+                    shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """fitting_shapes without the brute force: settled by what is known, else the estimator."""
+        total, gpn, usable = slot.total, slot.gpn, slot.usable
+        out = []
+        # memory grows with the micro-batch: stop at the first that does not fit (estimates are
+        # cached across instances, so smaller GPUs reuse them). A larger micro-batch can end
+        # accumulation (1 step) and free the gradients held between micro-batches, so the scan
+        # stops per accumulating/not.
+        stopped: set[bool] = set()
+        for x in shapes:
+            accumulating = x[1] > 1
+            if accumulating in stopped:
+                continue
+            known = self.known_fit(total, gpn, lay, ac, x[0], x[1], usable)
+            if known is False:
+                stopped.add(accumulating)
+                continue
+            if known is None and self.misses_everywhere(slot, lay, ac, x[0], x[1]):
+                stopped.add(accumulating)
+                continue
+            if known is None:
+                est = self.memory(total, gpn, lay, ac, x[0], x[1])
+                if est.per_gpu_bytes > usable:
+                    self.record_miss(slot, lay.sharding, est)
+                    stopped.add(accumulating)
+                    continue
+            out.append(x)
+        return out
+
+    def misses_everywhere(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int) -> bool:
+        """True when this sharded shape misses on the largest cluster the walk will reach: memory never
+        grows as the same state is sharded over more GPUs, so it misses on this smaller one too. One
+        estimate there settles the node counts below it. The walk records that miss when it gets there
+        (the smallest ratio, the one an unpruned walk keeps), so the misses reported stay the same."""
+        top = self.walk_top.get(slot.inst.name)
+        if top is None or lay.sharding not in ("fsdp", "zero2") or slot.nodes >= top:
+            return False  # the widest slot itself is estimated (and its miss recorded) as before
+        key = (slot.inst.gpu, slot.usable, slot.gpn, top, lay.sharding, lay.tp, lay.cp, lay.f8, ac, mb, ga > 1)
+        far = self.probe_cache.get(key)
+        if far is None:
+            far = self.probe_cache[key] = self._farthest_miss(slot, lay, ac, mb, ga > 1, top)
+        return slot.nodes < far
+
+    def _farthest_miss(self, slot: _Slot, lay: _Layout, ac: str, mb: int, accumulating: bool, top: int) -> int:
+        """The largest node count (<= top) with this shape, when the shape misses there; else 0."""
+        for nodes in range(top, 0, -1):
+            total = nodes * slot.gpn
+            if total % lay.mp:
+                continue
+            shape = next((x for x in self.batch_shapes(total // lay.mp) if x[0] == mb and (x[1] > 1) == accumulating),
+                         None)
+            if shape is None:
+                continue
+            est = self.memory(total, slot.gpn, lay._replace(sg=total), ac, mb, shape[1])
+            return nodes if est.per_gpu_bytes > slot.usable else 0
+        return 0
+
+    # ---------------------------------------------------------------- timing and ranking
+    def step(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int) -> StepEstimate:
+        """One step's time; the same GPU at the same fabric bandwidth on another cloud reuses it."""
+        key = (slot.inst.gpu, slot.gpn, slot.nodes, slot.inter, lay, ac, mb, ga)
+        out = None if self.exhaustive else self.step_cache.get(key)
+        if out is None:
+            spec, arch, gpu = self.spec, self.arch, slot.gpu
+            shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=lay.sharding, shard_group=lay.sg,
+                          micro_batch=mb, grad_accum=ga, seq_len=self.seq)
+            out = self.step_cache[key] = layout_step_estimate(
+                shape=shape, tp=lay.tp, cp=lay.cp, layer=self.layer, ac=ac,
+                flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
+                hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
+                params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
+                optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
+                pipeline=None,  # plans run no pipeline stages (the trainer does not)
+                **(self.float8_kw(gpu) if lay.f8 else {}),
+            )
+        return out
+
+    # ---------------------------------------------------------------- float8
+    def float8_kw(self, gpu: Any) -> dict[str, float]:
+        """step_estimate's float8 arguments on this GPU when the spec allows float8 and a measurement
+        covers the setup (catalog/data/throughput.yaml float8); else {}."""
+        if gpu.slug not in self.f8_kw:
+            self.f8_kw[gpu.slug] = float8_step_kw(gpu, self.arch) if self.f8_allowed else {}
+        return self.f8_kw[gpu.slug]
+
+    def gain(self, gpu: Any) -> float | None:
+        return self.float8_kw(gpu).get("float8_gain")
+
+    def float8_on(self, gpu: Any, tp: int) -> bool:
+        return self.gain(gpu) is not None and float8_refusal(
+            task=self.task, precision=self.spec.precision, compiled=self.stack.compile, moe=self.arch.is_moe, tp=tp) is None
+
+    def timed(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int, batch: int) -> Candidate:
+        gpu = slot.gpu
+        steps = -(-self.tokens // batch)
+        step = self.step(slot, lay, ac, mb, ga)
+        self.evaluated += 1
+        hours = steps * step.step_time_s / 3600.0 + self.overhead_h
+        price = slot.inst.price_per_hour_usd
+        cost = None if price is None else hours * slot.nodes * price
+        return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,
+                         hours, cost, lay.tp, lay.cp, lay.f8)
+
+    def over_limits(self, cand: Candidate) -> bool:
+        deadline, budget = self.spec.deadline_hours, self.spec.budget_usd
+        return (deadline is not None and cand.time_hours > deadline) or (
+            budget is not None and cand.cost_usd is not None and cand.cost_usd > budget)
+
+    def consider(self, cand: Candidate) -> None:
+        """Rank one timed candidate against the best so far (overall, per GPU, per table row)."""
+        slug = cand.instance.gpu
+        if self.fastest is None or cand.time_hours < self.fastest.time_hours:
+            self.fastest = cand
+        if cand.cost_usd is not None and (self.cheapest is None or cand.cost_usd < (self.cheapest.cost_usd or math.inf)):
+            self.cheapest = cand
+        self.unfit.pop(slug, None)
+        if self.over_limits(cand):
+            self.constrained_out += 1
+            prev = self.constrained.get(slug)
+            if prev is None or cand.time_hours < prev.time_hours:
+                self.constrained[slug] = cand
+            return
+        k = objective_key(self.objective, cand)
+        group = _group(cand.instance)
+        row = self.best_by_group.get(group)
+        if row is None or k < objective_key(self.objective, row):
+            self.best_by_group[group] = cand
+        cur = self.best_by_gpu.get(slug)
+        if cur is None or k < objective_key(self.objective, cur):
+            self.best_by_gpu[slug] = cand
+            if self.best is None or k < objective_key(self.objective, self.best):
+                self.best = cand
+
+    # ---------------------------------------------------------------- the walk
+    def node_order(self, inst: Any, top: int, only_nodes: int | None) -> Iterable[int]:
+        if self.spec.gpu_count is not None:  # exactly N GPUs: the one node count that makes N, if any
+            n, rest = divmod(self.spec.gpu_count, inst.gpus)
+            only_nodes = n if not rest and only_nodes in (None, n) else 0
+        if only_nodes is not None:
+            return [only_nodes] if 1 <= only_nodes <= top else []
+        if self.objective == "time" and not self.exhaustive:
+            return range(top, 0, -1)
+        return range(1, top + 1)
+
+    def slot(self, inst: Any, nodes: int) -> _Slot:
+        gpu = self.gpus[inst.gpu]
+        return _Slot(inst=inst, gpu=gpu, nodes=nodes, usable=int(gpu.memory_bytes * (1.0 - self.spec.safety_margin)),
+                     util=utilisation(gpu, compiled=self.stack.compile)[0], intra=intra_node_gbytes(gpu)[0],
+                     inter=inter_node_gbytes(inst.fabric, inst.fabric_gbps_per_gpu))
+
+    def degrees(self, inst: Any) -> list[tuple[int, int]]:
+        """The (tp, cp) pairs this instance can host (_mp_degrees), once per GPU type and count."""
+        key = (inst.gpu, inst.gpus)
+        out = self.degrees_cache.get(key)
+        if out is None:
+            out = self.degrees_cache[key] = _mp_degrees(self.spec, self.arch, self.gpus[inst.gpu], inst.gpus)
+        return out
+
+    def walk_instance(self, inst: Any, top: int, only_nodes: int | None) -> None:
+        degrees = self.degrees(inst)
+        if not degrees:
+            return  # a fixed --tp this machine cannot host (no NVLink, or not a divisor of its GPUs)
+        max_mp = max(t * c for t, c in degrees)
+        descending = self.objective == "time" and not self.exhaustive
+        order = self.node_order(inst, top, only_nodes)
+        if isinstance(order, range) and order.step == 1 and not self.exhaustive:
+            widest = int(self.gbt * (1 + self.tol) * max_mp // (self.seq * inst.gpus))
+            self.walk_top[inst.name] = min(order.stop - 1, widest)
+        for nodes in order:
+            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp:
+                if descending:
+                    continue
+                break  # even micro-batch 1 on the widest TP x CP group overshoots; more nodes only worse
+            if self.beaten(inst, nodes, "none"):
+                # cost and GPU-count bounds grow with nodes (per-node overhead; GPU count); the time
+                # bound grows as nodes fall, and time walks the node counts downwards
+                break
+            self.walk_slot(self.slot(inst, nodes), degrees)
+
+    def walk_slot(self, slot: _Slot, degrees: list[tuple[int, int]]) -> None:
+        """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
+        missed: set[tuple[int, int]] = set()  # (tp, cp) whose FSDP fits nothing on this slot
+        for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees):
+            lay = lay._replace(f8=self.float8_on(slot.gpu, lay.tp))
+            if lay.sharding == "hsdp" and (lay.tp, lay.cp) in missed and not self.exhaustive:
+                continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
+            if self.walk_layout(slot, lay) and lay.sharding == "fsdp":
+                missed.add((lay.tp, lay.cp))
+
+    def walk_layout(self, slot: _Slot, lay: _Layout) -> bool:
+        """Every AC mode and micro-batch of one layout on one slot. True when every AC mode was
+        tried (no bound cut the scan) and nothing fits."""
+        fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
+        all_shapes = self.batch_shapes(slot.total // lay.mp)
+        for ac in AC_MODES:
+            if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in all_shapes):
+                return False  # every micro-batch fits with less recompute: more recompute only costs
+            if self.beaten(slot.inst, slot.nodes, ac, self._tp_seconds(slot, lay.tp, ac)):
+                return False
+            shapes = all_shapes
+            if not self.exhaustive:
+                # same shape with less recompute fits already: dominated
+                shapes = [x for x in shapes if x[0] not in fitted]
+            for mb, ga, batch in self.fitting_shapes(slot, lay, ac, shapes):
+                fitted.add(mb)
+                self.fitting += 1
+                self.consider(self.timed(slot, lay, ac, mb, ga, batch))
+        return not fitted
+
+    def result(self, searched: list[Any], unpriced: list[str], excluded: list[Any]) -> SearchResult:
+        return SearchResult(
+            best=self.best, best_by_gpu=self.best_by_gpu, fastest_unconstrained=self.fastest,
+            cheapest_unconstrained=self.cheapest, nearest_miss=self.nearest,
+            unfit_gpus={k: v for k, v in self.unfit.items() if k not in self.best_by_gpu},
+            evaluated=self.evaluated, memory_calls=self.mem_calls, fitting=self.fitting,
+            constrained_out=self.constrained_out, unpriced=unpriced,
+            constrained_by_gpu={k: v for k, v in self.constrained.items() if k not in self.best_by_gpu},
+            searched=searched, excluded_unpriced=excluded, best_by_group=dict(self.best_by_group),
+        )
+
+
+def search(
+    spec: Any,
+    arch: Any,
+    *,
+    estimator: Estimator,
+    instances: Iterable[Any],
+    gpu_lookup: Callable[[str], Any],
+    exhaustive: bool = False,
+    only_nodes: int | None = None,
+) -> SearchResult:
+    """Enumerate the space, keep what fits and meets the constraints, rank by spec.objective.
+
+    `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
+    insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
+    s = _Search(spec, arch, estimator, {i.gpu: gpu_lookup(i.gpu) for i in insts}, exhaustive)
+    if not exhaustive and spec.objective == "cost":
+        insts.sort(key=s.lower_bound_cost)
+    hosts = len(spec.hosts) if spec.hosts else None
+    for inst in insts:
+        # the target's limit (Azure's scale set, on-prem's host count; also under cloud 'any')
+        s.walk_instance(inst, get_target(inst.cloud).node_cap(spec.max_nodes, hosts), only_nodes)
+    return s.result(searched, unpriced, excluded)

@@ -1,0 +1,212 @@
+"""`gpuprov explain`: a plan's arithmetic, term by term, beside the 18 B/param rule of thumb.
+
+One section per function; each reads the plan and the step estimate the planner's throughput model
+gives for its layout (the same call the planner made), and decides nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprov.catalog.gpus import get_gpu
+from gpuprov.catalog.models import get_model
+from gpuprov.sizing.throughput import (
+    LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
+)
+from gpuprov.units import GiB, TB
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every section reads: the plan, its model and GPU, the FLOPs and the step estimate."""
+
+    plan: Any
+    arch: Any
+    gpu: Any
+    a: Any  # the throughput model's assumptions
+    fl: Any  # FLOPs per token
+    st: Any  # the step estimate
+    intra: float
+    link: str
+    inter: float
+
+
+def _float8_kw(plan: Any, arch: Any) -> dict:
+    """The step estimate's float8 arguments, as the planner passed them (the Plan's gain)."""
+    if plan.throughput.float8_gain == 1.0:
+        return {}
+    return {"float8_gain": plan.throughput.float8_gain, "float8_params": arch.num_layers * arch.layer_linear_params()}
+
+
+def _inputs(spec: Any, plan: Any) -> _Inputs:
+    arch, gpu = get_model(spec.model), get_gpu(plan.gpu.slug)
+    c, t = plan.cluster, plan.throughput
+    trainable = plan.model.trainable_params
+    fl = flops_per_token(arch, c.seq_len, plan.task, trainable, c.activation_checkpointing)
+    intra, link = intra_node_gbytes(gpu)
+    inter = inter_node_gbytes(plan.fabric.name, plan.fabric.gbps_per_gpu) if c.nodes > 1 else 0.0
+    shape = Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
+                  micro_batch=c.micro_batch, grad_accum=c.grad_accum, seq_len=c.seq_len)
+    layer = LayerShape(arch.num_layers, arch.hidden_size,
+                       arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
+    st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
+                              flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
+                              hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
+                              params=plan.model.params, trainable=trainable, num_layers=arch.num_layers,
+                              task=plan.task, optimizer=c.optimizer, precision=c.precision, offload=c.offload,
+                              pcie_gen=gpu.pcie_gen, **_float8_kw(plan, arch))
+    return _Inputs(plan, arch, gpu, assumptions(), fl, st, intra, link, inter)
+
+
+def _memory(x: _Inputs) -> list[str]:
+    plan, gpu, fl = x.plan, x.gpu, x.fl
+    c, m = plan.cluster, plan.memory
+    out = ["1. Parameters (exact, from the config)",
+           f"   N = {plan.model.params:,}   trainable = {plan.model.trainable_params:,}   "
+           f"matmul params (no input embedding) = {fl.matmul_params:,}",
+           "",
+           "2. Memory per GPU (estimator terms)                         GiB"]
+    out += [f"   {term:<55}{b / GiB:10,.2f}" for term, b in m.breakdown.items() if b]
+    out.append(f"   {'= per-GPU peak':<55}{m.per_gpu_bytes / GiB:10,.2f}")
+    usable = m.gpu_memory_bytes * (1 - m.safety_margin)
+    out.append(f"   usable = {m.gpu_memory_bytes / GiB:,.2f} GiB x (1 - {m.safety_margin:g}) = {usable / GiB:,.2f} GiB "
+               f"-> headroom {m.headroom_bytes / GiB:,.2f} GiB")
+    out.append(f"   model states, all GPUs (weights + grads + optimizer) = {m.model_states_bytes / GiB:,.1f} GiB"
+               f"   | rule of thumb: 18 B x N = {m.rule_of_thumb_bytes / GiB:,.1f} GiB "
+               f"({(m.model_states_bytes - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
+    node_mem = gpu.memory_bytes * c.gpus_per_node
+    out.append(f"   one node holds {c.gpus_per_node} x {gpu.memory_bytes / GiB:,.1f} GiB = {node_mem / GiB:,.1f} GiB "
+               f"of GPU memory; the rule of thumb {'fits' if m.rule_of_thumb_bytes <= node_mem else 'does NOT fit'}"
+               " in it")
+    return out
+
+
+def _flops(x: _Inputs) -> list[str]:
+    plan, fl, arch = x.plan, x.fl, x.arch
+    c, trainable = plan.cluster, plan.model.trainable_params
+    d = arch.num_attention_heads * arch.head_dim
+    out = ["3. FLOPs per token (PaLM appendix B)"]
+    if plan.task == "full":
+        out.append(f"   6 x N_matmul            = 6 x {fl.matmul_params:,} = {6 * fl.matmul_params:.4g}")
+    else:
+        out.append(f"   4 x N_matmul + 6 x N_lora = 4 x {fl.matmul_params:,} + 6 x {trainable:,} = "
+                   f"{4 * fl.matmul_params + 6 * trainable:.4g}")
+    out += [f"   attention 12 x L x s x d = 12 x {arch.num_layers} x {c.seq_len} x {d} = {fl.attention:.4g}",
+            f"   model FLOPs (MFU counts) = {fl.model:.4g}   | rule of thumb 6N = {6 * plan.model.params:.4g}",
+            f"   recompute ({c.activation_checkpointing}) = {fl.recompute:.4g}  -> executed = {fl.executed:.4g}"]
+    return out
+
+
+def _compute(x: _Inputs) -> list[str]:
+    plan, a, st = x.plan, x.a, x.st
+    c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
+    out = ["4. Compute",
+           f"   GPU dense BF16 peak {peak:g} TFLOPS x assumed utilisation {t.mfu_assumed:.2f} ({t.mfu_source})"]
+    if plan.task == "qlora":
+        out.append(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
+    split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""
+    out.append(f"   per micro-batch: {c.micro_batch} x {c.seq_len} tokens x {x.fl.executed:.4g} / "
+               f"({peak:g}e12 x {st.utilisation:.3f}){split} = {st.terms['compute_per_micro_batch_s']:,.3f} s")
+    return out
+
+
+def _sharding_comm(x: _Inputs) -> list[str]:
+    """What the data-parallel sharding moves per micro-batch and per step."""
+    plan, a, terms = x.plan, x.a, x.st.terms
+    c = plan.cluster
+    if c.sharding in ("fsdp", "hsdp"):
+        g = c.shard_group // c.tp  # FSDP runs over dp x cp; each rank gathers its TP shard (1/tp)
+        if plan.task == "full":
+            gathers = f"{a.param_gather_bytes:g} B"
+            if plan.throughput.float8_gain != 1.0:  # the blocks' linears travel as float8
+                gathers = f"{a.f8_gather_bytes:g} B (block linears, float8) or {a.param_gather_bytes:g} B"
+            what = f"(2 all-gathers x {gathers} + reduce-scatter {a.grad_reduce_bytes:g} B) per parameter"
+        else:
+            base = a.qlora_gather_bytes if plan.task == "qlora" else a.param_gather_bytes
+            what = (f"(2 all-gathers of the frozen base x {base:g} B/param + reduce-scatter of the adapter "
+                    f"grads x {a.grad_reduce_bytes:g} B/param)")
+        out = [f"   per micro-batch over the shard group of {g}: (g-1)/g x {what} = "
+               f"{terms['comm_per_micro_batch_s']:,.3f} s"]
+        if c.sharding == "hsdp":
+            out.append(f"   per step across {c.replicate} replicas: all-reduce of the grad shard = "
+                       f"{terms['sync_per_step_s']:,.3f} s")
+        return out
+    if c.sharding == "zero2":
+        return [f"   per micro-batch reduce-scatter of grads = {terms['comm_per_micro_batch_s']:,.3f} s; after the "
+                f"step all-gather of params = {terms['tail_s']:,.3f} s (not hidden)"]
+    if c.sharding == "ddp":
+        return [f"   once per step all-reduce of {a.grad_reduce_bytes:g} B/param grads = "
+                f"{terms['sync_per_step_s']:,.3f} s"]
+    return ["   single GPU: none"]
+
+
+def _comm(x: _Inputs) -> list[str]:
+    plan, st = x.plan, x.st
+    c, terms = plan.cluster, st.terms
+    out = ["5. Communication per GPU"]
+    out.append(f"   inside a node: {x.link} at {x.intra:,.0f} GB/s achievable; across nodes: {plan.fabric.name} "
+               f"{plan.fabric.gbps_per_gpu:g} Gb/s per GPU -> {x.inter:,.1f} GB/s achievable" if c.nodes > 1 else
+               f"   inside a node: {x.link} at {x.intra:,.0f} GB/s achievable (single node: no fabric)")
+    out += _sharding_comm(x)
+    if c.tp > 1:
+        out.append(f"   tensor parallel {c.tp} (Megatron-LM sec. 3: 2 all-reduces forward + 2 backward per layer, + "
+                   f"recompute; SP splits each into reduce-scatter + all-gather) on {x.link}: "
+                   f"{terms['tp_comm_per_micro_batch_s']:,.3f} s per micro-batch, not hidden (the next matmul waits "
+                   "for it)")
+    if c.cp > 1:
+        out.append(f"   context parallel {c.cp} ring (K/V forward, K/V + fp32 dK/dV backward, cp-1 hops per layer): "
+                   f"{terms['cp_ring_per_micro_batch_s']:,.3f} s per micro-batch, exposed "
+                   f"{terms['cp_exposed_per_micro_batch_s']:,.3f} s")
+    out.append(f"   compute hides {x.a.overlap:.0%} of the per-micro-batch communication (it runs while the GPUs "
+               f"compute); what is left waits: {terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch, "
+               f"{terms['exposed_sync_s']:,.3f} s for the per-step sync")
+    out.append(f"   total per GPU per step: {st.comm_bytes_per_gpu / 1e9:,.2f} GB")
+    return out
+
+
+def _step(x: _Inputs) -> list[str]:
+    plan, terms = x.plan, x.st.terms
+    c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
+    ranks = (f"{c.total_gpus // (c.tp * c.cp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}))"
+             if c.tp * c.cp > 1 else f"{c.total_gpus}")
+    overhead = float(x.a.raw["run"]["overhead_hours"])
+    ideal = 6 * plan.model.params * plan.training.tokens / (c.total_gpus * peak * 1e12 * t.mfu_assumed) / 3600
+    out = ["6. Step, time and cost",
+           f"   step = {c.grad_accum} x ({terms['compute_per_micro_batch_s']:,.3f} + "
+           f"{terms['exposed_per_micro_batch_s']:,.3f}) + {terms['exposed_sync_s']:,.3f} + {terms['tail_s']:,.3f} + "
+           f"optimizer {terms['optimizer_s']:,.3f} = {t.step_time_s:,.3f} s",
+           f"   tokens per step = {c.micro_batch} x {c.seq_len} x {ranks} x {c.grad_accum} = "
+           f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
+           f"{plan.training.steps:,}",
+           f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up = "
+           f"{plan.time_hours:,.2f} h",
+           f"   | rule of thumb 6 N D / (GPUs x peak x MFU) = {ideal:,.2f} h"]
+    if plan.instance.price_per_hour_usd is not None:
+        out.append(f"   cost = {plan.time_hours:,.2f} h x {c.nodes} nodes x ${plan.instance.price_per_hour_usd:,.3f}/h "
+                   f"= ${plan.cost_usd:,.2f}")
+    out.append(f"   tokens/s = {t.tokens_per_s:,.0f}; MFU = tokens/s x model FLOPs / (GPUs x peak) = {t.mfu:.1%}")
+    return out
+
+
+def _host(plan: Any) -> list[str]:
+    out = ["7. Host rules"]
+    out += [f"   [{'ok' if chk.ok else 'SHORT'}] {chk.rule}: need {chk.required}; have {chk.actual}"
+            for chk in plan.host.checks]
+    out.append(f"   checkpoint = {plan.host.checkpoint_bytes / TB:,.2f} TB (16 B x trainable params) x "
+               f"{plan.host.checkpoints_kept} kept")
+    if plan.notes:
+        out += ["", "Notes:"] + [f"   - {n}" for n in plan.notes]
+    return out
+
+
+def render_explain(spec: Any, plan: Any) -> str:
+    """The plan's arithmetic, term by term; the 18 B/param rule of thumb beside the model states."""
+    x = _inputs(spec, plan)
+    c = plan.cluster
+    out = [f"== {plan.model.display_name}: {c.nodes} x {c.instance_type}, {c.total_gpus} x {x.gpu.slug}, "
+           f"{c.sharding}, AC {c.activation_checkpointing}, micro-batch {c.micro_batch}", ""]
+    for section in (_memory(x), _flops(x), _compute(x), _comm(x), _step(x)):
+        out += section + [""]
+    out += _host(plan)
+    return "\n".join(out)

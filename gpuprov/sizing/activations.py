@@ -1,0 +1,227 @@
+"""Activations and the loss: the bytes each token leaves saved for backward, per decoder block.
+
+Counted from the tensors autograd saves in a Llama-style block (RMSNorm, RoPE, SDPA/FlashAttention,
+GQA, SwiGLU), the approach of Korthikanti et al. 2022 without the s^2 attention term (FlashAttention
+never stores the score matrix); then the logits and the cross-entropy buffers of the loss stack.
+Part of the analytic estimate (gpuprov.sizing.memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuprov.errors import GpuprovError
+from gpuprov.sizing.arch import ModelArch, resolve_lora_targets
+from gpuprov.sizing.memory_weights import autocast_fp32, constants, loss_compiled
+from gpuprov.sizing.types import TrainSetup
+
+# The software stack around the loss, a stated assumption (the estimate cannot see the user's code):
+LOSS_IMPLS: dict[str, str] = {
+    "hf": (
+        "HF transformers >= 4.45 loss: compute-dtype logits in the model output, kept by the training loop"
+        " through backward and the optimizer step; fp32 upcast + log-softmax inside the loss"
+    ),
+    "hf-legacy": (
+        "HF transformers < 4.45 loss: LlamaForCausalLM returns logits.float() (fp32) and copies the shifted"
+        " logits for the loss; the training loop keeps the fp32 logits through backward and the optimizer step"
+    ),
+    "native": (
+        "logits freed by the training loop before backward (torchtitan `del pred`, torchtune `del logits`);"
+        " fp32 upcast + log-softmax inside the loss"
+    ),
+}
+
+
+def _kv_as_attended(arch: ModelArch) -> int:
+    """K/V width fed to SDPA: GQA heads are repeated (repeat_kv copies) to the query heads."""
+    return arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim
+
+
+def _norms_per_layer(arch: ModelArch) -> int:
+    return 4 if arch.model_type == "gemma2" else 2
+
+
+def layer_activation_bytes_per_token(arch: ModelArch, a: int, compiled: bool, lora_rank_sum: int = 0) -> int:
+    """Bytes one token leaves saved for backward in one decoder block, no checkpointing."""
+    h, q, f = arch.hidden_size, arch.q_dim, arch.intermediate_size
+    kv = _kv_as_attended(arch)
+    if compiled:
+        norm = 2 * a * h  # fused: input and output only
+    else:
+        norm = 4 * h + 2 * a * h  # eager: fp32 upcast copy + normalized + weighted output
+    attn = a * (q + 2 * kv + q + q) + 4 * arch.num_attention_heads  # q_rot, k, v, out, o_proj input, lse
+    mlp_dense = (3 if compiled else 4) * a * f  # gate, up, (silu), product
+    if arch.is_moe:
+        k = arch.experts_per_token
+        mlp = k * (mlp_dense + 2 * a * h) + 4 * arch.num_experts * 2  # routed copies + router probs
+    else:
+        mlp = mlp_dense
+    lora = a * lora_rank_sum  # adapters' A outputs
+    return _norms_per_layer(arch) * norm + attn + mlp + lora
+
+
+def lora_dropout_bytes_per_token(arch: ModelArch, a: int, targets: tuple[str, ...]) -> int:
+    """PEFT/torchtune LoRA with dropout > 0: every adapted module drops out its own copy of its input
+    (nn.Dropout per module) and autograd keeps that copy (input of lora_A) and the bool mask."""
+    shapes = arch.linear_shapes()
+    k = arch.experts_per_token if arch.is_moe else 1
+    width = sum(shapes[t][0] * (k if shapes[t][2] > 1 else 1) for t in targets)
+    return (a + constants()["lora_dropout"]["mask_bytes"]) * width
+
+
+def _biased(arch: ModelArch, name: str) -> bool:
+    if name in ("q_proj", "k_proj", "v_proj"):
+        return arch.attention_bias or arch.qkv_bias
+    if name == "o_proj":
+        return arch.attention_bias
+    return arch.mlp_bias
+
+
+def selective_layer_bytes_per_token(
+    arch: ModelArch, a: int, lora_targets: tuple[str, ...] = (), lora_rank: int = 0
+) -> int:
+    """torchtitan op-level SAC: keeps the block input, every other matmul output and SDPA out.
+
+    The policy counts `aten.mm` calls inside each block and saves the odd-numbered ones, so what
+    is kept depends on the op sequence: a LoRA-adapted linear issues three (base, lora_A, lora_B),
+    which shifts the parity and keeps about twice the matmul outputs of full training; a linear
+    with a bias runs as `addmm`, which the policy neither counts nor saves.
+    """
+    h, q = arch.hidden_size, arch.q_dim
+    if arch.is_moe:
+        mlp = a * arch.intermediate_size * arch.experts_per_token
+        return a * (h + q + arch.kv_dim + q + h) + mlp + 4 * arch.num_attention_heads
+    count = saved = 0
+    for name, (_, out_features, _) in arch.linear_shapes().items():  # forward order
+        outputs = [] if _biased(arch, name) else [out_features]
+        if name in lora_targets:
+            outputs += [lora_rank, out_features]  # lora_A, lora_B (no bias)
+        for width in outputs:
+            count += 1
+            saved += width if count % 2 == 1 else 0
+    return a * (h + q + saved) + 4 * arch.num_attention_heads  # block input, SDPA out (+ lse)
+
+
+def autocast_extra_bytes_per_token(arch: ModelArch, lora_targets: tuple[str, ...] = ()) -> int:
+    """Extra bytes one token leaves per block when autocast runs over fp32 parameters.
+
+    The residual stream is fp32 (embedding output and every residual add stay fp32), so each RMSNorm
+    keeps an fp32 `.to(input_dtype)` copy (+2 B x hidden) and hands an fp32 output to its linears:
+    autocast casts it to bf16 once per consuming linear and autograd saves every cast (q, k, v; gate,
+    up; and each LoRA A on them) where a bf16 stack saves one shared bf16 tensor.
+    """
+    h = arch.hidden_size
+    norms = _norms_per_layer(arch)
+    consumers = {"attn": ["q_proj", "k_proj", "v_proj"], "mlp": ["gate_proj", "up_proj"]}
+    extra_casts = sum(len(mods) - 1 + sum(1 for m in mods if m in lora_targets) for mods in consumers.values())
+    return 2 * h * norms + 2 * h * extra_casts
+
+
+def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
+    """Activation gradients alive while one block runs backward (MLP-wide plus residual)."""
+    k = arch.experts_per_token if arch.is_moe else 1
+    return a * (2 * arch.intermediate_size * k + 2 * arch.hidden_size)
+
+
+# ---------------------------------------------------------------------------- one micro-batch
+
+
+@dataclass(frozen=True)
+class Activations:
+    saved: int  # every block's saved tensors plus the final norm's, at the start of backward
+    final_norm: int  # per token: what the final RMSNorm saves (freed first in backward)
+    layer_transient: int  # the block running backward: recomputation, activation gradients, casts
+
+
+def _per_layer(arch: ModelArch, s: TrainSetup, a: int) -> tuple[int, int]:
+    """(bytes per token one block saves under the run's checkpointing, bytes it recomputes in backward)."""
+    adapted = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
+    lora_rank_sum = s.lora_rank * len(adapted)
+    full_layer = layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
+    fp32_autocast = autocast_fp32(s)
+    if fp32_autocast:
+        full_layer += autocast_extra_bytes_per_token(arch, adapted)
+    resid = 4 if fp32_autocast else a  # the residual stream (a block's input) dtype
+    if s.task != "full" and float(getattr(s, "lora_dropout", 0.0) or 0.0) > 0:
+        full_layer += lora_dropout_bytes_per_token(arch, a, adapted)
+    if s.activation_checkpointing == "none":
+        return full_layer, 0
+    if s.activation_checkpointing == "selective":
+        saved = selective_layer_bytes_per_token(arch, a, adapted, s.lora_rank)
+        saved += (resid - a) * arch.hidden_size
+        return saved, max(full_layer - saved, 0)
+    saved = resid * arch.hidden_size
+    return saved, full_layer - saved
+
+
+def activations(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> Activations:
+    """Saved activations of one micro-batch of `tokens` tokens with `a`-byte compute elements."""
+    saved_layer, recompute = _per_layer(arch, s, a)
+    h = arch.hidden_size
+    # the final RMSNorm runs eager unless the whole model is compiled
+    final_norm = 2 * a * h if (s.compile and s.compile_scope == "model") else 4 * h + 2 * a * h
+    if autocast_fp32(s):
+        final_norm += 2 * h
+    if s.activation_offloading:
+        # Offloaded activations stream to host; roughly two blocks stay resident (current + in flight).
+        saved = tokens * (saved_layer * min(arch.num_layers, 2)) + tokens * final_norm
+    else:
+        saved = tokens * (saved_layer * arch.num_layers + final_norm)
+    transient = tokens * (recompute + _grad_work_bytes_per_token(arch, a))
+    if s.task == "qlora":
+        transient += 2 * h * max(arch.intermediate_size, arch.q_dim)  # one linear dequantized to bf16 at a time
+    if autocast_fp32(s) and s.activation_checkpointing != "none":
+        transient += 2 * arch.layer_linear_params()  # the recomputed block's bf16 weight casts
+    return Activations(saved=saved, final_norm=final_norm, layer_transient=transient)
+
+
+@dataclass(frozen=True)
+class Loss:
+    at_backward: int  # logits still referenced when backward starts
+    held: int  # logits the loop keeps through backward and the optimizer step
+    cross_entropy: int  # log-softmax (or fused-gradient) buffers at the start of backward
+
+
+def _logits(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> int:
+    legacy = s.loss_impl == "hf-legacy" and not s.chunked_cross_entropy
+    # fp32 model output: transformers < 4.45, or torchtune's unembed `.float()` (its chunked output stays bf16)
+    fp32_out = legacy or (s.fp32_logits and not s.chunked_cross_entropy)
+    elem = constants()["loss_impl"]["legacy_logits_bytes"] if fp32_out else a
+    logits = tokens * elem * arch.vocab_size  # the model output, held by the caller at least until backward
+    if arch.model_type == "gemma2":
+        logits += tokens * a * arch.vocab_size  # final logit soft-capping saves the tanh output too
+    return logits
+
+
+def _cross_entropy(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> int:
+    ce = constants()["cross_entropy"]
+    V, chunks = arch.vocab_size, ce["chunks"]
+    # log-softmax and its gradient in fp32, or in the logits' dtype; under autocast log_softmax runs in fp32
+    amp = autocast_fp32(s) or (s.precision == "bf16-mixed" and s.sharding in ("none", "ddp"))
+    elem = 4 if (s.loss_upcast or amp) else a
+    if s.chunked_cross_entropy and loss_compiled(s):
+        return tokens * elem * V // chunks  # fused per-chunk loss: one chunk's gradient at a time
+    if s.chunked_cross_entropy:
+        return tokens * elem * V + tokens * elem * V * 2 // chunks
+    if loss_compiled(s):
+        # the loss is inside the compiled graph: inductor saves the logits and the logsumexp and writes
+        # the logits' gradient in one fused kernel (softmax - one-hot), no log-softmax buffer
+        return tokens * elem * V * ce["fp32_buffers_compiled"]
+    return tokens * elem * V * ce["fp32_buffers_eager"]
+
+
+def loss(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> Loss:
+    impl = getattr(s, "loss_impl", "hf")
+    if impl not in LOSS_IMPLS:
+        raise GpuprovError(f"loss implementation {impl!r} is not one of {', '.join(LOSS_IMPLS)}")
+    logits = _logits(arch, s, tokens, a)
+    # HF loops keep `outputs` until after the optimizer step (litgpt its chunked logits through backward);
+    # torchtitan and torchtune free them before backward. At the start of backward an eager loss has saved
+    # only its fp32 log-softmax, so logits a loop deleted are gone; a fused (compiled) loss saves its input
+    # logits and rebuilds the softmax in backward.
+    native = impl == "native"
+    return Loss(
+        at_backward=logits if (not native or loss_compiled(s)) else 0,
+        held=0 if native else logits,
+        cross_entropy=_cross_entropy(arch, s, tokens, a),
+    )

@@ -1,0 +1,83 @@
+"""What a target (a place gpuprov brings nodes up) must say, in one place per target.
+
+A target is a cloud, an on-prem host list, or later a Kubernetes cluster. Its module answers:
+which catalog entries it serves (`serves`), the limits the planner obeys (`limits`), how nodes come
+to exist (`provisioner`: Terraform templates/terraform/<name>/ or the user's inventory), the
+Terraform inputs its templates read (`terraform_inputs`), the image reference keys and tfvars keys
+the pre-flight reads, the fabric role that sets up its fabric, and whether live checks exist.
+Renderers, the planner and the pre-flight ask the target; none of them branches on a cloud name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpuprov.errors import GpuprovError
+
+if TYPE_CHECKING:  # the Plan model imports pydantic; targets stay cheap to import (catalog, click choices)
+    from gpuprov.plan import Plan
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the planner must obey on this target."""
+
+    max_nodes: int | None = None  # nodes one placement unit holds (None: the spec's --max-nodes only)
+    why: str = ""  # the rule in words, for the planner's messages
+    source: str = ""  # the page that states it
+
+
+@dataclass(frozen=True)
+class TfvarsKeys:
+    """Names of the Terraform variables that carry the plan's instance, region, reservation and zone."""
+
+    instance: str
+    region: str = "region"
+    held: str = ""  # "" when the target takes no reservation id
+    zone: str = "zone"
+
+
+class Target:
+    """Defaults shared by every target; a target module subclasses it and sets what differs."""
+
+    name: str = ""
+    title: str = ""
+    provisioner: Literal["terraform", "inventory"] = "terraform"
+    limits: Limits = Limits()
+    image_ref_keys: tuple[str, ...] = ()  # keys of its bringup.yaml image entry the templates read
+    tfvars: TfvarsKeys | None = None
+    live_checks: bool = False  # validate's live checks exist for this target's CLI
+    held_flag: str = "--reservation"  # the flag that names a reservation the user holds here
+
+    def serves(self, instance: Any) -> bool:
+        """Whether a catalog instance entry is bought here."""
+        return bool(instance.cloud == self.name)
+
+    def node_cap(self, max_nodes: int, hosts: int | None = None) -> int:
+        """The most nodes the planner may try: the spec's cap within this target's limit."""
+        return max_nodes if self.limits.max_nodes is None else min(max_nodes, self.limits.max_nodes)
+
+    def check_nodes(self, nodes: int) -> None:
+        """One-line refusal for a node count beyond this target's limit (a hand-edited plan)."""
+        cap = self.limits.max_nodes
+        if cap is not None and nodes > cap:
+            raise GpuprovError(f"{self.title}: {nodes} nodes exceed {self.limits.why}; plan at most {cap} nodes")
+
+    def held_id(self, spec: Any, option: str) -> str | None:
+        """The reservation id the user holds for `option` here (None: none given, or none applies)."""
+        return None
+
+    def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
+        """The variables this target's Terraform templates read beyond the common ones."""
+        return {}
+
+    def fabric_role(self, fabric: str) -> str | None:
+        """The Ansible role that sets up `fabric` on this target's hosts (None: nothing beyond Ethernet)."""
+        if fabric == "efa":
+            return "efa"
+        if fabric in ("infiniband", "roce"):
+            return "infiniband"
+        if fabric == "tcpxo":
+            raise GpuprovError(f"fabric tcpxo exists only on GCP, not {self.name}")
+        return None

@@ -1,0 +1,78 @@
+"""GCP: Compute Engine VMs from templates/terraform/gcp/, GPUDirect (TCPXO / RDMA) NICs, Filestore."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from gpuprov.errors import GpuprovError
+from gpuprov.targets.base import Target, TfvarsKeys
+
+if TYPE_CHECKING:
+    from gpuprov.plan import Plan
+
+# machine families that accept a compact (COLLOCATED) placement policy
+COMPACT_FAMILIES = ("a2-", "a3-", "a4-")
+
+
+def _nics(plan: Plan) -> tuple[int, int]:
+    """(gVNIC data NICs, MRDMA NICs) beyond nic0 for the plan's machine type and fabric."""
+    nics, fabric = plan.instance.network_cards, plan.fabric.name  # every NIC, nic0 included
+    if fabric == "roce":  # a3-ultragpu/a4: one MRDMA NIC per GPU in the RoCE VPC; the others gVNIC
+        rdma = plan.instance.gpus
+        gvnic = nics - 1 - rdma
+    elif fabric in ("tcpxo", "ethernet") and nics > 1:
+        # a3-megagpu (GPUDirect-TCPXO, 1 + 8) and a3-highgpu (TCPX, 1 + 4): one gVNIC VPC per data NIC
+        gvnic, rdma = nics - 1, 0
+    else:  # single-node plans (fabric "none") and one-NIC machines: nic0 only
+        gvnic, rdma = 0, 0
+    if gvnic < 0:
+        raise GpuprovError(f"{plan.instance.name}: {nics} NICs cannot hold nic0 plus {rdma} MRDMA NICs")
+    return gvnic, rdma
+
+
+def image_family(path: str) -> dict[str, str]:
+    """projects/P/global/images/family/F -> image_project P, image_family F."""
+    match = re.fullmatch(r"projects/([^/]+)/global/images/family/([^/]+)", path)
+    if match is None:
+        raise GpuprovError(f"GCP image {path!r} is not projects/P/global/images/family/F")
+    return {"image_project": match.group(1), "image_family": match.group(2)}
+
+
+class Gcp(Target):
+    name, title = "gcp", "GCP"
+    image_ref_keys = ("image",)
+    tfvars = TfvarsKeys(instance="machine_type", held="reservation_name")
+    live_checks = True
+
+    def held_id(self, spec: Any, option: str) -> str | None:
+        return spec.reservation if option == "reservation" else None
+
+    def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
+        machine = plan.instance.name
+        gvnic, rdma = _nics(plan)
+        shared = plan.shared_storage
+        return {
+            "machine_type": machine,
+            "gpu_nic_count": gvnic,
+            "rdma_nic_count": rdma,
+            "gpu_network_mtu": plan.fabric.mtu or 8896,
+            "reservation_name": plan.purchase.held,
+            "reservation_bound": plan.purchase.reservation_bound,
+            "max_run_hours": min(168, plan.purchase.max_run_hours or 168),
+            "compact_placement_supported": machine.startswith(COMPACT_FAMILIES),
+            **image_family(plan.image.ref["image"] if plan.image else ""),
+            "secure_boot": plan.image.secure_boot if plan.image else False,
+            "shared_storage_tier": shared.options.get("tier", "ZONAL") if shared else "ZONAL",
+            # a2 machines take no Hyperdisk (GCP "machine series" disk support table)
+            "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
+            "boot_disk_size_gb": 500,
+        }
+
+    def fabric_role(self, fabric: str) -> str | None:
+        if fabric in ("roce", "tcpxo"):  # GPUDirect-RDMA / TCPXO: Google's own NIC stack
+            return "gcp_rdma"
+        return super().fabric_role(fabric)
+
+
+TARGET = Gcp()

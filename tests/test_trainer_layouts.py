@@ -1,0 +1,116 @@
+"""The generated trainer on masked data: the same global batch gives the same losses in every layout.
+
+Instruction data masks prompts, so samples carry different numbers of trained tokens. The loss of a
+step is the mean over the global batch's trained tokens (an all-reduced count across ranks and
+micro-batches, as torchtitan and transformers' num_items_in_batch); a per-micro-batch mean would
+make the gradient depend on how the batch is split. Same saved weights, same 8-sample global
+batches, fp32: 1 process x 4 accumulation, FSDP 2 x 2 accumulation, FSDP 4, HSDP 2 x 2, DDP 2,
+TP 2 x FSDP 2 log the same losses to 1e-5 over 6 steps. Six short torchrun launches.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plan_fixtures import sample_plan
+from test_trainer import finish, free_port, losses, runs, save_tiny_base, start, write_launch
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+np = pytest.importorskip("numpy")
+
+GLOBAL_BATCH, SEQ, STEPS = 8, 32, 6
+
+
+def masked_data(root: Path) -> Path:
+    """prepare_data.py's layout: tokens + a loss mask whose prompt length differs per sample."""
+    rng = np.random.default_rng(3)
+    samples = GLOBAL_BATCH * STEPS
+    tokens = rng.integers(0, 512, samples * SEQ + 1, dtype=np.uint16)
+    mask = np.ones(samples * SEQ + 1, dtype=np.uint8)
+    for i in range(samples):
+        prompt = int(rng.integers(0, SEQ - 2))  # 0 .. 29 prompt tokens without a loss
+        mask[i * SEQ: i * SEQ + prompt] = 0
+    (root / "train").mkdir(parents=True)
+    tokens.tofile(root / "train" / "part-00000.bin")
+    mask.tofile(root / "train" / "part-00000.mask")
+    (root / "meta.json").write_text(json.dumps({"dtype": "uint16", "eos_token_id": None, "loss_mask": True}))
+    return root
+
+
+def render(root: Path, *, gpus: int, sharding: str, micro: int, accum: int, nodes: int = 1, tp: int = 1) -> Path:
+    plan = sample_plan("aws", nodes, "hsdp" if sharding == "hsdp" else "fsdp", "full")
+    per_node = gpus // nodes
+    shard = {"hsdp": per_node, "ddp": 1}.get(sharding, gpus)
+    assert micro * accum * gpus // tp == GLOBAL_BATCH
+    cluster = plan.cluster.model_copy(update=dict(
+        nodes=nodes, gpus_per_node=per_node, total_gpus=gpus, sharding=sharding, shard_group=shard,
+        replicate=gpus // shard, tp=tp, activation_checkpointing="none", micro_batch=micro, grad_accum=accum,
+        seq_len=SEQ, global_batch_tokens=GLOBAL_BATCH * SEQ))
+    training = plan.training.model_copy(update=dict(
+        steps=STEPS, warmup_steps=2, learning_rate=3e-3, checkpoint_every_steps=0, log_every_steps=1))
+    return write_launch(plan.model_copy(update=dict(cluster=cluster, training=training)), root)
+
+
+LAYOUTS = {
+    "1 process, accum 4": dict(gpus=1, sharding="fsdp", micro=2, accum=4),
+    "FSDP 2, accum 2": dict(gpus=2, sharding="fsdp", micro=2, accum=2),
+    "FSDP 4": dict(gpus=4, sharding="fsdp", micro=2, accum=1),
+    "HSDP 2x2": dict(gpus=4, nodes=2, sharding="hsdp", micro=1, accum=2),
+    "DDP 2": dict(gpus=2, sharding="ddp", micro=4, accum=1),
+    "TP 2 x FSDP 2, accum 2": dict(gpus=4, sharding="fsdp", micro=2, accum=2, tp=2),
+}
+
+
+def run_layout(root: Path, base: Path, data: Path, layout: dict) -> dict[int, float]:
+    launch = render(root, **layout)
+    args = ("--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+            "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
+            "--set", "export.at_end=false")
+    nodes = layout.get("nodes", 1)
+    port = free_port()
+    env = [dict(GPUPROV_HEAD_ADDR="127.0.0.1", GPUPROV_NODE_RANK=str(r)) for r in range(nodes)] if nodes > 1 else [{}]
+    finish(*[start(launch, *args, port=port, **e) for e in env])
+    (run,) = runs(launch)
+    return losses(run)
+
+
+def test_masked_losses_are_equal_in_every_layout(tmp_path):
+    base = save_tiny_base(tmp_path / "base")
+    data = masked_data(tmp_path / "data")
+    results = {name: run_layout(tmp_path / f"l{i}", base, data, layout) for i, (name, layout) in enumerate(LAYOUTS.items())}
+    ref = results["1 process, accum 4"]
+    assert sorted(ref) == list(range(1, STEPS + 1))
+    # the reference itself: step 1's loss is the token mean of the base model over the first global
+    # batch, and this data tells it apart from a mean of per-micro-batch means
+    token_mean, split_mean = first_batch_losses(base, data)
+    assert ref[1] == pytest.approx(token_mean, rel=1e-5)
+    assert abs(split_mean - token_mean) > 1e-4 * token_mean  # 10x the tolerance below
+    wrong = {(name, step): (got[step], ref[step]) for name, got in results.items() for step in ref
+             if got.get(step) != pytest.approx(ref[step], rel=1e-5, abs=1e-6)}
+    assert not wrong, wrong
+
+
+def first_batch_losses(base: Path, data: Path) -> tuple[float, float]:
+    """transformers on its own, over the first 8 samples: the mean cross-entropy over their trained
+    tokens, and the mean of 2-sample micro-batch means (what normalising per micro-batch gives)."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    tokens = torch.from_numpy(np.fromfile(data / "train" / "part-00000.bin", dtype="<u2").astype(np.int64))
+    mask = torch.from_numpy(np.fromfile(data / "train" / "part-00000.mask", dtype=np.uint8)).bool()
+    windows = torch.stack([tokens[i * SEQ: i * SEQ + SEQ + 1] for i in range(GLOBAL_BATCH)])
+    keep = torch.stack([mask[i * SEQ: i * SEQ + SEQ + 1] for i in range(GLOBAL_BATCH)])[:, 1:]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=windows[:, :-1]).logits
+    labels = windows[:, 1:].masked_fill(~keep, -100)
+    token_mean = float(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100))
+    split = [float(F.cross_entropy(logits[i:i + 2].flatten(0, 1), labels[i:i + 2].flatten(), ignore_index=-100))
+             for i in range(0, GLOBAL_BATCH, 2)]
+    return token_mean, sum(split) / len(split)
