@@ -78,6 +78,7 @@ def predict(row: dict[str, Any]) -> Any:
         shape=shape, tp=tp, cp=cp, layer=layer, ac=ac, flops=flops, peak_tflops=gpu.bf16_tflops, util=util,
         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,
         trainable=arch.params, num_layers=arch.num_layers, task="full", pcie_gen=gpu.pcie_gen, pipeline=pipeline,
+        async_tp=bool(row.get("async_tp", False)),
         **f8,
     )
 

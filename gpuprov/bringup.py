@@ -97,6 +97,20 @@ def build_steps(root: Path, cloud: str) -> list[Step]:
     return steps + ansible_steps(root)
 
 
+def job_steps(root: Path, plan) -> list[Step]:
+    """The last step: submit the training job (gpuprov/job.py decides how; none: started by hand)."""
+    from gpuprov import job
+
+    argv = job.submit_argv(plan)
+    if argv is None:
+        return []
+    title = ("submit the training job (sbatch slurm.sbatch on the first node)" if job.job_kind(plan) == "slurm"
+             else "start training (launch/train.sh on the node, in the background)")
+    return [Step("submit", title, argv, root / "ansible",
+                 f"read the error above; the job files are at {job.log_file(plan, None).rsplit('/', 1)[0]} "
+                 "and the launch/ copy from site.yml (tag job)", "submit")]
+
+
 def destroy_step(root: Path) -> Step:
     """`terraform destroy` with the arguments `up` gave plan and apply (no prompt: `down` asks)."""
     return Step("terraform-destroy", "terraform destroy (deletes every resource of the bundle; billing stops)",
@@ -286,6 +300,13 @@ def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
     if not (step.cwd / INVENTORY).is_file():
         raise StepFailed(f"{step.cwd / INVENTORY} is missing: re-run `gpuprov up` from the start (--restart)")
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0")
+    if step.kind == "submit":  # its output carries the job id
+        from gpuprov.job import parse_submission
+
+        proc = subprocess.run([tool, *step.argv[1:]], cwd=step.cwd, env=env, capture_output=True, text=True)
+        echo(proc.stdout + proc.stderr)
+        step.extra["job_id"] = parse_submission(proc.stdout) if proc.returncode == 0 else None
+        return proc.returncode if step.extra["job_id"] or proc.returncode else 1
     return subprocess.run([tool, *step.argv[1:]], cwd=step.cwd, env=env).returncode
 
 
@@ -296,7 +317,7 @@ def display(step: Step, root: Path) -> str:
 
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
              echo: Callable[[str], None] = print) -> None:
-    steps = build_steps(root, plan.cluster.cloud)
+    steps = build_steps(root, plan.cluster.cloud) + job_steps(root, plan)
     tf = root / "terraform"
     missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
     if dry_run:
@@ -305,7 +326,12 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         for number, step in enumerate(steps, start=1):
             suffix = f"  > ansible/{INVENTORY}" if step.kind == "inventory" else ""
             echo(f"{number}. {display(step, root)}{suffix}")
-        echo(f"{len(steps) + 1}. start training:\n{training_command(root, plan)}")
+        if steps[-1].kind == "submit":
+            from gpuprov.job import submitted_lines
+
+            echo("then: " + "\n".join(submitted_lines(root, plan, "<job id>")[1:]).strip())
+        else:
+            echo(f"{len(steps) + 1}. start training:\n{training_command(root, plan)}")
         if cost_per_hour(plan):
             echo(cost_per_hour(plan))
         return
@@ -333,8 +359,15 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
             raise StepFailed(f"step {number}/{total} '{step.name}' failed (exit {code}). Next: {step.hint}; "
                              f"then re-run `gpuprov up {shlex.quote(str(root))}` to continue from this step")
         done.append(step.name)
-        write_state(root, {"lock_sha256": digest, "completed": done})
-    echo(f"cluster ready ({plan.cluster.nodes} node(s), {plan.cluster.total_gpus} GPUs). Start training:")
-    echo(training_command(root, plan))
+        if step.extra.get("job_id"):
+            state["job"] = {"id": step.extra["job_id"], "kind": step.kind}
+        write_state(root, {"lock_sha256": digest, "completed": done, **({"job": state["job"]} if "job" in state else {})})
+    if "job" in state:
+        from gpuprov.job import submitted_lines
+
+        echo("\n".join(submitted_lines(root, plan, state["job"]["id"])))
+    else:
+        echo(f"cluster ready ({plan.cluster.nodes} node(s), {plan.cluster.total_gpus} GPUs). Start training:")
+        echo(training_command(root, plan))
     if cost_per_hour(plan):
         echo(cost_per_hour(plan))

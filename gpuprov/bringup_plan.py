@@ -12,6 +12,8 @@ import hashlib
 from typing import Any
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.host import rules
+from gpuprov.plan import Access, Alternative, Image, Purchase, SharedStorage
 from gpuprov.targets import get_target
 
 
@@ -57,8 +59,6 @@ def bundle_id(spec: Any) -> str:
 
 
 def _purchase(spec: Any, inst: Any) -> Any:
-    from gpuprov.plan import Purchase
-
     if inst.onprem:
         return Purchase()
     offer = next(o for o in cat.offers(inst) if o.option == inst.purchase)
@@ -68,8 +68,6 @@ def _purchase(spec: Any, inst: Any) -> Any:
 
 
 def _image(cloud: str) -> Any:
-    from gpuprov.plan import Image
-
     entry = cat.image(cloud)
     ref_keys = get_target(cloud).image_ref_keys
     return Image(name=entry["name"], ref={k: str(entry[k]) for k in ref_keys}, user=entry["user"],
@@ -78,8 +76,6 @@ def _image(cloud: str) -> Any:
 
 
 def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
-    from gpuprov.plan import Access
-
     entry = cat.access(cloud)
     user = image_user if cloud != "onprem" else None  # on-prem: per host, from the hosts file
     if entry["method"] == "bastion" and spec.ssh_cidr:
@@ -89,9 +85,6 @@ def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
 
 
 def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
-    from gpuprov.host import rules
-    from gpuprov.plan import SharedStorage
-
     entry = cat.shared_storage(cloud)
     if nodes < 2 or entry is None:
         return None
@@ -102,10 +95,14 @@ def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
 
 
 def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, Any]:
-    """Plan keyword arguments: purchase, image, access, shared_storage, bundle_id."""
+    """Plan keyword arguments: purchase, image, access, shared_storage, bundle_id, scheduler."""
+    from gpuprov.scheduler import decide
+
     cloud = inst.cloud
     image = None if cloud == "onprem" else _image(cloud)
+    hosts = list(spec.hosts[:nodes]) if inst.onprem and spec.hosts else None
     return {
+        "scheduler": decide(spec, cloud, nodes, hosts),
         "purchase": _purchase(spec, inst),
         "image": image,
         "access": _access(cloud, image.user if image else None, spec),
@@ -116,8 +113,6 @@ def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, An
 
 def purchase_alternatives(spec: Any, best: Any) -> list[Any]:
     """What the chosen run would cost under the chosen type's other purchase options."""
-    from gpuprov.plan import Alternative
-
     inst = best.instance
     if inst.onprem:
         return []
@@ -151,6 +146,9 @@ def purchase_notes(spec: Any, plan_purchase: Any, inst: Any, time_hours: float, 
              f"{', '.join(cat.offered_options(inst))})"]
     if plan_purchase.risk:
         notes.append(f"{plan_purchase.option}: {plan_purchase.risk}")
+    if plan_purchase.preemptible and nodes > 1 and getattr(spec, "slurm", "auto") != "none":
+        notes.append(f"{plan_purchase.option}: a reclaimed node fails the Slurm job, which is requeued "
+                     "(--requeue) and resumes from the newest checkpoint on the shared filesystem")
     if plan_purchase.max_run_hours and time_hours > plan_purchase.max_run_hours:
         notes.append(f"The run takes {time_hours:,.0f} h, longer than one {plan_purchase.option} lease of "
                      f"{plan_purchase.max_run_hours:g} h: re-apply to get new VMs and resume from the last checkpoint")

@@ -322,6 +322,21 @@ class CandidateRow(_Strict):
     chosen: bool
 
 
+class Scheduler(_Strict):
+    """The batch scheduler (gpuprov/scheduler.py decides): installed Slurm, the site's, or none."""
+
+    kind: Literal["slurm", "existing", "none"] = "none"
+    # first-node: slurmctld on the first GPU node; head-node: on a CPU node; site: not ours
+    controller: Literal["first-node", "head-node", "site"] | None = None
+    controller_host: str | None = None  # inventory name where known (on-prem, head node)
+    partition: str | None = None
+    packages: dict[str, list[str]] = Field(default_factory=dict)  # controller / compute
+    nvml_plugin_package: str | None = None
+    max_requeues: int = 0  # times a failed job is requeued to resume from its newest checkpoint
+    reason: str = ""
+    source: str = ""
+
+
 class Provisioning(_Strict):
     """What the target decided for bring-up (gpuprov/targets/): renderers read it, never decide it."""
 
@@ -362,4 +377,5 @@ class Plan(_Strict):
     shared_storage: SharedStorage | None = None  # None: one node, or a cloud without one
     bundle_id: str = ""  # short hash of the spec: makes resource names unique per bundle
     stack: Stack | None = None  # None only in plans written before the stack was recorded
+    scheduler: Scheduler = Field(default_factory=Scheduler)  # none in plans written before it was decided
     provisioning: Provisioning | None = None  # None only in plans written before targets decided it

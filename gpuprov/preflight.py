@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.catalog.instances import get_instance
 from gpuprov.errors import GpuprovError
 from gpuprov.targets import get_target
 
@@ -81,9 +82,6 @@ def settings(plan: Any, root: Path) -> dict[str, Any]:
 
 
 def offline_checks(plan: Any, root: Path) -> list[Check]:
-    from gpuprov.catalog.instances import get_instance
-    from gpuprov.errors import GpuprovError
-
     s = settings(plan, root)
     try:
         inst = get_instance(s["instance"])
@@ -254,8 +252,6 @@ def _aws_reservation(plan: Any, s: dict, run: Runner) -> Check:
 
 
 def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
-    from gpuprov.catalog.instances import get_instance
-
     inst = get_instance(s["instance"])
     entry = (cat.quota("aws") or {}).get("codes", {}).get(_family("aws", inst.name))
     if entry is None or s["purchase"] in ("reservation", "capacity-block"):
@@ -307,8 +303,6 @@ def _gcp_reservation(plan: Any, s: dict, run: Runner) -> Check:
 
 
 def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
-    from gpuprov.catalog.instances import get_instance
-
     inst = get_instance(s["instance"])
     entry = cat.quota("gcp") or {"metrics": {}}
     metric = entry["metrics"].get(_family("gcp", inst.name))

@@ -100,6 +100,16 @@ class TrainingSpec(BaseModel):
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
 
+    slurm: Literal["auto", "install", "existing", "none"] = Field(
+        "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
+                            "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
+
+    @model_validator(mode="after")
+    def _existing_slurm_on_prem(self) -> "TrainingSpec":
+        if self.slurm == "existing" and self.cloud != "onprem":
+            raise ValueError("slurm: existing needs cloud: onprem (a cloud bundle installs its own Slurm)")
+        return self
+
     @field_validator("region")
     @classmethod
     def _region_of_cloud(cls, region: str | None, info: ValidationInfo) -> str | None:

@@ -380,7 +380,7 @@ def load_hosts(path: str | Path) -> list:
                     unread = sorted(set(value) - {"ansible_host", "address", "ansible_user", "user",
                                                   "ansible_port", "port"})
                     if unread:
-                        raise GpuprovError(f"{path}: host {name}: variable {unread[0]!r} {_UNREAD}")
+                        raise GpuprovError(f"{path}: host {_show(name)}: variable {unread[0]!r} {_UNREAD}")
                 else:
                     entry = {"name": str(name), "address": value if value is not None else str(name)}
                 entries.append(entry)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuprov.catalog import load_data
+from gpuprov.errors import GpuprovError
 from gpuprov.plan import Stack
 
 # plan precision: (FSDP2 param_dtype, reduce_dtype, dtype of the sharded master weights + optimizer)
@@ -21,16 +23,12 @@ PRECISIONS = {
 
 
 def _facts() -> dict:
-    from gpuprov.catalog import load_data
-
     return load_data("trainer.yaml")
 
 
 def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8: bool = False) -> Stack:
     """The stack for this task, precision and model type; `tp` the chosen layout's tensor-parallel
     degree (the loss is chunked only without TP); `float8` as the planner decided it for the GPU."""
-    from gpuprov.errors import GpuprovError
-
     if precision not in PRECISIONS:
         raise GpuprovError(f"the trainer has no setting for precision {precision!r}")
     facts = _facts()

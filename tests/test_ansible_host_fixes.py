@@ -107,6 +107,7 @@ def _gpg_keys(root: Path) -> tuple[bytes, bytes]:
     return armored, binary
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg not installed")
 def test_apt_keyring_names_each_key_for_its_form(bundle):
     with private_dir("keys") as root:
@@ -327,6 +328,7 @@ NCCL_STATES = {
 }
 
 
+@pytest.mark.slow
 def test_nccl_keeps_a_held_or_newer_libnccl2(bundle):
     with private_dir("nccl") as root:
         outputs = {}
@@ -346,6 +348,7 @@ def test_nccl_keeps_a_held_or_newer_libnccl2(bundle):
 # ------------------------------------------------------------------ 6, 7, 8. DOCA order, opensm retries, OCI
 
 
+@pytest.mark.slow
 def test_doca_decision_compares_the_doca_package_not_ofed_info(bundle):
     base = {"infiniband_stack": "doca", "infiniband_doca_version": "2.9.1"}
     cases = [
@@ -385,6 +388,7 @@ IBSTAT = """CA '{ca}'
 \t\tLink layer: InfiniBand"""
 
 
+@pytest.mark.slow
 def test_ports_are_waited_for_while_the_fabric_initializes(bundle):
     with private_dir("ibstat") as root:
         counter = root / "calls"
@@ -538,6 +542,7 @@ XIDS = {
 }
 
 
+@pytest.mark.slow
 def test_application_xids_pass_hardware_xids_fail(bundle):
     with private_dir("xid") as root:
         outs = {}
@@ -565,6 +570,7 @@ def test_dcgm_is_installed_and_required(bundle):
     assert out.count("...ignoring") == 1
 
 
+@pytest.mark.slow
 def test_gcp_mtu_check_needs_every_gpu_nic(bundle):
     lo_mtu = int(Path("/sys/class/net/lo/mtu").read_text())
     others = [p.name for p in Path("/sys/class/net").iterdir() if p.name != "lo"
@@ -625,6 +631,7 @@ def _standin_wheel(folder: Path, name: str, version: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
 def test_training_env_role_installs_exactly_the_bundle_requirements(bundle):
     with private_dir("venv") as root:

@@ -35,13 +35,14 @@ def test_glue_carries_the_plan(cloud):
     for name in GLUE:
         assert name in files
     site = yaml.safe_load(files["site.yml"])
-    assert all(play.get("hosts", "gpu_nodes") == "gpu_nodes" for play in site)
+    assert all(play.get("hosts", "gpu_nodes") in ("gpu_nodes", "gpu_nodes[0]") for play in site)  # [0]: job staging
     roles = _roles_in(site)
     # two nodes: the shared filesystem for checkpoints is mounted too (test_shared_storage.py)
     fabric = EXPECTED_FABRIC_ROLE[cloud]
     middle = [fabric, "nvidia_driver", fabric] if fabric == "infiniband" else ["nvidia_driver", fabric]
+    # two nodes: Slurm on every node (plan.scheduler; test_scheduler.py)
     assert roles == ["gpu_preflight", "node_baseline", "nvme_raid", "shared_storage", *middle, "nccl", "gds",
-                     "training_env"]
+                     "training_env", "slurm"]
     tags = _tags(site)
     assert tags["gpu_preflight"] == ["always"] and tags["node_baseline"] == ["baseline"]
     assert tags["nvme_raid"] == ["storage"] and tags["nvidia_driver"] == ["gpu"] and tags["training_env"] == ["train"]

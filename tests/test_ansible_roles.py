@@ -167,6 +167,7 @@ ALL_REDUCE_OUTPUT = """#                                                        
 #"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(has_nvidia_gpu(), reason="this machine has an NVIDIA GPU")
 def test_health_checks_fail_with_the_measured_value(bundle, scratch):
     tools = _fake_tool(bundle, "all_reduce_perf", ALL_REDUCE_OUTPUT)
@@ -192,6 +193,7 @@ def test_health_checks_fail_with_the_measured_value(bundle, scratch):
 # ---------------------------------------------------------------- files the roles write
 
 
+@pytest.mark.slow
 def test_nccl_env_files_as_written_by_the_role(bundle, scratch):
     profile = scratch / "vendor-profile.sh"
     # a vendor profile that reads NCCL_LIB_DIR (as TCPXO's does) and sets its own values

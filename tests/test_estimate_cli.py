@@ -157,6 +157,7 @@ def test_precise_without_torch_says_how_to_install(tmp_path) -> None:
     assert "gpuprov[precise]" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_precise_prints_a_time_estimate_before_it_starts(tmp_path) -> None:
     """Issue 9: a time estimate up front (stderr, so --json stdout stays one object), then progress."""

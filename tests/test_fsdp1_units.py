@@ -136,6 +136,7 @@ def observed(tmp_path_factory) -> dict:
     return json.loads(out.read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrap", WRAPS)
 def test_fsdp1_gathers_the_blocks_the_estimate_counts(observed, wrap):
     expected = 1 + load_data("memory_constants.yaml")["fsdp"]["prefetch_units"]

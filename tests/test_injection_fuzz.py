@@ -162,6 +162,7 @@ def cached_roles(monkeypatch):
 @settings(FAST, max_examples=50)
 @given(cloud=st.sampled_from(CLOUDS + ["onprem"]),
        hostile=st.fixed_dictionaries({key: payloads for key in BENIGN}))
+@pytest.mark.slow
 def test_escaping_holds_past_the_validators(cached_roles, cloud: str, hostile: dict[str, str]) -> None:
     tf_shape, yaml_keys, argv, report = _benign(cloud)
     root = Path(tempfile.mkdtemp(prefix="gpuprov-fuzz-")) / "b"

@@ -308,14 +308,16 @@ def test_slurm_sbatch_under_fake_slurm(tmp_path):
     for tool in ("scontrol", "srun"):
         (bin_dir / tool).chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-d]", "SLURM_JOB_NUM_NODES": "4",
-           "SLURM_JOB_ID": "77", "SLURM_SUBMIT_DIR": str(launch), "TORCHRUN": "echo torchrun",
+           "SLURM_JOB_ID": "77", "SLURM_NODEID": "0", "SLURM_SUBMIT_DIR": str(launch), "TORCHRUN": "echo torchrun",
            "SRUN_LOG": str(tmp_path / "srun.log")}
     out = subprocess.run([BASH, str(launch / "slurm.sbatch"), "--set", "schedule.steps=3"], env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "torchrun", "--nnodes", "4", "--nproc-per-node", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-        "10.0.0.7:29500", "--rdzv-id", "gpuprov-tiny-llama-full-77", "--max-restarts", "3",
+        "10.0.0.7:29500", "--rdzv-id", "gpuprov-tiny-llama-full-77-0", "--rdzv-conf", "is_host=1",
+        # under Slurm a failure ends the step and the job is requeued (test_slurm_job.py), no in-place restart
+        "--max-restarts", "0",
         str(launch / "train.py"), "--config",
         str(launch / "train.yaml"), "--set", "schedule.steps=3"]
     srun_calls = (tmp_path / "srun.log").read_text().splitlines()

@@ -30,6 +30,7 @@ def dev(name: str, state: str = "blank", reason: str = "", **extra) -> dict:
             "state": state, "reason": reason, **extra}
 
 
+@pytest.mark.slow
 def test_ansible_lint_production_profile_is_clean():
     with private_dir("lint") as scratch:
         proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--offline", "--nocolor",

@@ -292,6 +292,7 @@ def _tiny_config(tmp_path) -> str:
     return str(config)
 
 
+@pytest.mark.slow
 def test_precise_progress_is_one_updating_line_on_a_terminal_and_sits_beside_analytic(tmp_path):
     import os
     import pty

@@ -148,6 +148,7 @@ def test_corpus_through_generate(tmp_path: Path, case: Path, capsys) -> None:
 @given(st.one_of(st.text(max_size=150), st.dictionaries(st.text(max_size=8), values, max_size=4).map(_dump),
                  st.lists(st.dictionaries(st.sampled_from(["name", "address", "user", "x"]), scalars, max_size=3),
                           max_size=3).map(lambda v: _dump({"h": v})[3:])))
+@pytest.mark.slow
 @example("[gpu_nodes]\ngpu0 ansible_host=\n")
 @example("all:\n  children: 3\n")
 @example("gpu0: {ansible_host: [1, 2]}\n")

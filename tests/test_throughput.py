@@ -183,3 +183,22 @@ def test_precision_and_offload_cost_time(arch8b):
     assert off.optimizer_time_s > 10 * base.optimizer_time_s
     full = step_estimate(**common, offload="full")
     assert full.comm_time_s > off.comm_time_s
+
+
+def test_async_tp_hides_tp_collectives_under_the_matmuls():
+    from gpuprov.sizing.throughput import LayerShape, layout_step_estimate
+
+    arch = get_model("llama-3.1-70b")
+    gpu = get_gpu("h100-80gb")
+    shape = Shape(nodes=32, gpus_per_node=8, sharding="fsdp", shard_group=256, micro_batch=16, grad_accum=1,
+                  seq_len=8192)
+    kw = dict(shape=shape, tp=8, cp=1, layer=LayerShape(arch.num_layers, arch.hidden_size, arch.q_dim), ac="full",
+              flops=flops_per_token(arch, 8192, "full", arch.params, "full"), peak_tflops=gpu.bf16_tflops,
+              util=utilisation(gpu)[0], hbm_gbytes_per_s=gpu.hbm_gbytes_per_s,
+              intra_gbytes=intra_node_gbytes(gpu)[0], inter_gbytes=inter_node_gbytes("infiniband", 400),
+              params=arch.params, trainable=arch.params, num_layers=arch.num_layers, task="full")
+    plain = layout_step_estimate(**kw)
+    overlapped = layout_step_estimate(async_tp=True, **kw)
+    assert plain.terms["tp_exposed_per_micro_batch_s"] == plain.terms["tp_comm_per_micro_batch_s"] > 0
+    assert overlapped.terms["tp_exposed_per_micro_batch_s"] < plain.terms["tp_exposed_per_micro_batch_s"]
+    assert overlapped.step_time_s < plain.step_time_s

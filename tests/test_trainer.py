@@ -289,6 +289,7 @@ def test_config_overrides_and_clear_errors(trainer_module):
     with pytest.raises(SystemExit, match=r"^train.py: batch.micro_batch: must be at least 1, got 0$"):
         train.load_config(str(yaml_path), ["batch.micro_batch=0"])
     assert train.load_config(str(yaml_path), ["checkpoint.async=false"]).checkpoint.async_save is False
+    assert train.load_config(str(yaml_path), ["optimizer.lr=1e-5"]).optimizer.lr == 1e-5  # YAML 1.1 reads a string
     with pytest.raises(SystemExit, match="section.key=value"):
         train.load_config(str(yaml_path), ["batch.seq_len"])
     # QLoRA's 4-bit kernels are CUDA-only: on CPU a one-line reason, not a bitsandbytes traceback

@@ -33,6 +33,8 @@ FAKE = textwrap.dedent("""\
         sys.exit(3)
     if name == "terraform" and sys.argv[1:2] == ["output"]:
         print(os.environ.get("FAKE_OUTPUT", "{{}}"))
+    if name == "ansible" and "sbatch --parsable" in key:  # Ansible's ad-hoc output of sbatch --parsable
+        print("node-0 | CHANGED | rc=0 >>\\n4242")
     """)
 
 CLOUD_COMMANDS = [
@@ -44,6 +46,9 @@ CLOUD_COMMANDS = [
      "ansible"),
     (["ansible-playbook", "-i", "inventory.yml", "site.yml", "--skip-tags", "health"], "ansible"),
     (["ansible-playbook", "-i", "inventory.yml", "site.yml", "--tags", "health"], "ansible"),
+    # the last step: the training job submitted on the first node (sbatch under Slurm)
+    (["ansible", "gpu_nodes[0]", "-i", "inventory.yml", "-m", "ansible.builtin.command", "-a",
+      "sbatch --parsable slurm.sbatch chdir=/shared/jobs/gpuprov-tiny-llama-full/launch"], "ansible"),
 ]
 
 
@@ -102,9 +107,11 @@ def test_dry_run_prints_every_command_in_order_and_runs_nothing(tmp_path: Path, 
     lines = [ln for ln in result.stdout.splitlines() if ln[:1].isdigit()]
     expected = [f"{n}. (cd {cwd} && {' '.join(argv)})" for n, (argv, cwd) in enumerate(CLOUD_COMMANDS, 1)]
     expected[3] += "  > ansible/inventory.yml"
-    assert lines[:7] == expected
-    assert lines[7].startswith("8. start training")
-    assert "train.sh" in result.stdout
+    expected = [ln.replace("gpu_nodes[0]", "'gpu_nodes[0]'").replace("-a sbatch --parsable slurm.sbatch chdir=/shared/jobs/gpuprov-tiny-llama-full/launch",
+                                                                        "-a 'sbatch --parsable slurm.sbatch chdir=/shared/jobs/gpuprov-tiny-llama-full/launch'")
+                for ln in expected]
+    assert lines == expected
+    assert "watch: gpuprov status" in result.stdout
     price = sample_plan("aws", nodes=2).purchase.price_per_hour_usd
     assert f"running cost: ${2 * price:,.2f}/h (2 x ${price:,.2f}/h, on-demand)" in result.stdout
     assert _calls(fakes["log"], root) == []
@@ -119,11 +126,12 @@ def test_full_run_exact_commands_inventory_and_training_command(tmp_path: Path, 
     from ruamel.yaml import YAML
 
     assert YAML(typ="safe").load((root / "ansible" / "inventory.yml").read_text()) == INVENTORY
-    assert "[7/7] health check" in result.stdout and "cluster ready" in result.stdout
-    assert "launch/train.sh" in result.stdout
+    assert "[7/8] health check" in result.stdout and "training submitted: Slurm job 4242" in result.stdout
+    assert f"gpuprov status {root}" in result.stdout
     state = json.loads((root / bundle.UP_STATE_NAME).read_text())
     assert state["completed"] == ["terraform-init", "terraform-plan", "terraform-apply", "inventory",
-                                  "wait-nodes", "ansible-site", "health"]
+                                  "wait-nodes", "ansible-site", "health", "submit"]
+    assert state["job"]["id"] == "4242"
     # the state file and the written inventory are not drift
     assert bundle.compare_bundle(root, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers())) == []
 
@@ -133,7 +141,7 @@ def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict
     failed = _up(root, fakes["env"], fail="terraform apply")
     assert failed.returncode == 1
     assert "Traceback" not in failed.stderr
-    assert "step 3/7 'terraform-apply' failed (exit 3)" in failed.stderr
+    assert "step 3/8 'terraform-apply' failed (exit 3)" in failed.stderr
     assert "quota" in failed.stderr and "re-run `gpuprov up" in failed.stderr
     assert [argv[1] for argv, _ in _calls(fakes["log"], root)] == ["init", "plan", "apply"]
     fakes["log"].unlink()
@@ -145,7 +153,7 @@ def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict
     again = _up(root, fakes["env"])  # everything done: nothing runs
     assert again.returncode == 0 and _calls(fakes["log"], root) == []
     restarted = _up(root, fakes["env"], "--restart")
-    assert restarted.returncode == 0 and len(_calls(fakes["log"], root)) == 7
+    assert restarted.returncode == 0 and len(_calls(fakes["log"], root)) == 8
 
 
 def test_health_failure_exit_1(tmp_path: Path, fakes: dict) -> None:
@@ -172,13 +180,13 @@ def test_regenerated_bundle_starts_over(tmp_path: Path, fakes: dict) -> None:
     result = _up(root, fakes["env"])
     assert result.returncode == 0, result.stderr
     assert "starting from the first step" in result.stdout
-    assert len(_calls(fakes["log"], root)) == 7
+    assert len(_calls(fakes["log"], root)) == 8
 
 
 def test_onprem_skips_terraform(tmp_path: Path, fakes: dict) -> None:
     root = _bundle(tmp_path, cloud="onprem")
     dry = _up(root, fakes["env"], "--dry-run")
-    assert "terraform" not in dry.stdout.split("start training")[0]
+    assert "(cd terraform" not in dry.stdout and "sbatch --parsable" in dry.stdout
     result = _up(root, fakes["env"])
     assert result.returncode == 0, result.stderr
     assert _calls(fakes["log"], root) == [(argv, cwd) for argv, cwd in CLOUD_COMMANDS[4:]]

@@ -12,6 +12,7 @@ from functools import lru_cache
 from typing import Any
 
 from gpuprov.catalog import load_data
+from gpuprov.catalog.regions import region_entry
 from gpuprov.errors import GpuprovError
 from gpuprov.targets import get_target
 from gpuprov.units import GiB
@@ -160,8 +161,6 @@ def shared_size_gib(entry: dict, need_bytes: int) -> int:
 
 def known_regions(cloud: str) -> tuple[tuple[str, ...], str]:
     """The cloud's region names and their source (one list: catalog/data/regions.yaml)."""
-    from gpuprov.catalog.regions import region_entry
-
     entry = region_entry(cloud)
     return (tuple(entry["regions"]), entry["source"]) if entry else ((), "")
 

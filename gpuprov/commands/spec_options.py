@@ -55,6 +55,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
     "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
     "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1)"),
+    "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
+              "Scheduler: auto (Slurm on multi-node clusters), install, existing (on-prem site Slurm: jobs only), none"),
     "float8": (("--float8/--no-float8",), None, "Allow torchao float8 training where a measured speed-up covers the "
                "GPU (Hopper: full bf16-mixed, no TP); the plan counts its gain and memory"),
 }

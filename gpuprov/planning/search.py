@@ -303,7 +303,7 @@ class _Search:
                 hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
                 params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
                 optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
-                pipeline=None,  # plans run no pipeline stages (the trainer does not)
+                pipeline=None, async_tp=False,  # the trainer runs neither pipeline stages nor async TP
                 **(self.float8_kw(gpu) if lay.f8 else {}),
             )
         return out

@@ -95,8 +95,14 @@ def copy_roles(roots: Path | None = None) -> RenderedFiles:
 
 
 def render_ansible(plan: Plan) -> RenderedFiles:
+    from gpuprov.render.launch import run_paths
+
     storage = plan.storage.devices > 0
+    paths = run_paths(plan)
     context = {
+        "job_dir": paths["job_dir"],
+        "log_dir": paths["log_dir"],
+        "checkpoint_dir": paths["checkpoint_dir"],
         "plan": plan,
         "version": __version__,
         "fabric_role": fabric_role(plan),

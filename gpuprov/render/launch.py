@@ -54,6 +54,22 @@ def _run_id(plan: Plan) -> str:
     return f"gpuprov-{slug}-{plan.task}"
 
 
+def run_paths(plan: Plan) -> dict[str, str]:
+    """Where the run keeps its checkpoints, metrics and job logs (`gpuprov status` reads the same).
+
+    Under the checkpoint root the target decided (several nodes: the filesystem they all mount, so
+    the job log and metrics outlive any one node; one node: its own NVMe array).
+    """
+    if plan.provisioning is None:
+        raise GpuprovError("the plan records no provisioning decisions: run `gpuprov plan` again")
+    run_id = _run_id(plan)
+    mount = plan.storage.mount_point.rstrip("/") or ""
+    root = plan.provisioning.checkpoint_root  # the target decided it (gpuprov/targets/decide.py)
+    return {"run_id": run_id, "job_dir": f"{root}/jobs/{run_id}", "checkpoint_dir": f"{root}/checkpoints/{run_id}",
+            "log_dir": f"{root}/logs/{run_id}", "metrics_file": f"{root}/logs/{run_id}/metrics.jsonl",
+            "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder"}
+
+
 def _context(plan: Plan) -> dict:
     for key in plan.fabric.nccl_env:
         if not _ENV_NAME.match(key):
@@ -67,11 +83,8 @@ def _context(plan: Plan) -> dict:
     if plan.task != "full" and not (plan.training.lora_rank and plan.training.lora_alpha):
         raise GpuprovError(f"task {plan.task} needs lora_rank and lora_alpha in the plan")
     vocab = int(plan.model.hf_config.get("vocab_size") or 0)
-    run_id = _run_id(plan)
-    if plan.provisioning is None:
-        raise GpuprovError("the plan records no provisioning decisions: run `gpuprov plan` again")
-    mount = plan.storage.mount_point.rstrip("/") or ""
-    ckpt_root = plan.provisioning.checkpoint_root  # the target decided it (gpuprov/targets/decide.py)
+    paths = run_paths(plan)
+    run_id = paths["run_id"]
     return {
         "plan": plan,
         "version": __version__,
@@ -85,9 +98,12 @@ def _context(plan: Plan) -> dict:
         "lora_targets": list(plan.training.lora_targets) or "all-linear",
         "vocab_size": vocab or "unknown",
         "data_dtype": "uint16" if 0 < vocab <= 2**16 else "uint32",
-        "checkpoint_dir": f"{ckpt_root}/checkpoints/{run_id}",
-        "flight_recorder_dir": f"{mount}/logs/{run_id}/flight-recorder",
-        "metrics_file": f"{mount}/logs/{run_id}/metrics.jsonl",
+        "checkpoint_dir": paths["checkpoint_dir"],
+        "flight_recorder_dir": paths["flight_recorder_dir"],
+        "metrics_file": paths["metrics_file"],
+        "log_dir": paths["log_dir"],
+        "scheduler": plan.scheduler,
+        "max_requeues": plan.scheduler.max_requeues,
     }
 
 

@@ -213,10 +213,24 @@ def _bringup(plan) -> list[str]:
     return out
 
 
+def _start_line(plan) -> str:
+    """How training starts, as plan.scheduler decided (gpuprov/scheduler.py)."""
+    s = plan.scheduler
+    if s.kind == "slurm":
+        return (f"The last step of `gpuprov up` submits `launch/slurm.sbatch` to Slurm (partition {md(s.partition or '')}; "
+                f"a failed node requeues the job, which resumes from the newest checkpoint). Controller: {md(s.reason)}.")
+    if s.kind == "existing":
+        return "The last step of `gpuprov up` submits `launch/slurm.sbatch` to the site's Slurm (default partition)."
+    if plan.cluster.nodes == 1:
+        return "The last step of `gpuprov up` starts `launch/train.sh` on the node, in the background."
+    return "Then start `launch/train.sh` on every node (no scheduler: spec `slurm: none`)."
+
+
 def _apply(plan) -> list[str]:
     onprem = plan.cluster.cloud == "onprem"
     out = ["## How to apply", "", "```sh", "gpuprov validate .        # terraform fmt/config, ansible syntax, bash -n, plan sanity",
-           "gpuprov up . --dry-run   # every command, in order", "gpuprov up .             # run them; re-run resumes",
+           "gpuprov up . --dry-run   # every command, in order", "gpuprov up .             # run them, ending with the job started; re-run resumes",
+           "gpuprov status .         # job state, step, loss, tokens/s, MFU beside the plan",
            "gpuprov down .           # terraform destroy when done (--dry-run prints it)", "```",
            "", "By hand:", "", "```sh"]
     if not onprem:
@@ -224,7 +238,7 @@ def _apply(plan) -> list[str]:
                 "terraform -chdir=terraform output -json ansible_inventory > ansible/inventory.yml"]
     out += ["(cd ansible && ansible-playbook -i inventory.yml site.yml)",
             "(cd ansible && ansible-playbook -i inventory.yml site.yml --tags health)", "```", "",
-            "Then start training with the scripts in `launch/` (the last step of `gpuprov up` prints the command).",
+            _start_line(plan),
             "", "Keep the bundle in git; in CI, `gpuprov check .` exits 1 when regenerating it from `gpuprov.lock` "
             "would change any file.", ""]
     return out

@@ -468,16 +468,18 @@ class Pipeline:
 
 def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, ac: str, peak_tflops: float,
                          intra_gbytes: float, inter_gbytes: float, params: int, trainable: int,
-                         pipeline: Pipeline | None = None, **kw: Any) -> StepEstimate:
+                         pipeline: Pipeline | None = None, async_tp: bool = False, **kw: Any) -> StepEstimate:
     """step_estimate for a (tp, cp, pp) layout: torchtitan's FSDP over dp x cp with TP inside the node.
 
     A TP x PP group acts as one data-parallel rank with tp x pp the FLOPs and 1/(tp pp) of the parameters
     to gather and reduce (FSDP shards the TP shards of its stage); a CP rank sees seq/cp tokens per sample.
     FSDP's collectives then run over the dp x cp ranks, gpus_per_node / tp of them per node; TP's
     per-layer collectives (NVLink, exposed) and CP's ring (overlapped with compute) are added per
-    micro-batch. With PP, FSDP keeps the stage unsharded through the step (torchtitan turns
-    reshard_after_forward off), so the data-parallel collectives run once per step, and the schedule's
-    bubble idles the stage for Pipeline.bubble() of its compute and TP time.
+    micro-batch; async TP (torchtitan enable_async_tensor_parallel: the matmuls are split so each collective
+    runs under the matmul of the previous chunk) hides them as FSDP's are hidden. With PP, FSDP keeps the
+    stage unsharded through the step (torchtitan turns reshard_after_forward off), so the data-parallel
+    collectives run once per step (the shape's micro_batch is the local batch the schedule splits), and
+    the schedule's bubble idles the stage for Pipeline.bubble() of its compute and exposed TP time.
     """
     pp = pipeline.stages if pipeline else 1
     if tp * cp * pp == 1:
@@ -498,11 +500,13 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                            latency=a.lat_intra if ring_intra else a.lat_inter)
     compute_mb = base.terms["compute_per_micro_batch_s"]
     cp_exposed = max(0.0, cp_s - a.overlap * compute_mb)
-    extra = (tp_s + cp_exposed) * shape.grad_accum
-    bubble = pipeline.bubble() * (base.compute_time_s + tp_s * shape.grad_accum) if pipeline else 0.0
+    tp_exposed = max(0.0, tp_s - a.overlap * compute_mb) if async_tp else tp_s
+    extra = (tp_exposed + cp_exposed) * shape.grad_accum
+    bubble = pipeline.bubble() * (base.compute_time_s + tp_exposed * shape.grad_accum) if pipeline else 0.0
     step = base.step_time_s + extra + bubble
     exposed = base.exposed_comm_s + extra
-    terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, cp_ring_per_micro_batch_s=cp_s,
+    terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, tp_exposed_per_micro_batch_s=tp_exposed,
+                 cp_ring_per_micro_batch_s=cp_s,
                  cp_exposed_per_micro_batch_s=cp_exposed, pipeline_bubble_s=bubble)
     return StepEstimate(
         step_time_s=step, compute_time_s=base.compute_time_s, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,

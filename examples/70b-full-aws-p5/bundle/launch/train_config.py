@@ -250,6 +250,12 @@ def _check_value(where: str, hint: Any, value: Any) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if hint is float:
+        if isinstance(value, str):
+            # PyYAML (YAML 1.1) reads 1e-5 without a dot as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)

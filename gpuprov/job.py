@@ -1,0 +1,74 @@
+"""The training job of a bundle: how `up` starts it (its last step) and what `status` reads back.
+
+Multi-node plans with a scheduler submit launch/slurm.sbatch on the first node (Slurm requeues it
+when a node fails); a single node without one starts launch/train.sh there in the background.
+Either way the job's files were staged by site.yml (tag job) at the paths launch/train.yaml uses.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+FIRST_NODE = "gpu_nodes[0]"
+INVENTORY = "inventory.yml"
+
+
+def job_kind(plan: Any) -> str | None:
+    """slurm: sbatch on the first node; direct: train.sh on the only node; None: started by hand."""
+    if plan.scheduler.kind in ("slurm", "existing"):
+        return "slurm"
+    return "direct" if plan.cluster.nodes == 1 else None
+
+
+def _paths(plan: Any) -> dict[str, str]:
+    from gpuprov.render.launch import run_paths
+
+    return run_paths(plan)
+
+
+def log_file(plan: Any, job_id: str | None) -> str:
+    p = _paths(plan)
+    if job_kind(plan) == "slurm":
+        return f"{p['log_dir']}/{p['run_id']}-{job_id or '<job id>'}.out"  # sbatch --output=%x-%j.out
+    return f"{p['log_dir']}/train.log"
+
+
+def submit_argv(plan: Any) -> list[str] | None:
+    """The ad-hoc Ansible command that starts the job on the first node (None: no automatic start)."""
+    kind = job_kind(plan)
+    launch = f"{_paths(plan)['job_dir']}/launch"
+    if kind == "slurm":
+        return ["ansible", FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.command",
+                "-a", f"sbatch --parsable slurm.sbatch chdir={launch}"]
+    if kind == "direct":
+        # detached from the Ansible session; the pid is printed for `status`
+        script = (f"cd {shlex.quote(launch)} && setsid nohup ./train.sh >> {shlex.quote(log_file(plan, None))} "
+                  "2>&1 < /dev/null & echo $!")
+        return ["ansible", FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.shell", "-a", script]
+    return None
+
+
+_ID = re.compile(r"^\s*(\d+)(?:;[\w.-]+)?\s*$", re.M)
+
+
+def parse_submission(output: str) -> str | None:
+    """The job id (sbatch --parsable) or pid a submit step printed, from Ansible's ad-hoc output."""
+    body = output.split(">>", 1)[1] if ">>" in output else output
+    match = _ID.search(body)
+    return match.group(1) if match else None
+
+
+def submitted_lines(root: Path, plan: Any, job_id: str) -> list[str]:
+    quoted = shlex.quote(str(root))
+    if job_kind(plan) == "slurm":
+        where = f"partition {plan.scheduler.partition}" if plan.scheduler.partition else "the site's default partition"
+        return [f"training submitted: Slurm job {job_id} ({plan.cluster.nodes} nodes, {where}); a failed node "
+                f"requeues it and it resumes from the newest checkpoint",
+                f"  watch: gpuprov status {quoted}   (on the first node: squeue -j {job_id})",
+                f"  log:   {log_file(plan, job_id)} (first node)"]
+    return [f"training started: train.sh on the node, process {job_id}",
+            f"  watch: gpuprov status {quoted}",
+            f"  log:   {log_file(plan, job_id)} (on the node)"]

@@ -1,0 +1,139 @@
+"""Plan.scheduler: one rule for every target (gpuprov/scheduler.py), carried by the plan and
+rendered as it says: the slurm role and its health check in site.yml/health.yml, the job script,
+and `up --dry-run` ending with the job submission on every cloud and on-prem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuprov import bundle, job, job_status
+from gpuprov.render.ansible import render_ansible
+from gpuprov.render.launch import render_launch
+from gpuprov.scheduler import decide
+from gpuprov.spec import TrainingSpec
+from plan_fixtures import sample_plan
+
+CLOUDS = ["aws", "gcp", "azure", "oci", "onprem"]
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_multi_node_plans_install_slurm_with_the_controller_on_the_first_node(cloud):
+    plan = sample_plan(cloud, nodes=2)
+    s = plan.scheduler
+    assert s.kind == "slurm" and s.controller == "first-node" and s.partition == "gpu" and s.max_requeues > 0
+    assert "head node" in s.reason and s.source
+    assert s.controller_host == ("gpu0" if cloud == "onprem" else None)  # on clouds: terraform's first node
+    assert "slurmctld" in s.packages["controller"] and "slurmd" in s.packages["compute"]
+
+
+def test_single_node_runs_torchrun_directly_unless_asked():
+    spec = TrainingSpec(model="7b", cloud="aws")
+    assert decide(spec, "aws", 1).kind == "none"
+    assert decide(spec.model_copy(update={"slurm": "install"}), "aws", 1).kind == "slurm"
+    assert decide(spec.model_copy(update={"slurm": "none"}), "aws", 4).kind == "none"
+
+
+def test_existing_slurm_is_on_prem_only_and_renders_jobs_only():
+    with pytest.raises(ValueError, match="slurm: existing needs cloud: onprem"):
+        TrainingSpec(model="7b", cloud="aws", slurm="existing")
+    plan = sample_plan("onprem", nodes=2)
+    spec = plan.spec.model_copy(update={"slurm": "existing"})
+    plan = plan.model_copy(update={"spec": spec, "scheduler": decide(spec, "onprem", 2, plan.hosts)})
+    assert plan.scheduler.kind == "existing" and plan.scheduler.partition is None
+    files = render_ansible(plan)
+    plays = yaml.safe_load(files["site.yml"])
+    assert not any(r.get("role") == "slurm" for p in plays for r in p.get("roles", []))
+    assert "slurm_controller" not in files["group_vars/all.yml"] and "tasks_from: health.yml" not in files["health.yml"]
+    sbatch = render_launch(plan)["slurm.sbatch"]
+    assert "#SBATCH --requeue" in sbatch and "--partition" not in sbatch
+    assert job.job_kind(plan) == "slurm"  # the job is still submitted, to the site's Slurm
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_rendered_glue_runs_the_slurm_role_and_checks_it(cloud):
+    plan = sample_plan(cloud, nodes=2)
+    files = render_ansible(plan)
+    plays = yaml.safe_load(files["site.yml"])
+    slurm = [p for p in plays if any(r.get("role") == "slurm" for r in p.get("roles", []))]
+    assert len(slurm) == 1 and slurm[0]["hosts"] == "gpu_nodes"
+    staging = next(p for p in plays if p.get("tags") == ["job"])
+    assert staging["hosts"] == "gpu_nodes[0]"
+    gv = yaml.safe_load(files["group_vars/all.yml"])
+    assert gv["slurm_gpus_per_node"] == plan.cluster.gpus_per_node and gv["slurm_partition"] == "gpu"
+    train = yaml.safe_load(render_launch(plan)["train.yaml"])
+    # the job folders the role stages are the ones the trainer writes to
+    assert gv["slurm_checkpoint_dir"] == train["checkpoint"]["dir"]
+    assert gv["slurm_log_dir"] == str(Path(train["logging"]["metrics_file"]).parent)
+    health = yaml.safe_load(files["health.yml"])
+    assert any(t.get("ansible.builtin.include_role", {}).get("tasks_from") == "health.yml"
+               for p in health for t in p.get("tasks", []))
+
+
+def test_sbatch_asks_for_whole_gpu_nodes_requeues_and_logs_on_the_shared_filesystem():
+    plan = sample_plan("aws", nodes=4)
+    text = render_launch(plan)["slurm.sbatch"]
+    directives = dict(ln[len("#SBATCH "):].split("=", 1) for ln in text.splitlines()
+                      if ln.startswith("#SBATCH ") and "=" in ln)
+    assert directives["--nodes"] == "4" and directives["--gpus-per-node"] == "8"
+    assert directives["--output"].startswith(plan.shared_storage.mount_point + "/logs/")
+    assert {"#SBATCH --exclusive", "#SBATCH --requeue"} <= set(text.splitlines())
+    assert "--rdzv-backend c10d" in render_launch(plan)["train.sh"] and '"$LAUNCH_DIR/train.sh"' in text
+    proc = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_up_dry_run_ends_with_the_job_submission(tmp_path, cloud):
+    plan = sample_plan(cloud, nodes=2)
+    root = tmp_path / "b"
+    bundle.write_bundle(root, bundle.build_bundle(plan))
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "up", str(root), "--dry-run"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    steps = [ln for ln in proc.stdout.splitlines() if ln[:1].isdigit()]
+    assert "ansible 'gpu_nodes[0]'" in steps[-1] and "sbatch --parsable slurm.sbatch chdir=/shared/jobs/" in steps[-1]
+    assert "start training" not in proc.stdout and "watch: gpuprov status" in proc.stdout
+
+
+def test_single_node_up_starts_train_sh_in_the_background():
+    plan = sample_plan("aws", nodes=1, sharding="fsdp")
+    assert plan.scheduler.kind == "none" and job.job_kind(plan) == "direct"
+    argv = job.submit_argv(plan)
+    assert argv[-1].startswith("cd ") and "setsid nohup ./train.sh" in argv[-1] and argv[-1].endswith("& echo $!")
+
+
+def test_submission_output_and_status_parsing():
+    assert job.parse_submission("node-0 | CHANGED | rc=0 >>\n4242\n") == "4242"
+    assert job.parse_submission("node-0 | CHANGED | rc=0 >>\n4243;cluster\n") == "4243"
+    assert job.parse_submission("node-0 | FAILED | rc=1 >>\nsbatch: error: x\n") is None
+    running = job_status.job_summary("slurm", "JobId=7 JobName=x JobState=RUNNING Reason=None Restarts=2 "
+                                              "RunTime=00:01:02 NodeList=n[1-2]")
+    assert running == {"state": "RUNNING", "restarts": 2, "nodes": "n[1-2]", "run_time": "00:01:02", "reason": None}
+    assert job_status.job_summary("slurm", "slurm_load_jobs error: Invalid job id specified")["state"] == "GONE"
+    text = "\n".join(['{"event": "start", "step": 0}', '{"step": 1, "loss": 9.0, "tokens_per_s": 5.0, "mfu": 0.1}',
+                      '{"event": "start", "step": 1}', '{"step": 2, "loss": 8.0, "tokens_per_s": 6.0, "mfu": 0.2}',
+                      '{"step": 3, "lo'])  # a torn last line while the trainer writes
+    m = job_status.parse_metrics(text)
+    assert m["starts"] == 2 and m["step"]["step"] == 2 and m["end"] is None
+    plan = sample_plan("aws", nodes=2)
+    r = job_status.report(plan, "7", "slurm", running, m)
+    assert r["resumed_at"] == 1 and r["loss"] == 8.0 and r["plan"]["mfu"] == plan.throughput.mfu
+    shown = job_status.lines(r)
+    assert shown[0].startswith("job 7 (Slurm): RUNNING") and "requeued 2x" in shown[0]
+    assert shown[1].startswith("step 2 of ") and "resumed at step 1" in shown[1]
+
+
+def test_status_without_a_job_is_a_one_line_error(tmp_path):
+    root = tmp_path / "b"
+    bundle.write_bundle(root, bundle.build_bundle(sample_plan("aws", nodes=2)))
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "status", str(root)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "no training job recorded" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "status", str(root), "--job", "1;rm"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "expected a number" in proc.stderr

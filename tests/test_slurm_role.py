@@ -1,0 +1,126 @@
+"""The slurm role with the real ansible-playbook on this machine (connection local, as the other
+role tests): it converges, a second run changes nothing, check mode on a fresh node passes, and the
+slurm.conf it writes starts real slurmctld + slurmd (Debian's slurm-wlm) with the node idle, which
+the role's health tasks then confirm. Paths that would touch the machine's own Slurm (config,
+munge key, munge socket) point into a scratch folder; the daemons are started by the test (no
+systemd here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import slurm_cluster
+from ansible_helpers import REPO, playbook, recap, write_local_inventory
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+if slurm_cluster.missing():
+    pytest.skip(slurm_cluster.missing(), allow_module_level=True)
+
+
+def _play(root: Path, name: str, tasks_from: str = "main.yml", **variables) -> str:
+    (root / name).write_text(yaml.safe_dump([{
+        "name": "slurm", "hosts": "gpu_nodes", "become": False, "gather_facts": True,
+        "tasks": [{"name": "slurm role", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": tasks_from},
+                   "vars": variables}],
+    }], sort_keys=False))
+    return name
+
+
+@pytest.fixture()
+def scratch():
+    root = Path(tempfile.mkdtemp(prefix="gpuprov-slurm-role-", dir="/var/tmp"))
+    root.chmod(0o755)
+    shutil.copytree(REPO / "ansible" / "roles", root / "roles")
+    write_local_inventory(root)
+    (root / "ansible.cfg").write_text("[defaults]\nroles_path = roles\n")
+    (root / "munge").mkdir()
+    shutil.chown(root / "munge", "munge", "munge")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _vars(root: Path, **extra) -> dict:
+    return {"slurm_manage_services": False, "slurm_config_dir": str(root / "etc"),
+            "slurm_munge_key": str(root / "munge" / "munge.key"), "slurm_munge_socket": str(root / "munge" / "sock"),
+            "slurm_gpus_per_node": 0, "slurm_cgroup": False, "slurm_plugin_dirs": [str(root / "plugins")], **extra}
+
+
+def test_converges_idempotent_check_mode_and_real_daemons_take_the_node(scratch, monkeypatch):
+    v = _vars(scratch)
+    check = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "check.yml", **v), "--check")
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert not (scratch / "etc" / "slurm.conf").exists()  # check mode wrote nothing
+
+    first = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "site.yml", **v))
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert recap(first.stdout)["changed"] > 0
+    second = playbook(scratch, "-i", "local-inventory.yml", "site.yml")
+    assert second.returncode == 0 and recap(second.stdout)["changed"] == 0, second.stdout[-3000:]
+
+    conf = (scratch / "etc" / "slurm.conf").read_text()
+    key = scratch / "munge" / "munge.key"
+    assert key.stat().st_mode & 0o777 == 0o400 and key.owner() == "munge" and key.stat().st_size >= 32
+    assert "ReturnToService=1" in conf and "PartitionName=gpu " in conf and "Gres=" not in conf
+    node = next(ln for ln in conf.splitlines() if ln.startswith("NodeName="))
+    fields = dict(f.split("=", 1) for f in node.split())
+    assert int(fields["RealMemory"]) > 0 and int(fields["CPUs"]) == os.cpu_count()
+    for script in ("prolog.sh", "epilog.sh"):
+        assert os.access(scratch / "etc" / script, os.X_OK)
+        assert subprocess.run(["sh", str(scratch / "etc" / script)]).returncode == 0  # no GPUs: nothing to end
+
+    env = dict(os.environ, SLURM_CONF=str(scratch / "etc" / "slurm.conf"))
+    subprocess.run(["runuser", "-u", "munge", "--", "munged", f"--key-file={key}", f"--socket={scratch}/munge/sock",
+                    f"--pid-file={scratch}/munge/pid", f"--log-file={scratch}/munge/log",
+                    f"--seed-file={scratch}/munge/seed"], check=True, timeout=30)
+    daemons = [subprocess.Popen([d, "-D"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for d in ("slurmctld", "slurmd")]
+    try:
+        states = ""
+        for _ in range(60):
+            states = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%t"], env=env,
+                                    capture_output=True, text=True).stdout.split()
+            if states == ["idle"]:
+                break
+            time.sleep(0.5)
+        assert states == ["idle"], Path("/var/log/slurm/slurmctld.log").read_text()[-2000:]
+        monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # sinfo in the health tasks
+        health = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "health.yml", "health.yml", **v))
+        assert health.returncode == 0, health.stdout[-3000:]
+        subprocess.run(["scontrol", "update", "nodename=" + fields["NodeName"], "state=drain", "reason=test"],
+                       env=env, check=True)
+        drained = playbook(scratch, "-i", "local-inventory.yml", "health.yml")
+        assert drained.returncode != 0 and "not usable: " + fields["NodeName"] in drained.stdout
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait(timeout=30)
+        os.kill(int((scratch / "munge" / "pid").read_text()), 15)
+
+
+@pytest.mark.parametrize("nvml", [True, False])
+def test_gres_conf_follows_the_plugin_the_build_has(scratch, nvml):
+    """Where the archive builds the NVML plugin, gres.conf autodetects; where not (Debian bookworm),
+    it lists the device files. Both are possible on the supported images (catalog: uncertain)."""
+    (scratch / "plugins").mkdir()
+    if nvml:
+        (scratch / "plugins" / "gpu_nvml.so").write_bytes(b"")
+    v = _vars(scratch, slurm_gpus_per_node=4)
+    proc = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "site.yml", **v))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    gres = (scratch / "etc" / "gres.conf").read_text()
+    conf = (scratch / "etc" / "slurm.conf").read_text()
+    assert " Gres=gpu:4 " in conf
+    if nvml:
+        assert "AutoDetect=nvml" in gres and "File=" not in gres
+    else:
+        assert "Name=gpu File=/dev/nvidia[0-3]" in gres and "AutoDetect" not in gres
