@@ -118,7 +118,8 @@ def purchase_alternatives(spec: Any, best: Any) -> list[Any]:
         return []
     allowed = cat.allowed_options(spec)
     out = []
-    for offer in cat.offers(inst):
+    region = spec.region if spec.region and spec.cloud == inst.cloud else None
+    for offer in cat.offers(inst, region):
         if offer.option == inst.purchase:
             continue
         cost = None if offer.price_per_hour_usd is None else round(best.time_hours * best.nodes * offer.price_per_hour_usd, 2)

@@ -167,15 +167,16 @@ def read_lock(directory: Path) -> dict:
     return lock
 
 
-def spec_from_lock(lock: dict, where: str = LOCK_NAME):
-    """The lock's spec; a relative model path (older locks) is relative to the lock's folder."""
+def spec_from_lock(lock: dict, where: str = LOCK_NAME, resolve: bool = True):
+    """The lock's spec; a relative model path is relative to the lock's folder (resolve=False: kept
+    as written, for `check` with the model's config pinned from plan.json)."""
     from pydantic import ValidationError
 
     from gpuprov.spec import TrainingSpec
     from gpuprov.specfile import _resolve_model, format_validation_error
 
     data = dict(lock["spec"])
-    if isinstance(data.get("model"), str) and data["model"].strip():
+    if resolve and isinstance(data.get("model"), str) and data["model"].strip():
         data["model"] = _resolve_model(data["model"], Path(where).absolute().parent)
     try:
         return TrainingSpec.model_validate(data)

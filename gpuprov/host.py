@@ -78,48 +78,87 @@ def host_needs(
     )
 
 
+UNKNOWN = "unknown: run `gpuprov hosts probe`"
+
+
+def _unknown(rule: str, required: str, source: str) -> HostCheck:
+    """A fact nobody stated: it reads unknown and never passes."""
+    return HostCheck(rule=rule, required=required, actual=UNKNOWN, ok=False, source=source, known=False)
+
+
 def check_host(inst: InstanceType, needs: HostNeeds) -> list[HostCheck]:
-    """Each rule against this (cloud or sized on-prem) machine: required vs actual."""
+    """Each rule against this (cloud or sized on-prem) machine: required vs actual (or unknown)."""
     r = rules()
+    unknown = set(getattr(inst, "unknown", ()))
     checks: list[HostCheck] = []
     ram = inst.ram_bytes or 0
-    checks.append(HostCheck(
-        rule=f"host RAM >= {r['ram']['min_ratio_to_gpu_memory']}x GPU memory (recommended {r['ram']['recommended_ratio']}x)",
-        required=f"{gib(needs.ram_min_bytes, 0)} (recommended {gib(needs.ram_recommended_bytes, 0)})",
-        actual=gib(ram, 0), ok=ram >= needs.ram_min_bytes, source=r["ram"]["source"]))
+    rule = f"host RAM >= {r['ram']['min_ratio_to_gpu_memory']}x GPU memory (recommended {r['ram']['recommended_ratio']}x)"
+    required = f"{gib(needs.ram_min_bytes, 0)} (recommended {gib(needs.ram_recommended_bytes, 0)})"
+    checks.append(_unknown(rule, required, r["ram"]["source"]) if "ram" in unknown else HostCheck(
+        rule=rule, required=required, actual=gib(ram, 0), ok=ram >= needs.ram_min_bytes, source=r["ram"]["source"]))
     cores = (inst.vcpus or 0) // 2  # clouds count SMT threads as vCPUs
-    checks.append(HostCheck(
-        rule=f"CPU cores >= {r['cpu']['min_cores_per_gpu']} per GPU for data loading (recommended {r['cpu']['recommended_cores_per_gpu']})",
-        required=f"{needs.cores_min} cores (recommended {needs.cores_recommended})",
-        actual=f"{cores} cores ({inst.vcpus} vCPUs)", ok=cores >= needs.cores_min, source=r["cpu"]["source"]))
+    rule = f"CPU cores >= {r['cpu']['min_cores_per_gpu']} per GPU for data loading (recommended {r['cpu']['recommended_cores_per_gpu']})"
+    required = f"{needs.cores_min} cores (recommended {needs.cores_recommended})"
+    checks.append(_unknown(rule, required, r["cpu"]["source"]) if "cores" in unknown else HostCheck(
+        rule=rule, required=required, actual=f"{cores} cores ({inst.vcpus} vCPUs)", ok=cores >= needs.cores_min,
+        source=r["cpu"]["source"]))
     nvme = inst.nvme_bytes_total
-    checks.append(HostCheck(
-        rule=f"local NVMe for dataset share + base weights + {needs.checkpoints_kept} checkpoints "
-             f"({r['nvme']['checkpoint_bytes_per_param_low']}-{r['nvme']['checkpoint_bytes_per_param']} B/param each)",
-        required=tb(needs.nvme_bytes), actual=f"{tb(nvme)} ({inst.nvme_count} x {tb(inst.nvme_bytes_each)})",
+    rule = (f"local NVMe for dataset share + base weights + {needs.checkpoints_kept} checkpoints "
+            f"({r['nvme']['checkpoint_bytes_per_param_low']}-{r['nvme']['checkpoint_bytes_per_param']} B/param each)")
+    checks.append(_unknown(rule, tb(needs.nvme_bytes), r["nvme"]["source"]) if "nvme" in unknown else HostCheck(
+        rule=rule, required=tb(needs.nvme_bytes), actual=f"{tb(nvme)} ({inst.nvme_count} x {tb(inst.nvme_bytes_each)})",
         ok=nvme >= needs.nvme_bytes, source=r["nvme"]["source"]))
+    checks.extend(_link_checks(inst, needs, unknown))
+    return checks
+
+
+def _link_checks(inst: InstanceType, needs: HostNeeds, unknown: set[str]) -> list[HostCheck]:
+    """Fabric, PCIe and GPU-NIC topology: the links a multi-node run depends on."""
+    r, checks = rules(), []
     net = r["network"]
     if needs.multinode:
-        checks.append(HostCheck(
-            rule=f"fabric >= {net['min_gbps_per_gpu_multinode']} Gb/s per GPU for multi-node "
-                 f"({net['recommended_gbps_per_gpu_multinode']}-{net['excellent_gbps_per_gpu_multinode']} recommended)",
-            required=f"{net['min_gbps_per_gpu_multinode']} Gb/s per GPU",
-            actual=f"{inst.fabric_gbps_per_gpu:g} Gb/s per GPU ({inst.fabric})",
+        rule = (f"fabric >= {net['min_gbps_per_gpu_multinode']} Gb/s per GPU for multi-node "
+                f"({net['recommended_gbps_per_gpu_multinode']}-{net['excellent_gbps_per_gpu_multinode']} recommended)")
+        required = f"{net['min_gbps_per_gpu_multinode']} Gb/s per GPU"
+        checks.append(_unknown(rule, required, net["source"]) if "fabric" in unknown else HostCheck(
+            rule=rule, required=required, actual=f"{inst.fabric_gbps_per_gpu:g} Gb/s per GPU ({inst.fabric})",
             ok=inst.fabric_gbps_per_gpu >= net["min_gbps_per_gpu_multinode"], source=net["source"]))
-    checks.append(HostCheck(
-        rule=f"PCIe Gen{r['pcie']['min_gen']} x16 or better per GPU",
-        required=f"Gen{r['pcie']['min_gen']} x16", actual=f"Gen{inst.pcie_gen}",
-        ok=inst.pcie_gen >= r["pcie"]["min_gen"], source=r["pcie"]["source"]))
+    rule, required = f"PCIe Gen{r['pcie']['min_gen']} x16 or better per GPU", f"Gen{r['pcie']['min_gen']} x16"
+    checks.append(_unknown(rule, required, r["pcie"]["source"]) if "pcie" in unknown else HostCheck(
+        rule=rule, required=required, actual=f"Gen{inst.pcie_gen}", ok=inst.pcie_gen >= r["pcie"]["min_gen"],
+        source=r["pcie"]["source"]))
+    rule, required = "NIC and NVMe on the GPU's PCIe root (GPUDirect RDMA / Storage)", "same PCIe switch/root as the GPU"
+    if unknown:  # a host of the user's: the board decides (`nvidia-smi topo -m`), nobody has looked yet
+        checks.append(_unknown(rule, required, r["topology"]["source"]))
+        return checks
     if inst.fabric in RDMA_FABRICS and inst.nvswitch:
         topo, ok = "HGX layout: NICs and NVMe behind the GPUs' PCIe switches (GPUDirect RDMA)", True
     elif inst.onprem:
         topo, ok = "to verify on the board: `nvidia-smi topo -m` shows PIX/PXB between each GPU and its NIC", True
     else:
         topo, ok = f"no GPUDirect RDMA path ({inst.fabric}); traffic staged through host memory", not needs.multinode
-    checks.append(HostCheck(rule="NIC and NVMe on the GPU's PCIe root (GPUDirect RDMA / Storage)",
-                            required="same PCIe switch/root as the GPU", actual=topo, ok=ok,
-                            source=r["topology"]["source"]))
+    checks.append(HostCheck(rule=rule, required=required, actual=topo, ok=ok, source=r["topology"]["source"]))
     return checks
+
+
+def unknown_host_notes(inst: InstanceType, nodes: int) -> list[str]:
+    """What the plan assumed about the user's hosts because the hosts file does not say."""
+    unknown = list(getattr(inst, "unknown", ()))
+    if not unknown:
+        return []
+    stateable = [k for k in unknown if k != "pcie"]
+    out = []
+    if stateable:
+        out.append(f"Host facts nobody stated ({', '.join(stateable)}) read unknown in the checklist, not ok: run "
+                   "`gpuprov hosts probe HOSTS --write` (or add ram_gib, cores, nvme_count, fabric, nic_gbps per host)")
+    if "pcie" in unknown:
+        out.append("PCIe generation and where each NIC and NVMe drive sits relative to its GPU read unknown: "
+                   "check on the board with `nvidia-smi topo -m` (PIX/PXB between each GPU and its NIC)")
+    if "fabric" in unknown and nodes > 1:
+        out.append(f"The time model assumed {inst.fabric} at {inst.fabric_gbps_per_gpu:g} Gb/s per GPU between "
+                   f"hosts (the hosts file states no fabric; a {inst.gpus} x {inst.gpu} server of the catalog has "
+                   "it): the communication time is only as right as that guess")
+    return out
 
 
 def size_onprem(template: InstanceType, needs: HostNeeds) -> tuple[InstanceType, list[str]]:

@@ -49,6 +49,11 @@ def declared_template(hosts: list[Any], templates: list[Any], gpu_lookup: Callab
     first = hosts[0]
     fabric = first.fabric or (base.fabric if base else "ethernet")
     gbps = first.nic_gbps / count if first.nic_gbps else (base.fabric_gbps_per_gpu if base else 10.0)
+    # facts the hosts file does not state are assumed for the time model (the plan says so) and
+    # read "unknown" in every check, never sized into a bill of materials as if they were there
+    unknown = tuple(k for k, given in (("ram", first.ram_gib), ("cores", first.cores),
+                                       ("nvme", first.nvme_count is not None),
+                                       ("fabric", first.fabric or first.nic_gbps), ("pcie", False)) if not given)
     fields = dict(
         name=f"{count}x-{gpu.slug}", cloud="onprem", gpu=gpu.slug, gpus=count,
         # an NVSwitch board is all of its GPUs; fewer of them are PCIe cards
@@ -56,12 +61,12 @@ def declared_template(hosts: list[Any], templates: list[Any], gpu_lookup: Callab
         pcie_gen=base.pcie_gen if base else gpu.pcie_gen, fabric=fabric, fabric_gbps_per_gpu=gbps,
         source="the hosts file (gpu/gpus per host)" + (f"; links as {base.name}: {base.source}" if base else
                                                        "; no template for this GPU: PCIe, 10 Gb/s Ethernet"),
-        description=f"your hosts: {count} x {gpu.name}",
+        description=f"your hosts: {count} x {gpu.name}", unknown=unknown,
+        ram_bytes=first.ram_gib * GiB if first.ram_gib else None,
+        vcpus=first.cores * 2 if first.cores else None,
+        nvme_count=first.nvme_count or 0, nvme_bytes_each=(first.nvme_gb_each or 0) * GB,
+        network_cards=0 if "fabric" in unknown else (base.network_cards if base else 0),
     )
-    if first.ram_gib and first.cores and first.nvme_count is not None:
-        # a probed host: check what it has rather than size a bill of materials for it
-        fields.update(ram_bytes=first.ram_gib * GiB, vcpus=first.cores * 2, nvme_count=first.nvme_count,
-                      nvme_bytes_each=(first.nvme_gb_each or 0) * GB)
     return replace(base, **fields) if base else InstanceType(**fields)
 
 

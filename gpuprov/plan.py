@@ -75,6 +75,8 @@ class InstanceInfo(_Strict):
     price_per_hour_usd: float | None  # None for on-prem
     price_date: str | None
     source: str
+    # on-prem: host facts nobody stated (ram, cores, nvme, fabric, pcie): never checked as met
+    unknown: list[str] = Field(default_factory=list)
 
 
 class FabricInfo(_Strict):
@@ -120,6 +122,10 @@ class Cluster(_Strict):
 
 class Training(_Strict):
     task: Literal["full", "lora", "qlora"]
+    # fine-tune the published weights, or from scratch; None: a plan from before gpuprov recorded it
+    # (its trainer config then starts full training from random weights, adapters from pretrained)
+    init: Literal["pretrained", "random"] | None = None
+    base_weights: str | None = None  # where pretrained weights come from: a Hugging Face id or a local directory
     lora_rank: int | None
     lora_alpha: int | None
     lora_targets: list[str]
@@ -151,8 +157,9 @@ class HostCheck(_Strict):
     rule: str
     required: str
     actual: str
-    ok: bool
+    ok: bool  # False too when the fact is unknown (never a pass nobody verified)
     source: str
+    known: bool = True  # False: nobody stated the fact (on-prem host without it): "unknown", not ok
 
 
 class Host(_Strict):

@@ -6,11 +6,14 @@ One pydantic model is the single definition: the CLI flags, the YAML file and `g
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, \
+    field_validator, model_validator
 
 from gpuprov import validators as v
+from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
 
 Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
@@ -22,6 +25,7 @@ HostName = Annotated[str, AfterValidator(v.host_name), Field(json_schema_extra={
 Address = Annotated[str, AfterValidator(v.address)]
 UserName = Annotated[str, AfterValidator(v.user_name), Field(json_schema_extra={"pattern": v.USER_PATTERN})]
 ModelRef = Annotated[str, AfterValidator(v.model_ref)]
+DatasetRef = Annotated[str, AfterValidator(v.dataset_ref)]
 Region = Annotated[str, AfterValidator(v.region), Field(json_schema_extra={"pattern": v.REGION_PATTERN})]
 Slug = Annotated[str, AfterValidator(v.slug), Field(json_schema_extra={"pattern": v.SLUG_PATTERN})]
 Cidr = Annotated[str, AfterValidator(v.cidr)]
@@ -55,18 +59,59 @@ class HostEntry(BaseModel):
         return self
 
 
+BACKEND_KEY = r"^[a-z][a-z0-9_]{0,63}$"
+
+
+def _backend_value(value: str | int | bool) -> str | int | bool:
+    if isinstance(value, str):
+        v.safe_text(value, "terraform_backend value")
+        if len(value) > 1024:
+            raise ValueError("terraform_backend value is longer than 1024 characters")
+    return value
+
+
+class TerraformBackend(BaseModel):
+    """Where Terraform keeps its state (rendered into terraform/backend.tf, so CI sees no drift)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["s3", "gcs", "azurerm", "oci", "http", "consul", "pg"] = Field(
+        ..., description="Terraform backend type (s3 for AWS, gcs for GCP, azurerm for Azure)")
+    config: dict[Annotated[str, Field(pattern=BACKEND_KEY)],
+                 Annotated[str | int | bool, AfterValidator(_backend_value)]] = Field(
+        default_factory=dict, max_length=32,
+        description="The backend's arguments, e.g. {bucket: my-state, key: gpuprov/70b.tfstate, region: us-east-1, "
+                    "use_lockfile: true}; no secrets (Terraform reads credentials from the environment)")
+
+
 class TrainingSpec(BaseModel):
     """What to train and under which constraints; the planner decides everything else."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelRef = Field("7b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id "
-                                              "(ORG/NAME) or path to a config.json")
-    task: Task = Field("full", description="full fine-tune / pre-train, LoRA or QLoRA")
+    model: ModelRef = Field("llama-3.1-8b", description="Preset name (e.g. 70b, llama-3.1-8b), Hugging Face model id "
+                                                        "(ORG/NAME) or path to a config.json")
+    task: Task = Field("full", description="Fine-tune the pretrained weights: full, LoRA or QLoRA")
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained", description="pretrained: fine-tune the model's published weights; random: train from "
+                                  "scratch (--from-scratch), full training only")
+    recipe: Literal["torchtune", "axolotl", "trl"] | None = Field(
+        None, description="Published fine-tuning recipe the batch, learning rate, warmup and epochs come from "
+                          "(catalog/data/recipes.yaml; default torchtune)")
     seq_len: PositiveInt = Field(4096, le=v.MAX_SEQ_LEN, description="Tokens per sample")
-    global_batch_tokens: PositiveInt = Field(4_194_304, le=v.MAX_BATCH_TOKENS,
-                                             description="Tokens per optimizer step, all GPUs")
-    tokens: PositiveInt = Field(10_000_000_000, le=v.MAX_TOKENS, description="Training tokens to process in the run")
+    global_batch: PositiveInt | None = Field(None, le=v.MAX_BATCH_TOKENS,
+                                             description="Sequences per optimizer step, all GPUs (default: the recipe's)")
+    global_batch_tokens: PositiveInt | None = Field(None, le=v.MAX_BATCH_TOKENS,
+                                                    description="Tokens per optimizer step, all GPUs (default: the "
+                                                                "recipe's sequences x seq_len; from scratch 4M)")
+    dataset: DatasetRef | None = Field(None, description="The training data: a token count (100M), a data directory "
+                                                          "or meta.json from launch/prepare_data.py, or a text/JSONL file")
+    dataset_tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
+                                               description="Tokens in one pass over `dataset` (gpuprov fills it)")
+    epochs: float | None = Field(None, gt=0, le=1000, description="Passes over the dataset (default: the recipe's)")
+    tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
+                                       description="Training tokens to process in the run (default: dataset x "
+                                                   "epochs; from scratch 10B)")
     deadline_hours: float | None = Field(None, gt=0, le=v.MAX_HOURS, description="Finish within this many hours")
     budget_usd: float | None = Field(None, gt=0, le=v.MAX_USD, description="Spend at most this much")
     cloud: Cloud = Field("any", description="Where to run; 'any' compares all clouds")
@@ -94,6 +139,9 @@ class TrainingSpec(BaseModel):
     framework: str = Field("gpuprov", description="Training stack the memory is sized for (a preset of "
                            "catalog/data/frameworks.yaml); the bundle's launch files run gpuprov's own trainer")
 
+    terraform_backend: TerraformBackend | None = Field(
+        None, description="Remote Terraform state: rendered into terraform/backend.tf (default: local state)")
+
     tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
@@ -109,6 +157,65 @@ class TrainingSpec(BaseModel):
         if self.slurm == "existing" and self.cloud != "onprem":
             raise ValueError("slurm: existing needs cloud: onprem (a cloud bundle installs its own Slurm)")
         return self
+
+
+    @model_validator(mode="after")
+    def _budget(self) -> "TrainingSpec":
+        """Fill the batch and token budget the user left out from the task's recipe (gpuprov/recipes.py)."""
+        from gpuprov import recipes
+
+        if self.init == "random" and self.task != "full":
+            raise ValueError(f"init: random (--from-scratch) trains every weight; {self.task} adapts pretrained "
+                             "weights: use --task full")
+        if self.init == "random" and self.recipe is not None:
+            raise ValueError("recipe is a fine-tuning recipe; a from-scratch run takes the pre-training defaults")
+        if self.dataset is not None and self.dataset_tokens is None:
+            try:
+                self.dataset_tokens = recipes.dataset_tokens(self.dataset, Path.cwd()).tokens
+            except GpuprovError as exc:
+                raise ValueError(str(exc)) from None
+        tokens, batch, _assumed = recipes.fill_budget(
+            task=self.task, init=self.init, recipe_name=self.recipe, seq_len=self.seq_len, tokens=self.tokens,
+            global_batch_tokens=self.global_batch_tokens, global_batch=self.global_batch,
+            dataset_tokens=self.dataset_tokens, epochs=self.epochs)
+        if tokens > v.MAX_TOKENS or batch > v.MAX_BATCH_TOKENS:
+            raise ValueError(f"{tokens:,} tokens in batches of {batch:,} is past gpuprov's limits")
+        # the sequences form is input only: the spec keeps the token count (one number, no disagreement)
+        self.tokens, self.global_batch_tokens, self.global_batch = tokens, batch, None
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_names(cls, data: object) -> object:
+        """`gpus:` lists GPU types (slugs or SkyPilot names, H100:8 = 8 GPUs in total); a number there is
+        the other `--gpus` (the count, `gpu_count:`): say so instead of a type error."""
+        if not isinstance(data, dict) or data.get("gpus") is None:
+            return data
+        from gpuprov.catalog.gpus import accelerator_name
+
+        raw = data["gpus"]
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raise ValueError(f"gpus: lists GPU types (like --gpu h100-80gb); for {raw} GPUs in total write "
+                             f"gpu_count: {raw} (the --gpus flag)")
+        items, counts = ([raw] if isinstance(raw, str) else raw), set()
+        if not isinstance(items, list):
+            return data
+        slugs = []
+        for item in items:
+            try:
+                named = accelerator_name(item) if isinstance(item, str) else None
+            except GpuprovError as exc:
+                raise ValueError(str(exc)) from None
+            slugs.append(named[0] if named else item)
+            if named and named[1]:
+                counts.add(named[1])
+        if len(counts) > 1 or (counts and data.get("gpu_count") not in (None, *counts)):
+            raise ValueError(f"gpus: {', '.join(map(str, items))} ask for different GPU counts "
+                             f"(gpu_count {data.get('gpu_count')}); give one")
+        out = dict(data, gpus=slugs)
+        if counts:
+            out["gpu_count"] = counts.pop()
+        return out
 
     @field_validator("region")
     @classmethod

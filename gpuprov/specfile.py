@@ -248,6 +248,10 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         # a path in a file is relative to that file; on the command line, to the current directory
         base = Path.cwd() if "model" in overrides or not source else Path(source).absolute().parent
         data["model"] = _resolve_model(data["model"], base)
+    if isinstance(data.get("dataset"), str) and data.get("dataset_tokens") is None and data["dataset"].strip():
+        # a data file named in a spec file is relative to that file (counted here, where the base is known)
+        base = Path.cwd() if "dataset" in overrides or not source else Path(source).absolute().parent
+        data["dataset_tokens"] = _dataset_tokens(data["dataset"], base)
     for key, value in data.items():
         # inf/nan pass pydantic's gt=0 checks but mean nothing as a budget or margin (and are not JSON)
         if isinstance(value, float) and not math.isfinite(value):
@@ -264,6 +268,14 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         if failed in overrides:
             raise GpuprovError(format_validation_error(exc, names=flag_names)) from None
         raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
+
+
+def _dataset_tokens(value: str, base: Path) -> int | None:
+    from gpuprov.recipes import dataset_tokens
+
+    if any(ord(ch) < 32 for ch in value) or len(value.encode("utf-8", "surrogatepass")) > 4096:
+        return None  # left for the validator's one-line error
+    return dataset_tokens(value, base).tokens
 
 
 def _resolve_model(model: str, base: Path) -> str:

@@ -109,6 +109,16 @@ def model_ref(value: str) -> str:
     return value
 
 
+def dataset_ref(value: str) -> str:
+    """A token count or a data file path: printable, within the filesystem's limits."""
+    if not value.strip():
+        raise ValueError("dataset is empty; give a token count (100M) or a file")
+    safe_text(value, "dataset")
+    if len(value.encode("utf-8")) > MAX_PATH_BYTES:
+        raise ValueError(f"dataset path is longer than {MAX_PATH_BYTES} bytes")
+    return value
+
+
 _DISPLAY_PUNCTUATION = set(" ._-/@+:,()[]=~")
 
 

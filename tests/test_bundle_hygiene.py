@@ -40,7 +40,9 @@ def test_model_path_is_relative_to_the_spec_file(tmp_path: Path) -> None:
     plan = json.loads((proj / "infra" / "plan.json").read_text())
     assert plan["model"]["hf_config"]["num_hidden_layers"] == TINY_LLAMA_CONFIG["num_hidden_layers"]
     lock = bundle.read_lock(proj / "infra")
-    assert lock["spec"]["model"] == str(proj / "models" / "tiny" / "config.json")
+    # stored relative to the bundle (no path of this machine in the lock), resolving to the spec's file
+    assert lock["spec"]["model"] == "../models/tiny/config.json"
+    assert (proj / "infra" / lock["spec"]["model"]).resolve() == (proj / "models" / "tiny" / "config.json").resolve()
 
 
 @pytest.mark.parametrize("where", [".", "proj", "proj/infra", "elsewhere"])

@@ -82,7 +82,7 @@ def test_flags_build_the_spec_with_units() -> None:
     spec = _spec("--model", "70b", "--tokens", "1T", "--batch-tokens", "4M", "--deadline", "30d",
                  "--gpu", "h100-80gb,a100-80gb", "--gpu", "h200", "--lora-targets", "q_proj,v_proj", "--task", "lora")
     assert spec["model"] == "70b" and spec["tokens"] == 10**12 and spec["global_batch_tokens"] == 4 * 2**20
-    assert spec["deadline_hours"] == 720.0 and spec["gpus"] == ["h100-80gb", "a100-80gb", "h200"]
+    assert spec["deadline_hours"] == 720.0 and spec["gpus"] == ["h100-80gb", "a100-80gb", "h200-141gb"]  # H200: SkyPilot's name
     assert spec["lora_targets"] == ["q_proj", "v_proj"] and spec["task"] == "lora"
     assert _spec("--lora-targets", "qv")["lora_targets"] == "qv"
 
@@ -183,7 +183,9 @@ def test_init_writes_a_valid_commented_spec_and_refuses_to_overwrite(tmp_path: P
     yaml.dump(yaml.load(text), buffer)
     assert buffer.getvalue() == text  # round-trip safe: comments and layout survive a load/dump
     spec = load_spec(tmp_path / "gpuprov.yaml")
-    assert spec.model == "70b" and spec.global_batch_tokens == 4 * 2**20
+    # fine-tuning by default: the recipe's batch in sequences of seq_len, not a pre-training 4M batch
+    assert spec.model == "70b" and spec.init == "pretrained" and spec.global_batch_tokens == 8 * spec.seq_len
+    assert "deadline_hours: 7d" not in text  # a key named hours holds hours
     before = (tmp_path / "gpuprov.yaml").read_bytes()
     assert "exists" in one_line_error(run("init", cwd=tmp_path))
     assert (tmp_path / "gpuprov.yaml").read_bytes() == before
@@ -230,7 +232,7 @@ def test_tty_without_output_asks_where(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- end to end (planner + renderers)
 
 
-def test_generate_directory_tar_and_redirect_agree(tmp_path: Path) -> None:
+def test_generate_directory_and_tar_agree_and_a_redirect_needs_dash_o(tmp_path: Path) -> None:
     args = ["generate", "--model", "llama-3.1-8b", "--task", "lora", "--cloud", "aws", "--tokens", "1B"]
     started = time.perf_counter()
     written = run(*args, "-o", str(tmp_path / "infra"))
@@ -241,8 +243,9 @@ def test_generate_directory_tar_and_redirect_agree(tmp_path: Path) -> None:
     with open(tmp_path / "infra.tar", "wb") as out:
         redirected = subprocess.run([sys.executable, "-m", "gpuprov", *args], stdout=out, stderr=subprocess.PIPE,
                                     timeout=120)
-    assert streamed.returncode == 0 and redirected.returncode == 0
-    assert (tmp_path / "infra.tar").read_bytes() == streamed.stdout
+    # a tar only with -o -: a redirect (or `| head`) without it gets a one-line question, no binary
+    assert streamed.returncode == 0 and redirected.returncode == 2
+    assert (tmp_path / "infra.tar").read_bytes() == b"" and b"-o -" in redirected.stderr
     with tarfile.open(fileobj=io.BytesIO(streamed.stdout)) as tar:
         tar.extractall(tmp_path / "x", filter="data")
     on_disk = {p.relative_to(tmp_path / "infra").as_posix(): p.read_bytes()
@@ -357,4 +360,6 @@ def test_generate_summary_names_the_layout_as_plan_does(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "infra" / "plan.json").read_text())
     dp = plan["cluster"]["total_gpus"] // 4
-    assert f"TP4 x FSDP {dp}, ~" in r.stderr.decode().splitlines()[0]
+    first = r.stderr.decode().splitlines()[0]
+    assert f"TP4 x FSDP {dp}, " in first
+    assert f"{plan['training']['steps']:,} optimizer steps" in first  # every summary line shows the steps

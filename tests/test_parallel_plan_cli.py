@@ -18,7 +18,7 @@ def test_fixed_tp_reaches_the_plan_json_and_the_report() -> None:
     assert c["tp"] == 4 and c["cp"] == 1
     assert c["global_batch_tokens"] == c["micro_batch"] * c["seq_len"] * c["grad_accum"] * c["total_gpus"] // 4
     text = _plan("--model", "70b", "--tokens", "20B", "--tp", "4")
-    assert "tensor parallel 4" in text.stdout
+    assert "layout TP4 x " in text.stdout  # the one layout label
 
 
 def test_layouts_the_trainer_cannot_run_exit_2_in_one_line() -> None:

@@ -60,7 +60,8 @@ def test_explain_prints_the_arithmetic_beside_the_rule_of_thumb():
 
 
 def test_nothing_fits_exits_2_with_one_line():
-    r = run("plan", "--model", "70b", "--max-nodes", "1", "--gpu", "h200-141gb")
+    # --offload none: the user's own choice, so plan does not try offloading to make it fit
+    r = run("plan", "--model", "70b", "--max-nodes", "1", "--gpu", "h200-141gb", "--offload", "none")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]

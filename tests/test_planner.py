@@ -131,7 +131,7 @@ def test_objectives_rank_differently():
 def test_multinode_on_a_thin_fabric_prefers_hsdp():
     # a2-ultragpu: one 100 Gb/s gVNIC per node, no GPU fabric: FSDP's rings across nodes would wait on it
     p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["a100-80gb"],
-                               deadline_hours=48))
+                               deadline_hours=48, init="random"))
     assert p.cluster.nodes > 1 and p.fabric.gbps_per_gpu * p.cluster.gpus_per_node <= 100
     assert p.cluster.sharding == "hsdp" and p.cluster.shard_group % p.cluster.gpus_per_node == 0
 
@@ -140,14 +140,14 @@ def test_multinode_on_a_rail_aligned_fabric_keeps_fsdp():
     # a3-megagpu: 8 x 200 Gb/s GPUDirect-TCPXO NICs; NCCL's rings cross nodes on all of them at once, so
     # FSDP across nodes is not communication-bound and the planner need not fall back to HSDP
     p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["h100-80gb"],
-                               deadline_hours=48))
+                               deadline_hours=48, init="random"))
     assert p.cluster.nodes > 1 and p.fabric.gbps_per_gpu >= 200
     assert p.cluster.sharding == "fsdp" and p.throughput.bound == "compute"
 
 
 def test_nothing_fits_names_the_nearest_miss():
     with pytest.raises(GpuprovError) as err:
-        make_plan(TrainingSpec(model="70b", max_nodes=1, gpus=["h200-141gb"]))
+        make_plan(TrainingSpec(model="70b", max_nodes=1, gpus=["h200-141gb"], offload="none"))
     msg = str(err.value)
     assert "\n" not in msg
     assert "model states" in msg and "largest single node holds 1.13 TB (8 x 141 GB" in msg
@@ -414,13 +414,13 @@ def test_405b_plans_tp_and_fsdp_on_hopper_nodes():
     """gpuprov plan --model llama-3.1-405b --tokens 1T: TP inside H100/H200 nodes, FSDP across them,
     at an MFU near Llama 3's 38-43% BF16 (Dubey et al. 2024, Table 4) -- the planner's utilisation
     assumption (40% at 500 W, 45% at the 700 W of these parts) less exposed communication."""
-    p = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12))
+    p = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, init="random"))
     c = p.cluster
     assert c.gpu in ("h100-80gb", "h200-141gb") and c.tp > 1 and c.cp == 1
     assert c.sharding in ("fsdp", "hsdp") and c.nodes > 1
     assert 0.30 <= p.throughput.mfu <= 0.43
     # the same model without the layout dimension: FSDP only, a lower MFU
-    flat = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, tp=1, cp=1))
+    flat = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, tp=1, cp=1, init="random"))
     assert flat.cluster.tp == 1 and flat.throughput.mfu < p.throughput.mfu
 
 
@@ -432,8 +432,8 @@ def test_fixed_tp_is_honoured_and_lora_stays_data_parallel():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(model="70b", tokens=10**10, max_nodes=4),  # g5/g6e never fit: their nearest misses are listed
-    dict(model="70b", tokens=10**10, max_nodes=1, gpus=["h100-80gb", "l40s-48gb"]),  # nothing fits
+    dict(model="70b", tokens=10**10, max_nodes=4, init="random"),  # g5/g6e never fit: their nearest misses are listed
+    dict(model="70b", tokens=10**10, max_nodes=1, gpus=["h100-80gb", "l40s-48gb"], init="random"),  # nothing fits
 ])
 def test_pruned_search_reports_the_brute_forces_misses(kw):
     """Shapes settled as misses without the estimator (they miss on the widest cluster) still leave the

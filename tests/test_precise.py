@@ -207,10 +207,10 @@ def test_bad_input_is_one_clear_error():
 
 def test_missing_torch_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
-    with pytest.raises(GpuprovError, match=r"pip install gpuprov\[precise\]"):
+    with pytest.raises(GpuprovError, match=r"pip install torch transformers peft \(the \[precise\] extra"):
         precise.estimate_precise(tiny(), setup(task="lora"))
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(GpuprovError, match=r"pip install gpuprov\[precise\]"):
+    with pytest.raises(GpuprovError, match=r"pip install torch transformers peft \(the \[precise\] extra"):
         precise.estimate_precise(tiny(), setup())
 
 

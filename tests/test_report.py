@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -97,9 +99,11 @@ def test_topology_has_a_legend_memory_and_cost() -> None:
     root = ET.fromstring(render_report(plan)["topology.svg"])
     texts = [t.text or "" for t in root.iter(f"{SVG}text")]
     assert "Legend:" in texts
-    for entry in ("GPU", "NVLink / NVSwitch", "NIC (one per box)", "local NVMe RAID0", "fabric rail / switch",
-                  "HSDP shard group"):
+    for entry in ("GPU", "NVLink / NVSwitch", "NIC box (its count when more than one)", "local NVMe RAID0",
+                  "fabric rail / switch"):
         assert entry in texts
+    # the legend names only what is drawn: an HSDP outline only when the plan shards in groups
+    assert ("HSDP shard group" in texts) == (plan.cluster.sharding == "hsdp")
     summary = next(t for t in texts if t.startswith("memory per GPU:"))
     assert f"{plan.memory.per_gpu_bytes / 2**30:,.1f} GiB peak" in summary and f"${plan.cost_usd:,.0f}" in summary
 
@@ -108,9 +112,11 @@ def test_topology_has_a_legend_memory_and_cost() -> None:
 def test_topology_draws_as_many_nics_as_the_caption_says(cloud: str) -> None:
     plan = sample_plan(cloud, nodes=2)
     root = ET.fromstring(render_report(plan)["topology.svg"])
-    nics = _rects(root, "#f5a623")
-    legend = 1
-    assert len(nics) - legend == 2 * plan.instance.network_cards  # two nodes drawn
+    boxes = len(_rects(root, "#f5a623")) - 1  # the legend's swatch
+    gpus, nics = plan.cluster.gpus_per_node, plan.instance.network_cards
+    assert boxes == 2 * min(gpus, nics)  # one box (and one rail line) per GPU rail, two nodes drawn
+    counts = [int(t.text[:-1]) for t in root.iter(f"{SVG}text") if re.fullmatch(r"\d+x", t.text or "")]
+    assert sum(counts) + (boxes - len(counts)) == 2 * nics  # the boxes hold every NIC
     caption = next(t.text for t in root.iter(f"{SVG}text") if (t.text or "").startswith(f"{plan.fabric.name}: "))
     assert f"over {plan.instance.network_cards} NICs" in caption
 

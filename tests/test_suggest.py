@@ -11,14 +11,18 @@ from gpuprov.sizing.types import TrainSetup
 L8B = get_model("llama-3.1-8b")
 
 
-def test_suggestions_fit_are_minimal_and_ranked_by_gpu_seconds_per_token() -> None:
+def test_suggestions_fit_are_minimal_own_gpus_first_and_ranked_by_gpu_seconds_per_token() -> None:
     gpu = get_gpu("h100-80gb")
     s = TrainSetup(gpus=8, sharding="fsdp", seq_len=8192, micro_batch=4, activation_checkpointing="none")
     assert estimate_memory(L8B, s).per_gpu_bytes > gpu.memory_bytes
     found = suggest(L8B, gpu, s, estimate_memory, gpu.memory_bytes, limit=50)
     assert found
-    costs = [x.gpu_seconds_per_token for x in found]
-    assert costs == sorted(costs)
+    # what fits the user's 8 GPUs first, then what needs more GPUs; each group cheapest first
+    more = [any(c.kind == "gpus" for c in x.changes) for x in found]
+    assert more == sorted(more) and not more[0]
+    for group in (False, True):
+        costs = [x.gpu_seconds_per_token for x, m in zip(found, more) if m is group]
+        assert costs == sorted(costs)
     for x in found:
         assert estimate_memory(L8B, x.setup).per_gpu_bytes == x.per_gpu_bytes <= gpu.memory_bytes
         kinds = {c.kind: c.step for c in x.changes}

@@ -71,8 +71,8 @@ def test_plan_obeys_the_targets_limit_and_generate_renders_it(name, monkeypatch)
     within the limit and renders; without the limit the same search would have gone past it."""
     cap = TARGETS[name].limits.max_nodes
     assert cap is not None
-    spec = spec_from_flags(None, None, {"model": "70b", "tokens": "1000B", "cloud": name,
-                                        "max_nodes": cap + 60, "objective": "time"})
+    spec = spec_from_flags(None, None, {"model": "70b", "tokens": "1000B", "cloud": name, "init": True,
+                                        "max_nodes": cap + 60, "objective": "time"})  # init: --from-scratch
     plan = make_plan(spec)
     assert plan.cluster.nodes <= cap
     assert render_terraform(plan)  # generate's renderer accepts what plan chose

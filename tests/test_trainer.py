@@ -738,3 +738,22 @@ def test_non_finite_step_is_skipped_counted_and_shown(trainer_module, tmp_path, 
     rec = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert rec["skipped_steps"] == 1 and rec["loss"] == pytest.approx(ok.loss)
     assert "| skipped 1" in capsys.readouterr().out
+
+
+def test_residual_outputs_start_depth_scaled(trainer_module):
+    """model.depth_init: o_proj and down_proj drawn at std / sqrt(2 * layers), as torchtitan's Llama
+    init; the other weights keep the config's initializer_range."""
+    import transformers
+
+    train, _ = trainer_module
+    torch = train.torch
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.02)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert train.depth_scale_residuals(model) == 2 * 8
+    block = model.model.layers[3]
+    want = 0.02 / (2 * 8) ** 0.5
+    assert float(block.self_attn.o_proj.weight.std()) == pytest.approx(want, rel=0.05)
+    assert float(block.mlp.down_proj.weight.std()) == pytest.approx(want, rel=0.05)
+    assert float(block.self_attn.q_proj.weight.std()) == pytest.approx(0.02, rel=0.05)

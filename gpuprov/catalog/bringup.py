@@ -55,15 +55,15 @@ def offered_options(inst: Any) -> tuple[str, ...]:
     return tuple(cloud["offers"]) if cloud else ()
 
 
-def offers(inst: Any) -> list[Offer]:
-    """Every offer of this instance type, priced."""
+def offers(inst: Any, region: str | None = None) -> list[Offer]:
+    """Every offer of this instance type, priced (spot: in `region`, default the type's own)."""
     data = _purchase()
     entry = data["instances"].get(inst.name, {})
     source = entry.get("source") or data["clouds"][inst.cloud]["source"]
     out = []
     for option in offered_options(inst):
         meta = data["options"][option]
-        price, date, price_source = _price(inst, option, entry, data)
+        price, date, price_source = _price(inst, option, entry, data, region or inst.region)
         out.append(Offer(option=option, price_per_hour_usd=price, price_date=date, price_source=price_source,
                          preemptible=bool(meta["preemptible"]), needs=meta.get("needs"),
                          reservation_bound=option == "reservation" and bool(entry.get("reservation_bound")),
@@ -72,7 +72,15 @@ def offers(inst: Any) -> list[Offer]:
     return out
 
 
-def _price(inst: Any, option: str, entry: dict, data: dict) -> tuple[float | None, str | None, str]:
+def _price(inst: Any, option: str, entry: dict, data: dict, region: str | None = None
+           ) -> tuple[float | None, str | None, str]:
+    if option == "spot":  # per region, from spot.yaml
+        from gpuprov import spot
+
+        sp = spot.price(inst.name, inst.cloud, region)
+        if sp is not None:
+            return sp.usd, sp.date, f"spot in {sp.region}: {sp.source}"
+        return None, None, f"no spot price recorded for {inst.name} in {region} (catalog/data/spot.yaml)"
     own = (entry.get("prices") or {}).get(option)
     if own is not None:
         return float(own["usd"]), str(own["date"]), f"{entry['source']} ({own.get('region', inst.region)})"
@@ -106,7 +114,8 @@ def held(spec: Any, offer: Offer, cloud: str) -> str | None:
 def buyable(spec: Any, inst: Any) -> list[Offer]:
     """Offers the user allows and can use (an option that needs a reservation needs its id)."""
     allowed = allowed_options(spec)
-    return [o for o in offers(inst) if o.option in allowed
+    region = getattr(spec, "region", None) if getattr(spec, "cloud", "any") == inst.cloud else None
+    return [o for o in offers(inst, region) if o.option in allowed
             and (o.needs is None or held(spec, o, inst.cloud) is not None)]
 
 

@@ -76,12 +76,30 @@ def list_gpus() -> list[GpuSpec]:
     return list(_all().values())
 
 
+def accelerator_name(name: str) -> tuple[str, int | None] | None:
+    """A SkyPilot-style accelerator name ("H100", "A100-80GB:8", case-insensitive) as (slug, total
+    GPUs or None); None when `name` is not one (a slug, or unknown)."""
+    base, _, count = str(name).strip().partition(":")
+    names = {k.lower(): v for k, v in (load_data("gpus.yaml").get("accelerator_names") or {}).items()}
+    slug = names.get(base.lower())
+    if slug is None:
+        return None
+    if count and not count.isdigit():
+        raise GpuprovError(f"--gpu {name!r}: expected NAME or NAME:COUNT (H100:8)")
+    if count and int(count) < 1:
+        raise GpuprovError(f"--gpu {name!r}: the count must be at least 1")
+    return slug, int(count) if count else None
+
+
 def get_gpu(slug: str) -> GpuSpec:
     """A GPU by slug (case-insensitive); unknown names get the closest slugs."""
     key = (slug or "").strip().lower()
     gpus = _all()
     if key in gpus:
         return gpus[key]
+    named = accelerator_name(key)
+    if named is not None:
+        return gpus[named[0]]
     close = difflib.get_close_matches(key, list(gpus), n=4, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(gpus)}"
     raise GpuprovError(f"unknown GPU {slug!r}{hint}")

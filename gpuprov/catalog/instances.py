@@ -44,6 +44,8 @@ class InstanceType:
     busbw_source: str = ""
     description: str = ""
     purchase: str | None = None  # the purchase option price_per_hour_usd is for (the planner sets it)
+    # on-prem hosts: facts nobody stated (ram, cores, nvme, fabric, pcie); checks read them "unknown"
+    unknown: tuple[str, ...] = ()
 
     @property
     def onprem(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -15,6 +16,22 @@ from gpuprov.sizing.arch import ModelArch, arch_from_hf_config
 
 def _catalog() -> dict:
     return load_data("models.yaml")
+
+
+# Models pinned to a config for the duration of a `check`: the bundle's plan.json carries the
+# config.json it was sized from, so a CI job without the Hugging Face cache rebuilds the same plan.
+_PINNED: dict[str, tuple[dict, str, str]] = {}
+
+
+@contextlib.contextmanager
+def pinned_model(name: str, config: dict, display_name: str, source: str):
+    """Within the block, get_model(name) builds the model from `config` (plan.json's model.hf_config)."""
+    arch_from_hf_config(dict(config), name=name, display_name=display_name, source=source)  # refuse bad ones now
+    _PINNED[name] = (json.loads(json.dumps(config)), display_name, source)
+    try:
+        yield
+    finally:
+        _PINNED.pop(name, None)
 
 
 def _aliases() -> dict[str, str]:
@@ -209,14 +226,39 @@ def load_hf_model(repo_id: str) -> ModelArch | None:
     if path is None:
         return None
     cfg = read_config_json(path)
+    # the snapshot folder is the commit the config is from; no local path (the plan stays portable)
+    revision = path.parent.name if path.parent.parent.name == "snapshots" else "main"
     return arch_from_hf_config(cfg, name=repo_id, display_name=repo_id,
-                               source=f"huggingface.co/{repo_id} config.json ({path})")
+                               source=f"huggingface.co/{repo_id}/blob/{revision}/config.json")
+
+
+def preset_of_repo(repo_id: str) -> str | None:
+    """The preset whose hf_repo is this Hugging Face id (case-insensitive, as the hub treats ids)."""
+    want = repo_id.strip().lower()
+    return next((slug for slug, e in _catalog()["models"].items() if str(e.get("hf_repo", "")).lower() == want), None)
+
+
+def weights_source(name_or_path: str) -> str:
+    """Where a model's pretrained weights come from: its Hugging Face id, or the directory of its config.json."""
+    key = name_or_path.strip().lower()
+    slug = _aliases().get(key, key)
+    entry = _catalog()["models"].get(slug)
+    if entry is not None:
+        return str(entry["hf_repo"])
+    if HF_ID.match(name_or_path) and not Path(name_or_path).expanduser().exists():
+        return name_or_path
+    path = Path(name_or_path)
+    return str(path.parent if path.name == "config.json" or path.suffix == ".json" else path)
 
 
 def get_model(name_or_path: str) -> ModelArch:
     """A preset slug or shorthand (case-insensitive), a Hugging Face model id (ORG/NAME), or a config.json path."""
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise GpuprovError("--model is empty; give a preset name (see `gpuprov models`) or a config.json path")
+    if name_or_path in _PINNED:  # built fresh each call: transformers rewrites nested dicts in place
+        config, display_name, source = _PINNED[name_or_path]
+        return arch_from_hf_config(json.loads(json.dumps(config)), name=name_or_path, display_name=display_name,
+                                   source=source)
     key = name_or_path.strip().lower()
     presets = _catalog()["models"]
     alias = _aliases()
@@ -225,6 +267,9 @@ def get_model(name_or_path: str) -> ModelArch:
     if key in presets:
         return _preset(key)
     if HF_ID.match(name_or_path) and not Path(name_or_path).expanduser().exists():
+        preset = preset_of_repo(name_or_path)
+        if preset is not None:  # the preset's config is that repo's config.json, verbatim: no cache needed
+            return _preset(preset)
         arch = load_hf_model(name_or_path)
         if arch is not None:
             return arch

@@ -8,11 +8,14 @@ import click
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.setup import setup_from_options
+from gpuprov.sizing.why import notes as why_notes
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
 )
 from gpuprov.units import GiB as GIB
 
+PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch transformers peft "
+                "(the [precise] extra of a gpuprov checkout)")
 
 
 def _progress(stage: str, fraction: float) -> None:
@@ -55,7 +58,7 @@ def run_precise(arch, setup, gpu_memory_bytes):
         from gpuprov.sizing.precise import estimate_precise, estimate_seconds
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
-            raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
+            raise GpuprovError(PRECISE_HINT) from None
         raise
     try:
         # before the call: estimate_seconds counts the import of transformers while it is still to come
@@ -63,7 +66,7 @@ def run_precise(arch, setup, gpu_memory_bytes):
         return estimate_precise(arch, setup, gpu_memory_bytes, progress=progress)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
-            raise GpuprovError("--precise needs PyTorch and transformers: pip install 'gpuprov[precise]'") from None
+            raise GpuprovError(PRECISE_HINT) from None
         raise
 
 
@@ -108,7 +111,8 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
         },
         "estimator": estimator,
-        "assumptions": list(est.assumptions),
+        "assumptions": list(est.assumptions) + why_notes(setup.task, setup.activation_checkpointing,
+                                                          dict(est.breakdown)),
     }
 
 
@@ -254,7 +258,8 @@ class _FrameworkChoice(click.Choice):
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (1F1B schedule).")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
 @click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")
-@click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs gpuprov[precise]).")
+@click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs the [precise] extra: torch, "
+              "transformers, peft).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_node, sharding, shard_group,
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,

@@ -19,6 +19,26 @@ def make_plan(spec):
     return planner(spec)
 
 
+def portable_model(spec, output: str | None):
+    """A config.json model as a path relative to the bundle, so the lock, plan.json and README hold
+    no path of this machine and `check` passes in another checkout (it rebuilds from plan.json's
+    config). Returns (spec, pin for pinned_model) or (spec, None) for presets, HF ids and tar output."""
+    import os
+    from pathlib import Path
+
+    from gpuprov.catalog.models import get_model
+
+    model = spec.model
+    if output is None or not os.path.isabs(model) or not Path(model).exists():
+        return spec, None
+    arch = get_model(model)
+    target = Path(model) if Path(model).is_file() else Path(model) / "config.json"
+    rel = Path(os.path.relpath(target, Path(output).absolute())).as_posix()
+    pin = {"name": rel, "config": dict(arch.hf_config), "display_name": arch.display_name,
+           "source": f"config.json at {rel} (relative to the bundle)"}
+    return spec.model_copy(update={"model": rel}), pin
+
+
 def _summary(plan, where: str, files: int) -> str:
     c = plan.cluster
     cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
@@ -30,7 +50,7 @@ def _summary(plan, where: str, files: int) -> str:
 
     layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)  # as plan's table names it
     return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
-            f"{layout}, ~{plan.time_hours:,.1f} h{cost}{left_out}")
+            f"{layout}, {plan.training.steps:,} optimizer steps, ~{plan.time_hours:,.1f} h{cost}{left_out}")
 
 
 def _check_output_path(output: str) -> None:
@@ -49,25 +69,29 @@ def _check_output_path(output: str) -> None:
 @click.command()
 @spec_options
 @click.option("-o", "--output", "output", metavar="DIR|-",
-              help="Bundle directory, or - for a tar stream on stdout (the default when stdout is redirected)")
+              help="Bundle directory, or - for a tar stream on stdout")
 @click.option("--force", is_flag=True, help="Overwrite files edited by hand since the last generate")
 def generate(spec, output: str | None, force: bool) -> None:
     """Plan the cluster and write the bundle: Terraform, Ansible, launch scripts, README, lock.
 
     \b
     gpuprov generate --model 70b -o infra/
-    gpuprov generate -f gpuprov.yaml > infra.tar
+    gpuprov generate -f gpuprov.yaml -o - > infra.tar
     """
     from gpuprov import bundle
 
-    if output is None:
-        if sys.stdout.isatty():
-            raise GpuprovError("say where the bundle goes: -o DIR, or redirect stdout for a tar (> infra.tar)")
-        output = "-"
+    if output is None:  # a tar only when asked for: `generate | head` must not get binary in its pipe
+        raise GpuprovError("say where the bundle goes: -o DIR, or -o - for a tar on stdout (-o - > infra.tar)")
     if output != "-":
         _check_output_path(output)
-    plan = make_plan(spec)
-    files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
+    import contextlib
+
+    from gpuprov.catalog.models import pinned_model
+
+    spec, pin = portable_model(spec, None if output == "-" else output)
+    with pinned_model(**pin) if pin else contextlib.nullcontext():
+        plan = make_plan(spec)
+        files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
     if output == "-":
         stream = sys.stdout.buffer
         bundle.write_tar(files, stream)
@@ -91,17 +115,24 @@ STARTER = """\
 # gpuprov spec: what to train; gpuprov plans the cluster (`gpuprov generate -f gpuprov.yaml -o infra/`).
 # Every key is optional; `gpuprov schema` prints the full JSON Schema for editors and CI.
 
-# Preset name (gpuprov models) or a path to a Hugging Face config.json
+# Preset name (gpuprov models), Hugging Face id (ORG/NAME) or a path to a config.json
 model: {model}
-# full (pre-train / full fine-tune), lora or qlora
+# Fine-tune the pretrained weights: full, lora or qlora
 task: {task}
-# Tokens per sample and per optimizer step (4M = 4,194,304 = 1024 x 4096)
+# pretrained (fine-tune) or random (train from scratch: full only, pre-training defaults)
+init: {init}
+# Batch, learning rate, warmup and epochs from a published recipe: torchtune, axolotl or trl
+# recipe: torchtune
+# Tokens per sample (documents are packed into windows of this length)
 seq_len: {seq_len}
-global_batch_tokens: 4M
-# Training tokens for the whole run (20B, 1T, ...)
-tokens: 10B
-# Constraints: finish within (30d, 12h, ...) and spend at most (USD); remove to leave open
-# deadline_hours: 7d
+# Your data: a token count (100M), a prepared data dir / meta.json, or a text/JSONL file; and passes over it
+# dataset: 100M
+# epochs: 1
+# Or set the budget directly: sequences per optimizer step and training tokens for the whole run
+# global_batch: 128
+# tokens: 100M
+# Constraints: finish within this many hours (or 30d, 12h, ...) and spend at most (USD); remove to leave open
+# deadline_hours: 48
 # budget_usd: 50000
 # Where: aws, gcp, azure, oci, onprem or any (compares all clouds)
 cloud: {cloud}
@@ -136,7 +167,7 @@ def starter_spec() -> str:
 
     defaults = TrainingSpec()
     targets = defaults.lora_targets if isinstance(defaults.lora_targets, str) else json.dumps(defaults.lora_targets)
-    return STARTER.format(model=defaults.model, task=defaults.task, seq_len=defaults.seq_len, cloud=defaults.cloud,
+    return STARTER.format(model=defaults.model, task=defaults.task, init=defaults.init, seq_len=defaults.seq_len, cloud=defaults.cloud,
                           max_nodes=defaults.max_nodes, objective=defaults.objective, precision=defaults.precision,
                           optimizer=defaults.optimizer, offload=defaults.offload, float8=str(defaults.float8).lower(),
                           lora_rank=defaults.lora_rank,

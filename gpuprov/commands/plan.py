@@ -47,7 +47,8 @@ def _fabric_text(plan) -> str:
     if plan.cluster.nodes == 1:
         return "one node: no inter-node fabric (GPUs talk over " + \
             ("NVLink/NVSwitch)" if plan.instance.nvswitch else "the node's own links)")
-    return f"fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU"
+    assumed = " (assumed: the hosts file states no fabric)" if "fabric" in plan.instance.unknown else ""
+    return f"fabric {plan.fabric.name} {plan.fabric.gbps_per_gpu:g} Gb/s per GPU{assumed}"
 
 
 def _mfu_text(plan) -> str:
@@ -68,6 +69,47 @@ def _mfu_text(plan) -> str:
             f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
             f"exposed communication is {exposed:.0%} of the step")
+
+
+def _replica_words(c) -> str:
+    """Model states are compared per model replica: HSDP/DDP replicas hold copies, not more states."""
+    return "all GPUs" if c.replicate == 1 else f"one replica ({c.shard_group} GPUs; {c.replicate} replicas hold copies)"
+
+
+def _token_count(n: int) -> str:
+    """100,000,000 -> 100M; 1.5e10 -> 15B (decimal, as --tokens reads them)."""
+    for div, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if n >= div:
+            return f"{n / div:,.3g}{unit}"
+    return f"{n:,}"
+
+
+def cost_line(plan) -> str:
+    """Steps x step time + start-up (+ preemption on spot) = the hours the cost is computed from."""
+    from gpuprov.sizing.throughput import assumptions
+
+    overhead = float(assumptions().raw["run"]["overhead_hours"])
+    train_h = plan.training.steps * plan.throughput.step_time_s / 3600.0
+    spot = ""
+    if plan.purchase.option == "spot":
+        lost = max(0.0, plan.time_hours - train_h - overhead)
+        spot = f" + {lost:,.2f} h expected preemption" if lost >= 0.005 else f" + {lost * 60:,.1f} min expected preemption"
+    return (f"{plan.training.steps:,} optimizer steps x {plan.throughput.step_time_s:,.2f} s = {train_h:,.2f} h "
+            f"+ {overhead:g} h start-up{spot} = {_hours(plan.time_hours)}, {_money(plan.cost_usd)}")
+
+
+def price_warnings(plan, today=None) -> list[str]:
+    """A price older than the limit (or undated) is flagged where the user reads it (CLI output only:
+    the bundle must not change with the calendar)."""
+    from gpuprov.spot import stale
+
+    if plan.instance.cloud == "onprem" or plan.instance.price_per_hour_usd is None:
+        return []
+    why = stale(plan.instance.price_date, today)
+    if why is None:
+        return []
+    return [f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
+            f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})"]
 
 
 def _gpus_x_nodes(r) -> str:
@@ -108,25 +150,25 @@ def render_plan(plan) -> str:
     s, c, m, t, i = plan.spec, plan.cluster, plan.memory, plan.throughput, plan.instance
     out: list[str] = []
     task = {"full": "full training", "lora": f"LoRA r={s.lora_rank}", "qlora": f"QLoRA r={s.lora_rank}"}[plan.task]
+    how = "from scratch" if getattr(s, "init", "pretrained") == "random" else "fine-tuning the pretrained weights"
     out.append(f"{plan.model.display_name} ({plan.model.params / 1e9:.2f}B params, {plan.model.trainable_params:,} "
-               f"trainable), {task}, {s.tokens / 1e9:,.2f}B tokens, seq {s.seq_len}, objective: {s.objective}")
+               f"trainable), {task}, {how}, {_token_count(s.tokens)} tokens in {plan.training.steps:,} optimizer "
+               f"steps of {c.global_batch_tokens // c.seq_len:,} x {c.seq_len} tokens, objective: {s.objective}")
     out.append("")
     where = f"{i.cloud}" + (f" {c.region}" if c.region else "") + (f", {plan.purchase.option}" if i.cloud != "onprem" else "")
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
-    sg = f"shard group {c.shard_group}, {c.replicate} replica(s)" if c.sharding in ("fsdp", "hsdp", "zero2") else \
-        f"{c.replicate} replica(s)"
-    if c.tp * c.cp * c.pp > 1:
-        dp = c.total_gpus // (c.tp * c.cp * c.pp)
-        out.append(f"  layout: tensor parallel {c.tp} (inside each node, NVLink) x context parallel {c.cp} x "
-                   f"data parallel {dp} ({c.sharding} over dp x cp)")
-    out.append(f"  sharding {c.sharding} ({sg}), activation checkpointing {c.activation_checkpointing}, "
+    from gpuprov.candidates import layout_label
+
+    # one name for the layout everywhere (the table, generate's summary, README, topology.svg)
+    layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)
+    out.append(f"  layout {layout}, activation checkpointing {c.activation_checkpointing}, "
                f"micro-batch {c.micro_batch}, grad accumulation {c.grad_accum}, global batch "
                f"{c.global_batch_tokens:,} tokens")
     out.append(f"  {_fabric_text(plan)}; software: driver "
                f"{plan.software.driver_branch}, CUDA {plan.software.cuda_version}, NCCL {plan.software.nccl_version}"
                + (f"; image profile {plan.software.image_profile.name}" if plan.software.image_profile else ""))
     out.extend(_host_lines(plan))
-    out.extend(f"  WARNING: {w}" for w in plan.warnings)
+    out.extend(f"  WARNING: {w}" for w in [*plan.warnings, *price_warnings(plan)])
     out.append("")
     out.extend(candidates_table(plan))
     out.append("Memory per GPU (GiB = 2**30 bytes):")
@@ -137,15 +179,16 @@ def render_plan(plan) -> str:
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     out.append(f"  {'total':<{width}}  {m.per_gpu_bytes / GiB:10,.2f}  of {m.gpu_memory_bytes / GiB:,.1f} GiB "
                f"({usable / GiB:,.1f} usable at {m.safety_margin:.0%} margin; headroom {m.headroom_bytes / GiB:,.1f})")
-    out.append(f"  model states, all GPUs: {gib(m.model_states_bytes)}; the 18 B/param rule of thumb (mixed-precision Adam): "
-               f"{gib(m.rule_of_thumb_bytes)}")
+    out.append(f"  model states, {_replica_words(c)}: {gib(m.model_states_bytes // c.replicate)}; the 18 B/param rule "
+               f"of thumb (mixed-precision Adam): {gib(m.rule_of_thumb_bytes)}")
     out.append("")
     out.append("Time and cost:")
     out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster; step {t.step_time_s:,.2f} s = compute "
                f"{t.compute_time_s:,.2f} s + communication compute cannot hide {t.comm_time_s:,.2f} s ({t.bound}-bound)")
     out.append(f"  {_mfu_text(plan)}")
-    price = "" if i.price_per_hour_usd is None else f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date})"
-    out.append(f"  {plan.training.steps:,} steps, {_hours(plan.time_hours)}, {_money(plan.cost_usd)}{price}")
+    price = "" if i.price_per_hour_usd is None else \
+        f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date or 'undated'})"
+    out.append(f"  {cost_line(plan)}{price}")
     deadline = f"deadline {s.deadline_hours:g} h" if s.deadline_hours else ""
     budget = f"budget ${s.budget_usd:,.0f}" if s.budget_usd else ""
     if deadline or budget:
@@ -153,11 +196,13 @@ def render_plan(plan) -> str:
     out.append("")
     out.append("Host checklist (one node):")
     for chk in plan.host.checks:
-        mark = "ok  " if chk.ok else "SHORT"
+        mark = "unknown" if not chk.known else "ok" if chk.ok else "SHORT"
         out.append(f"  [{mark}] {chk.rule}: need {chk.required}; have {chk.actual}")
+    raid = (f"local NVMe unknown (the RAID0 role uses the drives it finds) at {plan.storage.mount_point}"
+            if "nvme" in i.unknown else f"local NVMe RAID0 {plan.storage.devices} x "
+            f"{i.local_nvme_bytes_each / TB:,.2f} TB at {plan.storage.mount_point}")
     out.append(f"  one full-state checkpoint: {plan.host.checkpoint_bytes / TB:,.2f} TB; keeping "
-               f"{plan.host.checkpoints_kept}; local NVMe RAID0 {plan.storage.devices} x "
-               f"{i.local_nvme_bytes_each / TB:,.2f} TB at {plan.storage.mount_point}")
+               f"{plan.host.checkpoints_kept}; {raid}")
     if plan.host.bill_of_materials:
         out.append("")
         out.append("Bill of materials (per node):")

@@ -25,8 +25,16 @@ from gpuprov.targets import CHOICES
 _CLOUDS = CHOICES
 _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "model": (("--model", "-m"), str, "Preset (70b, llama-3.1-8b, ...), Hugging Face id (ORG/NAME) or config.json path"),
-    "task": (("--task",), click.Choice(TASKS), "full, lora or qlora"),
+    "task": (("--task",), click.Choice(TASKS), "Fine-tune the pretrained weights: full, lora or qlora"),
+    "init": (("--from-scratch",), "switch", "Train from random weights (pre-training; spec init: random) instead "
+             "of fine-tuning the pretrained ones"),
+    "recipe": (("--recipe",), click.Choice(("torchtune", "axolotl", "trl")),
+               "Published fine-tuning recipe for batch, learning rate, warmup, epochs  [default: torchtune]"),
     "seq_len": (("--seq-len",), click.IntRange(min=1), "Tokens per sample"),
+    "dataset": (("--dataset",), str, "Training data: a token count (100M), a prepared data dir / meta.json, or a "
+                "text/JSONL file; sizes the run with --epochs"),
+    "epochs": (("--epochs",), click.FloatRange(min=0, min_open=True), "Passes over --dataset (default: the recipe's)"),
+    "global_batch": (("--global-batch",), click.IntRange(min=1), "Sequences per optimizer step (default: the recipe's)"),
     "global_batch_tokens": (("--global-batch-tokens", "--batch-tokens"), str,
                             "Tokens per optimizer step (4M = 4,194,304)"),
     "tokens": (("--tokens",), str, "Training tokens (20B, 1T, ...)"),
@@ -86,6 +94,9 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
     for field, value in values.items():
         if value is None or value == ():
             continue
+        if field == "init":  # --from-scratch: a switch for init: random
+            overrides["init"] = "random" if value else "pretrained"
+            continue
         if field in ("gpus", "purchase", "lora_targets"):
             items = value if field == "gpus" else (value,)
             parts = [t.strip() for item in items for t in item.split(",") if t.strip()]
@@ -127,7 +138,9 @@ def spec_options(func: Callable) -> Callable:
     ]
     for field, (decls, kind, help_text) in _FLAGS.items():
         default = _default_text(field)
-        extra = {} if kind is None else {"type": kind, "multiple": field == "gpus"}  # None: an on/off switch
+        # None: an on/off pair (--x/--no-x); "switch": a flag that is only ever turned on
+        extra = {} if kind is None else {"is_flag": True} if kind == "switch" else {
+            "type": kind, "multiple": field == "gpus"}
         options.append(click.option(
             *decls, field, default=None, **extra,
             help=help_text + (f"  [default: {default}]" if default else ""),

@@ -9,9 +9,9 @@ from gpuprov.candidates import candidate_rows, pick_warnings
 from gpuprov.catalog.fabrics import fabric_allreduce_threshold, get_fabric, get_software
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.instances import list_instances, nvme_device_glob
-from gpuprov.catalog.models import get_model
+from gpuprov.catalog.models import get_model, weights_source
 from gpuprov.errors import GpuprovError
-from gpuprov.host import host_needs, make_host, rules, size_onprem
+from gpuprov.host import host_needs, make_host, rules, size_onprem, unknown_host_notes
 from gpuprov.onprem import with_declared_hosts
 from gpuprov.plan import (
     Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput, Training,
@@ -22,27 +22,49 @@ from gpuprov.planning.search import search
 from gpuprov.planning.space import (
     Candidate, Estimator, SearchResult, _lora_targets, objective_key, setup_for, stack_for,
 )
+from gpuprov.recipes import notes as recipe_notes
+from gpuprov.recipes import schedule
 from gpuprov.sizing.memory import estimate_memory
+from gpuprov.spot import notes as spot_notes
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.sizing.throughput import utilisation as util_of
 from gpuprov.targets.decide import decided
 from gpuprov.units import GiB
 
 
-def _training_defaults(arch: Any, task: str, steps: int, step_time_s: float) -> dict[str, Any]:
-    """LR schedule defaults: Llama 2 (Touvron et al. 2023, Table 1) for full training, QLoRA paper
-    (Dettmers et al. 2023, Appendix B) for adapters; warmup 2000 steps capped at 5% of the run."""
-    if task == "full":
-        lr = 1.5e-4 if arch.params >= 30e9 else 3e-4
-        wd = 0.1
-    else:
-        lr = 1e-4 if arch.params >= 30e9 else 2e-4
-        wd = 0.0
-    warmup = max(1, min(2000, steps // 20))
-    # checkpoint about every hour of training (a node failure loses at most an hour)
-    ckpt = max(1, min(steps, round(3600.0 / max(step_time_s, 1e-6))))
-    return dict(learning_rate=lr, warmup_steps=warmup, weight_decay=wd, grad_clip=1.0,
+CHECKPOINT_INTERVAL_S = 3600.0  # checkpoint about every hour of training (a node failure loses at most an hour)
+
+
+def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> dict[str, Any]:
+    """LR schedule: the fine-tuning recipe of the task, or pre-training's from scratch (gpuprov/recipes.py)."""
+    ckpt = max(1, min(steps, round(CHECKPOINT_INTERVAL_S / max(step_time_s, 1e-6))))
+    return dict(**schedule(spec, arch.params, steps), grad_clip=1.0,
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
+
+
+def _canonical(value: Any) -> Any:
+    """Keys sorted at every level: plan.json stores the config sorted, and `check` rebuilds from it."""
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def offload_retry(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any]) -> tuple[Any, SearchResult] | None:
+    """When nothing fits and the user did not choose --offload: the least offload that fits, if any."""
+    if "offload" in getattr(spec, "model_fields_set", {"offload"}) or spec.offload != "none":
+        return None
+    for level in ("optimizer", "full"):
+        trial = spec.model_copy(update={"offload": level})
+        result = search(trial, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)
+        if result.best is not None:
+            return trial, result
+    return None
+
+
+OFFLOAD_NOTE = ("Nothing fits on these GPUs without CPU offload: planned with --offload {} (the optimizer states, "
+                "and with full also the parameters, live in host RAM; steps are slower)")
 
 
 def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Iterable[Any] | None = None) -> Any:
@@ -57,11 +79,17 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
     # each type priced at the purchase option it would be bought with; unbuyable types drop out
     pool, unbuyable = bringup_plan.priced_pool(pool, spec)
     result = search(spec, arch, estimator=est_fn, instances=pool, gpu_lookup=get_gpu)
+    offloaded = None
     if result.best is None:
-        raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn)
-                           + bringup_plan.unbuyable_hint(spec, unbuyable))
+        offloaded = offload_retry(spec, arch, est_fn, pool)
+        if offloaded is None:
+            raise GpuprovError(nothing_fits_message(spec, arch, result, pool, get_gpu, est_fn)
+                               + bringup_plan.unbuyable_hint(spec, unbuyable))
+        spec, result = offloaded
     best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
     plan = _assemble(spec, arch, est_fn, pool, result, best)
+    if offloaded:
+        plan = plan.model_copy(update={"notes": [*plan.notes, OFFLOAD_NOTE.format(spec.offload)]})
     return _with_table(decided(plan), spec, arch, result, best, est_fn)
 
 
@@ -74,7 +102,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
                        params=arch.params, trainable=mem.trainable_params, tokens=spec.tokens, task=spec.task,
                        offload=spec.offload)
     bom = None
-    if inst.onprem and inst.ram_bytes is None:  # a template, or hosts that declare only their GPUs
+    if inst.onprem and inst.ram_bytes is None and not inst.unknown:  # a template: sized as a purchase
         inst, bom = size_onprem(inst, needs)
     fabric = get_fabric(inst.fabric if best.nodes > 1 else "none", inst.cloud, inst.name)
     if best.nodes > 1:
@@ -85,7 +113,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
     return Plan(
         gpuprov_version=__version__, spec=spec, task=spec.task,
         model=ModelInfo(name=spec.model, display_name=arch.display_name, hf_model_type=arch.model_type,
-                        params=arch.params, trainable_params=mem.trainable_params, hf_config=dict(arch.hf_config),
+                        params=arch.params, trainable_params=mem.trainable_params, hf_config=_canonical(arch.hf_config),
                         source=arch.source),
         gpu=GpuInfo(slug=gpu.slug, name=gpu.name, architecture=gpu.architecture, memory_bytes=gpu.memory_bytes,
                     bf16_tflops=gpu.bf16_tflops, fp8_tflops=gpu.fp8_tflops,
@@ -102,7 +130,9 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         health=_health(inst, fabric, best.nodes),
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=_alternatives(spec, result, best) + bringup_plan.purchase_alternatives(spec, best),
-        notes=_notes(spec, arch, best, mem, pool, get_gpu)
+        notes=recipe_notes(spec, best.steps, best.batch_tokens) + _notes(spec, arch, best, mem, pool, get_gpu)
+        + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
+        + unknown_host_notes(inst, best.nodes)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"]),
@@ -117,7 +147,7 @@ def _instance_info(spec: Any, inst: Any) -> InstanceInfo:
         vcpus=inst.vcpus or 0, ram_bytes=inst.ram_bytes or 0, local_nvme_count=inst.nvme_count,
         local_nvme_bytes_each=inst.nvme_bytes_each, network_cards=inst.network_cards,
         efa_interfaces=inst.efa_interfaces, nvswitch=inst.nvswitch, pcie_gen=inst.pcie_gen,
-        price_per_hour_usd=inst.price_per_hour_usd, price_date=inst.price_date,
+        price_per_hour_usd=inst.price_per_hour_usd, price_date=inst.price_date, unknown=list(inst.unknown),
         source=inst.source + (f"; price: {inst.price_source}" if inst.price_source else ""))
 
 
@@ -133,10 +163,12 @@ def _cluster(spec: Any, inst: Any, best: Candidate) -> Cluster:
 
 def _training(spec: Any, arch: Any, best: Candidate) -> Training:
     targets = list(_lora_targets(spec)) if spec.task != "full" else []
-    return Training(task=spec.task, lora_rank=None if spec.task == "full" else spec.lora_rank,
+    return Training(task=spec.task, init=spec.init,
+                    base_weights=weights_source(spec.model) if spec.init == "pretrained" else None,
+                    lora_rank=None if spec.task == "full" else spec.lora_rank,
                     lora_alpha=None if spec.task == "full" else 2 * spec.lora_rank,
                     lora_targets=targets, tokens=spec.tokens, steps=best.steps,
-                    **_training_defaults(arch, spec.task, best.steps, best.step.step_time_s))
+                    **_training_defaults(spec, arch, best.steps, best.step.step_time_s))
 
 
 def _memory(spec: Any, arch: Any, gpu: Any, mem: Any) -> Memory:

@@ -139,7 +139,8 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         notes.append(f"Memory is sized for the {framework} stack (`gpuprov estimate --framework {framework}`); the "
                      "bundle's launch files run gpuprov's own trainer, so launch your framework yourself")
     rot = rule_of_thumb_bytes_per_param() * arch.params
-    states = mem.model_states_bytes
+    # model states of one model replica: HSDP/DDP replicas hold copies, not more states
+    states = mem.model_states_bytes // max(1, best.total_gpus // best.shard_group)
     if spec.task == "full":
         per_param = states / arch.params
         diff = (states - rot) / rot
@@ -171,6 +172,9 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
                 f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb / 1000:.2f} TB < "
                 f"{tb(rot)} by its own 18 B/param rule: the model states cannot fit one node "
                 f"(and activations need room on top); plan multi-node sharding or LoRA")
+    from gpuprov.sizing.why import notes as why_notes
+
+    notes.extend(why_notes(spec.task, best.activation_checkpointing, dict(mem.breakdown)))
     if getattr(spec, "float8", False):
         notes.append(_float8_note(spec, arch, best))
     if best.batch_tokens != spec.global_batch_tokens:

@@ -20,6 +20,15 @@ from gpuprov.sizing.throughput import (
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
 from gpuprov.targets import get_target
 
+CHECKPOINT_INTERVAL_H = 1.0  # the plan checkpoints about every hour (planning/assemble.py CHECKPOINT_INTERVAL_S)
+
+
+def spot_overhead_hours(train_hours: float, nodes: int) -> float:
+    """What preemption adds on spot nodes, given the plan's checkpoint interval (gpuprov/spot.py)."""
+    from gpuprov.spot import overhead_hours
+
+    return overhead_hours(train_hours, nodes, CHECKPOINT_INTERVAL_H)
+
 @dataclass
 class _Slot:
     """One instance type at one node count: the figures every layout on it shares."""
@@ -329,6 +338,8 @@ class _Search:
         step = self.step(slot, lay, ac, mb, ga)
         self.evaluated += 1
         hours = steps * step.step_time_s / 3600.0 + self.overhead_h
+        if getattr(slot.inst, "purchase", None) == "spot":  # expected preemption losses (gpuprov/spot.py)
+            hours += spot_overhead_hours(steps * step.step_time_s / 3600.0, slot.nodes)
         price = slot.inst.price_per_hour_usd
         cost = None if price is None else hours * slot.nodes * price
         return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,

@@ -72,9 +72,11 @@ def _memory(x: _Inputs) -> list[str]:
     usable = m.gpu_memory_bytes * (1 - m.safety_margin)
     out.append(f"   usable = {m.gpu_memory_bytes / GiB:,.2f} GiB x (1 - {m.safety_margin:g}) = {usable / GiB:,.2f} GiB "
                f"-> headroom {m.headroom_bytes / GiB:,.2f} GiB")
-    out.append(f"   model states, all GPUs (weights + grads + optimizer) = {m.model_states_bytes / GiB:,.1f} GiB"
+    one = m.model_states_bytes // c.replicate  # HSDP/DDP replicas hold copies, not more states
+    who = "all GPUs" if c.replicate == 1 else f"one replica ({c.shard_group} GPUs; {c.replicate} replicas hold copies)"
+    out.append(f"   model states, {who} (weights + grads + optimizer) = {one / GiB:,.1f} GiB"
                f"   | rule of thumb: 18 B x N = {m.rule_of_thumb_bytes / GiB:,.1f} GiB "
-               f"({(m.model_states_bytes - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
+               f"({(one - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
     node_mem = gpu.memory_bytes * c.gpus_per_node
     out.append(f"   one node holds {c.gpus_per_node} x {gpu.memory_bytes / GiB:,.1f} GiB = {node_mem / GiB:,.1f} GiB "
                f"of GPU memory; the rule of thumb {'fits' if m.rule_of_thumb_bytes <= node_mem else 'does NOT fit'}"
@@ -179,8 +181,10 @@ def _step(x: _Inputs) -> list[str]:
            f"   tokens per step = {c.micro_batch} x {c.seq_len} x {ranks} x {c.grad_accum} = "
            f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
            f"{plan.training.steps:,}",
-           f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up = "
-           f"{plan.time_hours:,.2f} h",
+           f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up"
+           + (f" + {plan.time_hours - plan.training.steps * t.step_time_s / 3600 - overhead:,.3f} h expected "
+              "preemption (spot)" if plan.purchase.option == "spot" else "")
+           + f" = {plan.time_hours:,.2f} h",
            f"   | rule of thumb 6 N D / (GPUs x peak x MFU) = {ideal:,.2f} h"]
     if plan.instance.price_per_hour_usd is not None:
         out.append(f"   cost = {plan.time_hours:,.2f} h x {c.nodes} nodes x ${plan.instance.price_per_hour_usd:,.3f}/h "

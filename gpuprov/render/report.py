@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from gpuprov.candidates import layout_label
 from gpuprov.host import hosts_left_out
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import comment, md, md_code, svg
@@ -54,9 +55,7 @@ def _summary(plan) -> list[str]:
                               if plan.task != "full" else "")],
         ["Where", f"{where}: {c.nodes} x `{c.instance_type}` ({price})"],
         ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {gib(plan.gpu.memory_bytes)} each)"],
-        ["Parallelism", f"{c.sharding}: shard group {c.shard_group} GPUs x {c.replicate} "
-                        f"replica{'s' if c.replicate != 1 else ''}"
-                        + (f"; tensor parallel {c.tp} x context parallel {c.cp} inside it" if c.tp * c.cp > 1 else "")],
+        ["Parallelism", layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)],
         ["Batch", f"micro-batch {c.micro_batch} x seq {c.seq_len} x grad-accum {c.grad_accum} "
                   f"= {c.global_batch_tokens:,} tokens per step"],
         ["Precision / optimizer", f"{c.precision}, {c.optimizer}, offload {c.offload}, "
@@ -228,8 +227,10 @@ def _start_line(plan) -> str:
 
 def _apply(plan) -> list[str]:
     onprem = plan.cluster.cloud == "onprem"
-    out = ["## How to apply", "", "```sh", "gpuprov validate .        # terraform fmt/config, ansible syntax, bash -n, plan sanity",
-           "gpuprov up . --dry-run   # every command, in order", "gpuprov up .             # run them, ending with the job started; re-run resumes",
+    out = ["## How to apply", "", "```sh",
+           "gpuprov validate .        # terraform fmt/config, ansible syntax, bash -n, plan sanity",
+           "gpuprov up . --dry-run   # every command, in order",
+           "gpuprov up .             # run them, ending with the job started; re-run resumes",
            "gpuprov status .         # job state, step, loss, tokens/s, MFU beside the plan",
            "gpuprov down .           # terraform destroy when done (--dry-run prints it)", "```",
            "", "By hand:", "", "```sh"]
@@ -292,18 +293,20 @@ def _line(x1: int, y1: int, x2: int, y2: int, stroke: str, width: int = 1, dash:
     return f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
 
 
-def _nic_layout(gpus: int, nics: int) -> list[tuple[int, float, float]]:
-    """(rail GPU index, left, width) of each NIC box in GPU-slot units: k per GPU, or one per GPU group."""
+def _nic_layout(gpus: int, nics: int) -> list[tuple[int, float, float, int]]:
+    """(rail GPU index, left, width, NICs in the box) in GPU-slot units: one box per GPU holding its k
+    NICs (one line to its rail, however many NICs: 32 EFA interfaces draw 8 lines), or one box per
+    group of GPUs that share a NIC."""
     if nics >= gpus:
-        k = nics // gpus
-        return [(g, g + i / k, 1 / k) for g in range(gpus) for i in range(k)]
+        return [(g, float(g), 1.0, nics // gpus) for g in range(gpus)]
     span = gpus / nics
-    return [(int(i * span), i * span, span) for i in range(nics)]
+    return [(int(i * span), i * span, span, 1) for i in range(nics)]
 
 
-_LEGEND = (("#76b900", "#3d6000", "GPU"), ("#9fc5e8", "#1c4587", "NVLink / NVSwitch"),
-           ("#f5a623", "#8a5a00", "NIC (one per box)"), ("#e6e6e6", "#666", "local NVMe RAID0"),
-           ("#fde9c8", "#8a5a00", "fabric rail / switch"))
+_SWATCH = {"gpu": ("#76b900", "#3d6000", "GPU"), "nvlink": ("#9fc5e8", "#1c4587", "NVLink / NVSwitch"),
+           "nic": ("#f5a623", "#8a5a00", "NIC box (its count when more than one)"),
+           "raid": ("#e6e6e6", "#666", "local NVMe RAID0"), "rail": ("#fde9c8", "#8a5a00", "fabric rail / switch")}
+_OUTLINE = {"tp": ("#c0392b", "tensor-parallel group"), "hsdp": ("#7b3fa0", "HSDP shard group")}
 
 
 def _fabric_words(plan) -> str:
@@ -312,18 +315,38 @@ def _fabric_words(plan) -> str:
     return f"fabric {plan.fabric.name}, {plan.fabric.gbps_per_gpu:g} Gb/s per GPU"
 
 
-def _legend(y: int) -> list[str]:
-    """Two rows of swatches under the picture: what each colour is."""
+def _drawn_kinds(plan, multi: bool) -> list[str]:
+    """What the picture shows, in legend order: the legend names only these."""
+    c, inst = plan.cluster, plan.instance
+    kinds = ["gpu"]
+    if plan.gpu.nvlink_gbytes_per_s:
+        kinds.append("nvlink")
+    if plan.storage.devices:
+        kinds.append("raid")
+    if multi and "fabric" not in inst.unknown:
+        kinds += ["nic", "rail"]
+    elif multi:
+        kinds.append("rail")
+    if c.tp > 1:
+        kinds.append("tp")
+    per = max(1, c.shard_group // c.gpus_per_node)
+    if c.sharding == "hsdp" and per < c.nodes:
+        kinds.append("hsdp")
+    return kinds
+
+
+def _legend(y: int, kinds: list[str]) -> list[str]:
+    """One row of swatches under the picture: what each colour and outline drawn is."""
     parts, x = [_text(20, y, "Legend:", 11, weight="bold")], 80
-    for fill, stroke, label in _LEGEND[:3]:
-        parts += [_rect(x, y - 10, 14, 12, fill, stroke, 2), _text(x + 20, y, label, 11)]
-        x += 30 + 7 * len(label)
-    x, y = 80, y + 18
-    for fill, stroke, label in _LEGEND[3:]:
-        parts += [_rect(x, y - 10, 14, 12, fill, stroke, 2), _text(x + 20, y, label, 11)]
-        x += 30 + 7 * len(label)
-    parts += [f'<rect x="{x}" y="{y - 10}" width="14" height="12" rx="2" fill="none" stroke="#7b3fa0" '
-              f'stroke-dasharray="4 3"/>', _text(x + 20, y, "HSDP shard group", 11)]
+    for kind in kinds:
+        if kind in _SWATCH:
+            fill, stroke, label = _SWATCH[kind]
+            parts += [_rect(x, y - 10, 14, 12, fill, stroke, 2), _text(x + 20, y, label, 11)]
+        else:
+            stroke, label = _OUTLINE[kind]
+            parts += [f'<rect x="{x}" y="{y - 10}" width="14" height="12" rx="2" fill="none" stroke="{stroke}" '
+                      f'stroke-dasharray="4 3"/>', _text(x + 20, y, label, 11)]
+        x += 30 + 6 * len(label)
     return parts
 
 
@@ -338,8 +361,10 @@ def _node(plan, x: int, y: int, node_w: int, node_h: int, name: str, multi: bool
           fabric_y: int) -> list[str]:
     c, inst, st = plan.cluster, plan.instance, plan.storage
     gpus, gpu_w, gpu_gap = c.gpus_per_node, 34, 6
-    parts = [_rect(x, y, node_w, node_h, "#f4f6fb"),
-             _text(x + 8, y + 18, f"{name}: {inst.vcpus} vCPU, {inst.ram_bytes / GiB:,.0f} GiB RAM", 11, weight="bold")]
+    unknown = set(inst.unknown)  # on-prem facts nobody stated: drawn as unknown, never invented
+    cpu = "CPU unknown" if "cores" in unknown else f"{inst.vcpus} vCPU"
+    ram = "RAM unknown" if "ram" in unknown else f"{inst.ram_bytes / GiB:,.0f} GiB RAM"
+    parts = [_rect(x, y, node_w, node_h, "#f4f6fb"), _text(x + 8, y + 18, f"{name}: {cpu}, {ram}", 11, weight="bold")]
     gx0 = x + (node_w - gpus * (gpu_w + gpu_gap) + gpu_gap) // 2
     gx_end = gx0 + gpus * (gpu_w + gpu_gap) - gpu_gap
     for g in range(gpus):
@@ -359,13 +384,33 @@ def _node(plan, x: int, y: int, node_w: int, node_h: int, name: str, multi: bool
         parts.append(_text((gx0 + gx_end) // 2, y + 117, f"RAID0 {st.devices} x NVMe = {st.expected_bytes / TB:,.1f} TB",
                            10, "middle"))
         parts.append(_text((gx0 + gx_end) // 2, y + 129, f"{st.filesystem} on {st.mount_point}", 10, "middle"))
-    if multi:
+    elif "nvme" in unknown:
+        parts.append(_text((gx0 + gx_end) // 2, y + 117, "NVMe unknown: run gpuprov hosts probe", 10, "middle"))
+    if multi and "fabric" in unknown:
+        parts.append(_text((gx0 + gx_end) // 2, y + node_h - 6, "NICs unknown: run gpuprov hosts probe", 10, "middle"))
+    elif multi:
         slot = gpu_w + gpu_gap
         nic_y = y + node_h - 14
-        for rail_gpu, left, span in _nic_layout(gpus, inst.network_cards or gpus):
+        for rail_gpu, left, span, count in _nic_layout(gpus, inst.network_cards or gpus):
             nx, nw = gx0 + int(left * slot) + 1, max(2, int(span * slot) - gpu_gap - 2)
             parts.append(_rect(nx, nic_y, nw, 10, "#f5a623", "#8a5a00", 2))
+            if count > 1:
+                parts.append(_text(nx + nw // 2, nic_y + 8, f"{count}x", 7, "middle"))
             parts.append(_line(nx + nw // 2, nic_y + 10, rail_x[rail_gpu % len(rail_x)], fabric_y, "#c77800"))
+    parts += _tp_groups(plan, gx0, y, gpu_w, gpu_gap)
+    return parts
+
+
+def _tp_groups(plan, gx0: int, y: int, gpu_w: int, gpu_gap: int) -> list[str]:
+    """A dashed outline around each tensor-parallel group of GPUs inside the node."""
+    tp = plan.cluster.tp
+    if tp <= 1:
+        return []
+    slot, parts = gpu_w + gpu_gap, []
+    for first in range(0, plan.cluster.gpus_per_node, tp):
+        x0 = gx0 + first * slot - 3
+        parts.append(f'<rect x="{x0}" y="{y + 26}" width="{tp * slot - gpu_gap + 6}" height="48" rx="4" '
+                     f'fill="none" stroke="#c0392b" stroke-width="1.5" stroke-dasharray="4 3"/>')
     return parts
 
 
@@ -405,8 +450,9 @@ def render_topology(plan) -> str:
         _rect(0, 0, width, height, "#ffffff", "none", 0),
         _text(20, 22, f"{plan.model.display_name} ({plan.task}): {c.nodes} x {c.instance_type}, "
                       f"{c.total_gpus} x {plan.gpu.name}", 15, weight="bold"),
-        _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | {c.sharding} shard group {c.shard_group} "
-                      f"x {c.replicate} | {_fabric_words(plan)}", 12),
+        _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | "
+                      f"{layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)} | "
+                      f"{_fabric_words(plan)}", 12),
         _text(20, 52, _summary_line(plan), 12),
     ]
     rail_w = min(max(60, (width - 40 - (rails - 1) * 8) // rails), 140)
@@ -432,7 +478,7 @@ def render_topology(plan) -> str:
     else:
         parts.append(_text(20, fabric_y, "single node: no inter-node fabric needed" if c.nodes == 1
                            else "no RDMA fabric", 12))
-    parts += _legend(legend_y)
+    parts += _legend(legend_y, _drawn_kinds(plan, multi))
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -45,7 +45,8 @@ from gpuprov.units import gib
 
 Progress = Callable[[str, float], None]
 
-INSTALL_HINT = "precise mode needs PyTorch, transformers and peft: pip install gpuprov[precise]"
+INSTALL_HINT = ("precise mode needs PyTorch, transformers and peft: pip install torch transformers peft "
+                "(the [precise] extra of a gpuprov checkout)")
 
 # MemTracker / FSDPMemTracker reference types -> the analytic model's breakdown terms
 # (gpuprov.sizing.memory.TERMS). "Temp" is what backward allocates beyond saved activations
@@ -96,7 +97,7 @@ def _require_torch(setup: TrainSetup) -> None:
     except ImportError as exc:
         raise GpuprovError(
             f"precise mode needs transformers >= 4.56 (found {transformers.__version__}): "
-            "pip install -U 'gpuprov[precise]'"
+            "pip install -U torch transformers peft (the [precise] extra)"
         ) from exc
 
 

@@ -3,9 +3,10 @@
 Each change is one step a user can take (activation checkpointing, a smaller micro-batch with more
 gradient accumulation so the global batch stays, CPU offload, 8-bit AdamW, QLoRA instead of LoRA,
 more GPUs, more sharding, a shorter sequence). Single changes and pairs of them are estimated with
-the analytic model; the ones that fit are ranked by GPU-seconds per trained token from the planner's
-throughput model (gpuprov.sizing.throughput), so "cheapest" means what the run would cost, and each
-carries the flags that select it. Pure functions: (arch, setup, gpu) in, suggestions out.
+the analytic model; the ones that fit the user's GPUs come first (more GPUs is hardware they may not
+have), each group ranked by GPU-seconds per trained token from the planner's throughput model
+(gpuprov.sizing.throughput), so "cheapest" means what the run would cost; each carries its flags.
+Pure functions: (arch, setup, gpu) in, suggestions out.
 """
 
 from __future__ import annotations
@@ -226,5 +227,6 @@ def suggest(arch: Any, gpu: Any, setup: TrainSetup, estimator: Callable, memory_
         found.append(Suggestion(combo, s, est.per_gpu_bytes, cost, notes))
     # keep the smallest changes: drop what a fitting subset, or a shorter step of the same kinds, already does
     found = [x for x in found if not _dominated(x, found)]
-    found.sort(key=lambda x: (x.gpu_seconds_per_token, len(x.changes)))
+    # what fits the GPUs the user has comes first: more GPUs is hardware they may not own
+    found.sort(key=lambda x: (any(c.kind == "gpus" for c in x.changes), x.gpu_seconds_per_token, len(x.changes)))
     return found[:limit]

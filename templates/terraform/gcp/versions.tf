@@ -1,6 +1,8 @@
 terraform {
-  # Remote state, so that two people (or CI) cannot apply at once: uncomment, fill in, then
-  # `terraform init -migrate-state`. The gcs backend locks the state itself; local state has no
+  # Remote state, so that two people (or CI) cannot apply at once: set terraform_backend (type and
+  # config, as below) in the gpuprov spec and regenerate; it is rendered into backend.tf (editing
+  # this file is drift). Then `terraform init -migrate-state`.
+  # The gcs backend locks the state itself; local state has no
   # lock and is lost with this folder.
   # backend "gcs" {
   #   bucket = "my-terraform-state"

@@ -287,6 +287,7 @@ def materialise(model: torch.nn.Module, on_meta: bool, cfg: Config, rt: Runtime,
 RESIDUAL_OUTPUTS = ("o_proj", "down_proj", "c_proj", "out_proj", "dense_4h_to_h")
 
 
+@torch.no_grad()
 def depth_scale_residuals(model: torch.nn.Module) -> int:
     """Residual-branch output projections drawn at std / sqrt(2 * layers), as torchtitan's Llama
     init (and GPT-2's): the sum of 2L residual branches then keeps the stream's variance at

@@ -1,0 +1,177 @@
+"""Training defaults by task: a published fine-tuning recipe, or pre-training from scratch.
+
+catalog/data/recipes.yaml holds the numbers with their sources. The spec fills what the user left
+out from here (`fill_budget`), and the Plan's learning-rate schedule comes from here
+(`schedule`), so `plan`, `generate` and train.yaml agree on one recipe.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuprov.errors import GpuprovError
+
+MAX_DATASET_BYTES = 1 << 40  # a text corpus larger than a TiB is not a fine-tuning set
+
+
+def _data() -> dict:
+    from gpuprov.catalog import load_data
+
+    return load_data("recipes.yaml")
+
+
+def recipe_names() -> tuple[str, ...]:
+    return tuple(_data()["recipes"])
+
+
+def default_recipe() -> str:
+    return str(_data()["default_recipe"])
+
+
+def recipe(name: str | None, task: str) -> dict[str, Any]:
+    """One framework's published recipe for this task (`name` None: the default recipe)."""
+    recipes = _data()["recipes"]
+    name = name or default_recipe()
+    if name not in recipes:
+        raise GpuprovError(f"unknown recipe {name!r}; one of {', '.join(recipes)}")
+    return {"name": name, **recipes[name][task]}
+
+
+def pretrain() -> dict[str, Any]:
+    return dict(_data()["pretrain"])
+
+
+def assumed_finetune_tokens() -> int:
+    return int(_data()["assumed_finetune_tokens"])
+
+
+@dataclass(frozen=True)
+class DatasetSize:
+    tokens: int
+    how: str  # "given", "meta.json" (exact, from prepare_data.py) or "estimated" (bytes / bytes_per_token)
+
+
+def dataset_tokens(value: str, base: Path) -> DatasetSize:
+    """Tokens in one pass over the data: a count (`100M`), a prepared data directory or its meta.json
+    (prepare_data.py: train_samples x seq_len, exact), or a raw text/JSONL file (estimated from its size)."""
+    from gpuprov.specfile import parse_count
+
+    text = str(value).strip()
+    try:
+        return DatasetSize(parse_count(text, what="--dataset"), "given")
+    except GpuprovError:
+        pass  # not a count: a path
+    path = Path(text) if Path(text).is_absolute() else base / text
+    if path.is_dir():
+        path = path / "meta.json"
+    if not path.exists():
+        raise GpuprovError(f"--dataset {text!r}: neither a token count (100M) nor a file or data directory")
+    if not path.is_file():
+        raise GpuprovError(f"--dataset {text!r}: not a regular file")
+    size = path.stat().st_size
+    if size > MAX_DATASET_BYTES:
+        raise GpuprovError(f"--dataset {text!r}: larger than 1 TiB; give its token count instead (--dataset 2B)")
+    if path.name == "meta.json":
+        return DatasetSize(_meta_tokens(path, text), "meta.json")
+    per = int(_data()["bytes_per_token"])
+    if size < per:
+        raise GpuprovError(f"--dataset {text!r}: empty")
+    return DatasetSize(size // per, "estimated")
+
+
+def _meta_tokens(path: Path, shown: str) -> int:
+    from gpuprov.specfile import read_text
+
+    try:
+        meta = json.loads(read_text(path))
+        tokens = int(meta["train_samples"]) * int(meta["seq_len"])
+    except (ValueError, KeyError, TypeError):
+        raise GpuprovError(f"--dataset {shown!r}: meta.json lacks train_samples and seq_len "
+                           "(write it with launch/prepare_data.py)") from None
+    if tokens <= 0:
+        raise GpuprovError(f"--dataset {shown!r}: meta.json counts no training tokens")
+    return tokens
+
+
+def fill_budget(*, task: str, init: str, recipe_name: str | None, seq_len: int, tokens: int | None,
+                global_batch_tokens: int | None, global_batch: int | None, dataset_tokens: int | None,
+                epochs: float | None) -> tuple[int, int, list[str]]:
+    """(tokens, global batch tokens, what was assumed) for a spec that may leave either out.
+
+    Fine-tuning: the recipe's global batch in sequences of seq_len, its epochs over --dataset, or the
+    assumed token count when no data size is given. From scratch: the pre-training defaults."""
+    assumed: list[str] = []
+    if init == "random":
+        base = pretrain()
+        batch_default, tokens_default, epochs_default = int(base["global_batch_tokens"]), int(base["tokens"]), 1.0
+    else:
+        r = recipe(recipe_name, task)
+        batch_default = int(r["global_batch_sequences"]) * seq_len
+        tokens_default, epochs_default = assumed_finetune_tokens(), float(r["epochs"])
+    if global_batch is not None:
+        if global_batch_tokens is not None and global_batch_tokens != global_batch * seq_len:
+            raise ValueError(f"global_batch {global_batch} sequences x seq_len {seq_len} = "
+                             f"{global_batch * seq_len:,} tokens, not global_batch_tokens {global_batch_tokens:,}; "
+                             "give one of them")
+        global_batch_tokens = global_batch * seq_len
+    if global_batch_tokens is None:
+        global_batch_tokens = batch_default
+    if dataset_tokens is not None:
+        from_data = max(1, round(dataset_tokens * (epochs if epochs is not None else epochs_default)))
+        if tokens is not None and tokens != from_data:
+            raise ValueError(f"tokens {tokens:,} and dataset x epochs = {from_data:,} disagree; give --tokens "
+                             "or --dataset (with --epochs), not both")
+        tokens = from_data
+    elif epochs is not None:
+        raise ValueError("epochs needs a dataset size: --dataset FILE|TOKENS")
+    if tokens is None:
+        tokens = tokens_default
+        if init != "random":
+            assumed.append("tokens")
+    return tokens, global_batch_tokens, assumed
+
+
+def schedule(spec: Any, params: int, steps: int) -> dict[str, Any]:
+    """learning_rate, warmup_steps, weight_decay for the Plan (the recipe's, or pre-training's)."""
+    if getattr(spec, "init", "pretrained") == "random":
+        base = pretrain()
+        lr = float(base["learning_rate_large"] if params >= 30e9 else base["learning_rate"])
+        warmup = max(1, min(int(base["warmup_steps"]), steps // 20))
+        return dict(learning_rate=lr, warmup_steps=warmup, weight_decay=float(base["weight_decay"]))
+    r = recipe(getattr(spec, "recipe", None), spec.task)
+    if "warmup_ratio" in r:
+        warmup = round(steps * float(r["warmup_ratio"]))
+    else:
+        warmup = int(r["warmup_steps"])
+    # a recipe's warmup is for its own dataset; on a shorter run it stops at half the steps
+    warmup = min(warmup, steps // 2)
+    return dict(learning_rate=float(r["learning_rate"]), warmup_steps=warmup, weight_decay=float(r["weight_decay"]))
+
+
+def notes(spec: Any, steps: int, batch_tokens: int) -> list[str]:
+    """plan's Notes on the training budget: the recipe, and any size gpuprov assumed."""
+    out = [describe(spec, steps, batch_tokens)]
+    # decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)
+    if (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
+            and spec.tokens == assumed_finetune_tokens()):
+        out.append(f"{spec.tokens:,} training tokens is the size gpuprov assumes for a fine-tune without "
+                   "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
+    elif getattr(spec, "dataset_tokens", None):
+        epochs = spec.tokens / spec.dataset_tokens
+        out.append(f"Dataset: {spec.dataset_tokens:,} tokens per pass x {epochs:g} epoch(s) = {spec.tokens:,} "
+                   f"tokens in {steps:,} optimizer steps")
+    return out
+
+
+def describe(spec: Any, steps: int, batch_tokens: int) -> str:
+    """One line: where the batch and schedule came from (for plan's Notes)."""
+    if getattr(spec, "init", "pretrained") == "random":
+        return (f"From scratch (init: random): pre-training defaults, {pretrain()['source']}")
+    r = recipe(getattr(spec, "recipe", None), spec.task)
+    seqs = batch_tokens // spec.seq_len
+    return (f"Fine-tuning the pretrained weights with the {r['name']} {spec.task} recipe: global batch {seqs:,} "
+            f"sequences of {spec.seq_len} tokens, learning rate {r['learning_rate']:g}, {steps:,} optimizer steps "
+            f"({r['source']}, read {r['date']})")

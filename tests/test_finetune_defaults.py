@@ -1,0 +1,191 @@
+"""Fine-tuning is the default case: a named model's pretrained weights, with a published recipe's
+batch, learning rate and warmup; from scratch is explicit (--from-scratch, init: random)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuprov.errors import GpuprovError
+from gpuprov.recipes import dataset_tokens, recipe
+from gpuprov.spec import TrainingSpec
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+def plan_json(*args: str) -> dict:
+    r = run("plan", *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_8b_lora_on_100m_tokens_plans_hundreds_of_steps_with_a_finetuning_batch():
+    p = plan_json("--model", "8b", "--task", "lora", "--tokens", "100M")
+    r = recipe(None, "lora")
+    c, t = p["cluster"], p["training"]
+    assert c["global_batch_tokens"] == r["global_batch_sequences"] * c["seq_len"] <= 2**20
+    assert 100 <= t["steps"] < 1000 and t["steps"] == -(-100_000_000 // c["global_batch_tokens"])
+    assert t["learning_rate"] == pytest.approx(r["learning_rate"]) and t["warmup_steps"] <= t["steps"] // 2
+    assert p["spec"]["init"] == "pretrained"
+
+
+def test_each_task_takes_its_recipe_and_from_scratch_takes_pretraining():
+    lora, full = TrainingSpec(task="lora"), TrainingSpec(task="full")
+    assert lora.global_batch_tokens == recipe(None, "lora")["global_batch_sequences"] * 4096
+    assert full.global_batch_tokens == recipe(None, "full")["global_batch_sequences"] * 4096
+    scratch = TrainingSpec(init="random")
+    assert scratch.global_batch_tokens == 4 * 2**20 and scratch.tokens == 10**10
+    assert TrainingSpec(task="qlora", recipe="axolotl").global_batch_tokens == 8 * 4096
+    assert TrainingSpec(global_batch=64, seq_len=2048).global_batch_tokens == 64 * 2048
+    assert TrainingSpec().model == "llama-3.1-8b"  # a current default model, not Llama 2
+
+
+def test_recipes_cite_a_source_and_date_for_every_task():
+    from gpuprov.catalog import load_data
+
+    data = load_data("recipes.yaml")
+    for name, tasks in data["recipes"].items():
+        assert set(tasks) == {"full", "lora", "qlora"}, name
+        for task, r in tasks.items():
+            assert r["source"] and r["date"] and r["learning_rate"] > 0 and r["global_batch_sequences"] > 0
+    assert {"torchtune", "axolotl", "trl"} <= set(data["recipes"])
+
+
+def test_dataset_and_epochs_size_the_run(tmp_path: Path):
+    spec = TrainingSpec(task="lora", dataset="50M", epochs=2)
+    assert spec.tokens == 100_000_000 and spec.dataset_tokens == 50_000_000
+    # epochs default to the recipe's
+    assert TrainingSpec(task="full", dataset="10M").tokens == 10_000_000 * recipe(None, "full")["epochs"]
+    # a prepared data directory counts exactly; a raw file is estimated from its size
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"train_samples": 1000, "seq_len": 4096}))
+    assert dataset_tokens(str(data), tmp_path).tokens == 4_096_000
+    (tmp_path / "raw.jsonl").write_bytes(b"x" * 4000)
+    size = dataset_tokens("raw.jsonl", tmp_path)
+    assert size.tokens == 1000 and size.how == "estimated"
+    with pytest.raises(GpuprovError):
+        dataset_tokens("missing.jsonl", tmp_path)
+
+
+def test_dataset_in_a_spec_file_is_relative_to_the_file_and_the_plan_shows_steps(tmp_path: Path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "meta.json").write_text(json.dumps({"train_samples": 24_414, "seq_len": 4096}))
+    (tmp_path / "gpuprov.yaml").write_text("model: 8b\ntask: lora\ndataset: d\nepochs: 2\n")
+    r = run("plan", "-f", str(tmp_path / "gpuprov.yaml"), "--json", cwd=Path("/"))
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["spec"]["dataset_tokens"] == 24_414 * 4096 and p["training"]["tokens"] == 2 * 24_414 * 4096
+    text = run("plan", "-f", str(tmp_path / "gpuprov.yaml"), cwd=Path("/")).stdout
+    assert f"{p['training']['steps']:,} optimizer steps" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize("args, word", [
+    (("--from-scratch", "--task", "lora"), "--task full"),
+    (("--dataset", "10M", "--tokens", "5M"), "not both"),
+    (("--epochs", "2"), "--dataset"),
+    (("--dataset", "no-such-file.jsonl"), "neither a token count"),
+])
+def test_bad_budget_input_is_one_line_exit_2(args, word, tmp_path: Path):
+    r = run("plan", *args, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+
+
+def test_from_scratch_plans_pretraining_and_the_plan_records_init():
+    p = plan_json("--model", "8b", "--from-scratch", "--tokens", "1B", "--cloud", "aws")
+    assert p["spec"]["init"] == "random" and p["cluster"]["global_batch_tokens"] == 4 * 2**20
+    assert p["training"]["learning_rate"] == pytest.approx(3e-4)
+
+
+def test_plan_cost_line_adds_up():
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--cloud", "aws")
+    assert r.returncode == 0, r.stderr
+    p = plan_json("--model", "8b", "--task", "lora", "--tokens", "100M", "--cloud", "aws")
+    line = next(ln for ln in r.stdout.splitlines() if "h start-up =" in ln)
+    import re
+
+    m = re.search(r"([\d,]+) optimizer steps x ([\d.]+) s = ([\d.]+) h \+ ([\d.]+) h start-up = ([\d.,]+) h", line)
+    assert m, line
+    steps, step_s, train_h, start_h, total_h = (float(g.replace(",", "")) for g in m.groups())
+    assert steps == p["training"]["steps"]
+    assert train_h == pytest.approx(steps * step_s / 3600, abs=0.01)
+    assert total_h == pytest.approx(train_h + start_h, abs=0.06) == pytest.approx(p["time_hours"], abs=0.06)
+
+
+def test_a_presets_hf_id_resolves_without_the_cache_and_names_the_base_weights(tmp_path: Path):
+    import os
+
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "empty-cache"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--model", "meta-llama/Llama-3.1-8B", "--task",
+                        "lora", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["model"]["params"] == 8030261248 and p["training"]["base_weights"] == "meta-llama/Llama-3.1-8B"
+    assert p["training"]["init"] == "pretrained"
+    # the short name names the same weights; from scratch names none
+    assert plan_json("--model", "8b", "--task", "lora")["training"]["base_weights"] == "meta-llama/Llama-3.1-8B"
+    assert plan_json("--model", "8b", "--from-scratch", "--tokens", "1B")["training"]["base_weights"] is None
+
+
+def test_train_yaml_init_follows_the_plan(tmp_path: Path):
+    from ruamel.yaml import YAML
+
+    for extra, init in ((("--task", "lora"), "pretrained"), (("--from-scratch", "--tokens", "1B"), "random")):
+        out = tmp_path / init
+        r = run("generate", "--model", "8b", "--cloud", "aws", *extra, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        cfg = YAML(typ="safe").load((out / "launch" / "train.yaml").read_text())
+        assert cfg["model"]["init"] == init
+
+
+def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp_path: Path):
+    import os
+
+    from ruamel.yaml import YAML
+
+    out = tmp_path / "infra"
+    assert run("generate", "--model", "8b", "--task", "lora", "--cloud", "aws", "-o", str(out)).returncode == 0
+    cfg = YAML(typ="safe").load((out / "launch" / "train.yaml").read_text())
+    dest = cfg["model"]["pretrained_path"]
+    assert cfg["model"]["init"] == "pretrained" and dest.endswith("/models/meta-llama/Llama-3.1-8B")
+    script = (out / "launch" / "fetch_weights.sh").read_text().replace(dest, str(tmp_path / "weights"))
+    (out / "launch" / "fetch_weights.sh").write_text(script)
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "huggingface_hub.py").write_text(
+        "import os, pathlib\n"
+        "def snapshot_download(repo_id, revision, local_dir, allow_patterns):\n"
+        "    d = pathlib.Path(local_dir); (d / 'config.json').write_text('{}')\n"
+        "    (d / 'model.safetensors').write_text(repo_id + '@' + revision)\n"
+        "    pathlib.Path(os.environ['CALLS']).open('a').write('x')\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(stub), "HF_TOKEN": "hf_secret_value",
+           "CALLS": str(tmp_path / "calls")}
+    for _ in range(2):
+        r = subprocess.run(["bash", str(out / "launch" / "fetch_weights.sh")], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "calls").read_text() == "x"  # fetched once; the second run found the finished copy
+    assert (tmp_path / "weights" / "model.safetensors").read_text() == "meta-llama/Llama-3.1-8B@main"
+    written = "".join(p.read_text() for p in (tmp_path / "weights").rglob("*") if p.is_file())
+    assert "hf_secret_value" not in written + (out / "launch" / "fetch_weights.sh").read_text()
+    assert "hf_secret_value" not in r.stdout + r.stderr
+
+
+def test_the_trainer_refuses_in_one_line_when_the_base_weights_are_missing(tmp_path: Path):
+    out = tmp_path / "infra"
+    assert run("generate", "--model", "8b", "--task", "lora", "--cloud", "aws", "-o", str(out)).returncode == 0
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import train\n"
+            "cfg = train.load_config(sys.argv[2], [f'model.pretrained_path={sys.argv[3]}'])\n"
+            "train.pretrained_path(cfg)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(out / "launch"), str(out / "launch" / "train.yaml"),
+                        str(tmp_path / "not-fetched")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "config.json" in r.stderr

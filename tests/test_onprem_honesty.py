@@ -1,0 +1,75 @@
+"""On-prem honesty: host facts nobody stated read "unknown", never pass; the time model says which
+fabric it assumed; plan tries CPU offload when nothing else fits the user's GPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=180)
+
+
+def hosts_file(tmp_path: Path, rows: list[str]) -> str:
+    path = tmp_path / "hosts.yaml"
+    path.write_text("".join(f"- {{{r}}}\n" for r in rows))
+    return str(path)
+
+
+GPU_ONLY = [f"name: gpu{i}, address: 10.0.0.{i + 1}, gpu: a100-80gb, gpus: 8" for i in range(2)]
+
+
+def test_gpu_only_hosts_leave_every_other_fact_unknown(tmp_path: Path):
+    hosts = hosts_file(tmp_path, GPU_ONLY)
+    r = run("plan", "--model", "70b", "--task", "lora", "--hosts", hosts, "--gpus", "16", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert set(p["instance"]["unknown"]) >= {"ram", "cores", "nvme", "fabric"}
+    unknown = [c for c in p["host"]["checks"] if not c["known"]]
+    assert len(unknown) == len(p["host"]["checks"])  # nothing about these hosts was stated but the GPUs
+    assert not any(c["ok"] for c in unknown) and all("hosts probe" in c["actual"] for c in unknown)
+    assert p["host"]["bill_of_materials"] is None and p["storage"]["devices"] == 0  # 0: the role takes what it finds
+    text = run("plan", "--model", "70b", "--task", "lora", "--hosts", hosts, "--gpus", "16").stdout
+    checklist = text.split("Host checklist")[1].split("\n\n")[0]
+    assert "[ok]" not in checklist and checklist.count("[unknown]") == len(unknown)
+    assert "assumed: the hosts file states no fabric" in text and "The time model assumed" in text
+
+
+def test_topology_draws_no_invented_host_facts(tmp_path: Path):
+    out = tmp_path / "b"
+    r = run("generate", "--model", "70b", "--task", "lora", "--hosts", hosts_file(tmp_path, GPU_ONLY), "--gpus", "16",
+            "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    svg = (out / "topology.svg").read_text()
+    assert "RAM unknown" in svg and "NICs unknown" in svg and "NVMe unknown" in svg
+    assert svg.count('fill="#f5a623"') <= 1  # no NIC boxes drawn (at most the legend's swatch)
+
+
+def test_stated_facts_are_checked(tmp_path: Path):
+    rows = [f"name: gpu{i}, address: 10.0.0.{i + 1}, gpu: a100-80gb, gpus: 8, ram_gib: 2048, cores: 64, "
+            "nvme_count: 4, nvme_gb_each: 3840, fabric: infiniband, nic_gbps: 1600" for i in range(2)]
+    r = run("plan", "--model", "70b", "--task", "lora", "--hosts", hosts_file(tmp_path, rows), "--gpus", "16", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["instance"]["unknown"] == ["pcie"]  # the one fact a hosts file cannot state
+    ram = next(c for c in p["host"]["checks"] if c["rule"].startswith("host RAM"))
+    assert ram["known"] and ram["ok"] and "2,048 GiB" in ram["actual"]
+    assert p["storage"]["devices"] == 4
+
+
+def test_nothing_fits_without_offload_so_plan_offloads(tmp_path: Path):
+    hosts = hosts_file(tmp_path, ["name: box0, address: 10.0.0.1, gpu: rtx-4090-24gb, gpus: 1",
+                                  "name: box1, address: 10.0.0.2, gpu: rtx-4090-24gb, gpus: 1"])
+    r = run("plan", "--model", "70b", "--task", "qlora", "--hosts", hosts, "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["cluster"]["offload"] in ("optimizer", "full") and p["spec"]["offload"] == p["cluster"]["offload"]
+    assert any("without CPU offload" in n for n in p["notes"])
+    # the user's explicit choice is kept: no offload means nothing fits, one line, exit 2
+    refused = run("plan", "--model", "70b", "--task", "qlora", "--hosts", hosts, "--offload", "none")
+    assert refused.returncode == 2 and refused.stderr.startswith("gpuprov: error: nothing fits")

@@ -1,0 +1,90 @@
+"""Spot is priced and planned: dated, sourced prices per region; preemption in the expected time;
+`--purchase spot` plans, prices and renders on AWS, GCP and Azure; stale prices are flagged."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuprov import spot
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_purchase_spot_plans_and_prices_on_each_cloud(cloud):
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", cloud,
+            "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["purchase"]["option"] == "spot" and p["purchase"]["preemptible"]
+    recorded = spot.price(p["instance"]["name"], cloud, p["cluster"]["region"])
+    assert recorded is not None and p["instance"]["price_per_hour_usd"] == pytest.approx(recorded.usd)
+    assert p["cost_usd"] == pytest.approx(p["time_hours"] * p["cluster"]["nodes"] * recorded.usd, rel=1e-6)
+    # the time includes the expected preemption losses on top of steps x step time + start-up
+    train_h = p["training"]["steps"] * p["throughput"]["step_time_s"] / 3600
+    assert p["time_hours"] > train_h + 0.25
+
+
+def test_several_regions_per_cloud_and_region_picks_its_price():
+    from gpuprov.catalog import load_data
+
+    prices = load_data("spot.yaml")["prices"]
+    by_cloud = {"aws": "p5.48xlarge", "gcp": "a3-highgpu-8g", "azure": "Standard_ND96asr_v4"}
+    for cloud, name in by_cloud.items():
+        assert len(prices[name]) >= 3, cloud
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", "aws",
+            "--region", "us-east-2", "--gpu", "h100-80gb", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["cluster"]["region"] == "us-east-2"
+    assert p["instance"]["price_per_hour_usd"] == pytest.approx(prices[p["instance"]["name"]]["us-east-2"])
+
+
+def test_preemption_overhead_grows_with_nodes_and_checkpoint_interval():
+    one, many = spot.overhead_hours(10, 1, 1.0), spot.overhead_hours(10, 32, 1.0)
+    assert 0 < one < many
+    assert spot.overhead_hours(10, 8, 0.25) < spot.overhead_hours(10, 8, 2.0)
+    rate = spot.interruption_rate_per_node_hour()
+    load = 8 * rate * (0.5 + 0.25)
+    assert spot.overhead_hours(10, 8, 1.0) == pytest.approx(10 * load / (1 - load))
+
+
+def test_on_demand_or_spot_picks_spot_when_it_is_cheaper():
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "on-demand,spot",
+            "--cloud", "aws", "--gpu", "h100-80gb", "--json")
+    p = json.loads(r.stdout)
+    assert p["purchase"]["option"] == "spot" and p["cost_usd"] is not None
+
+
+def test_stale_or_undated_price_is_flagged_in_plan_output():
+    assert spot.stale("2025-06-04", dt.date(2026, 12, 5)) and spot.stale(None)
+    assert spot.stale("2026-11-30", dt.date(2026, 12, 5)) is None
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp")
+    assert r.returncode == 0, r.stderr
+    assert any("WARNING" in ln and "spot price" in ln and "undated" in ln for ln in r.stdout.splitlines())
+    line = next(ln for ln in r.stdout.splitlines() if "h start-up" in ln)
+    assert re.search(r"\+ [\d.]+ (h|min) expected preemption = ", line), line
+
+
+@pytest.mark.parametrize("cloud, needle", [
+    ("aws", r'variable "purchase_option" \{[^}]*default\s*=\s*"spot"'),
+    ("gcp", r'variable "purchase_option" \{[^}]*default\s*=\s*"spot"'),
+    ("azure", r'variable "purchase_option" \{[^}]*default\s*=\s*"spot"'),
+])
+def test_generate_renders_the_terraform_spot_path(cloud, needle, tmp_path: Path):
+    out = tmp_path / cloud
+    r = run("generate", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", cloud,
+            "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert re.search(needle, (out / "terraform" / "variables.tf").read_text(), re.S)
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["purchase"]["option"] == "spot"
