@@ -275,6 +275,12 @@ def write_inventory(root: Path, output_json: str) -> int:
         raise StepFailed("terraform output ansible_inventory lacks all.children.gpu_nodes.hosts") from None
     if not isinstance(hosts, dict) or not hosts:
         raise StepFailed("terraform output ansible_inventory lists no hosts")
+    from gpuprov.reach import inventory_problems
+
+    unreachable = inventory_problems(inventory)
+    if unreachable:
+        raise StepFailed("terraform output ansible_inventory gives no connection path: " + "; ".join(unreachable[:3])
+                         + " (set bastion_cidr, bastion_host or ssh_cidr in terraform/terraform.tfvars and re-run)")
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     buffer = io.StringIO()
@@ -310,6 +316,14 @@ def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
     return subprocess.run([tool, *step.argv[1:]], cwd=step.cwd, env=env).returncode
 
 
+def _connection_problem(root: Path, plan) -> str | None:
+    """Why the nodes this bundle creates could not be reached with its Terraform values (None: they can)."""
+    from gpuprov.preflight import tfvars
+    from gpuprov.reach import connection_problem
+
+    return connection_problem(plan, tfvars(root))
+
+
 def display(step: Step, root: Path) -> str:
     where = step.cwd.relative_to(root).as_posix() if step.cwd.is_relative_to(root) else str(step.cwd)
     return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
@@ -320,9 +334,12 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
     steps = build_steps(root, plan.cluster.cloud) + job_steps(root, plan)
     tf = root / "terraform"
     missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
+    unreachable = _connection_problem(root, plan)
     if dry_run:
         if missing:
             echo(f"note: terraform needs values first: {_variables_hint(tf, missing)}")
+        if unreachable:
+            echo(f"note: `up` stops before terraform plan: {unreachable}")
         for number, step in enumerate(steps, start=1):
             suffix = f"  > ansible/{INVENTORY}" if step.kind == "inventory" else ""
             echo(f"{number}. {display(step, root)}{suffix}")
@@ -351,6 +368,10 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
             write_state(root, {**state, "completed": done, "failed": step.name})
             raise StepFailed(f"step {number}/{total} '{step.name}' needs Terraform variables: "
                              f"{_variables_hint(tf, missing)}; then re-run `gpuprov up {shlex.quote(str(root))}`")
+        if step.name in ("terraform-plan", "terraform-apply") and unreachable:  # nothing bought for unreachable nodes
+            write_state(root, {**state, "completed": done, "failed": step.name})
+            raise StepFailed(f"step {number}/{total} '{step.name}' refused: {unreachable}; "
+                             f"then re-run `gpuprov up {shlex.quote(str(root))}`")
         echo(f"[{number}/{total}] {step.title}")
         echo(f"  $ {display(step, root)}")
         code = run_step(root, step, echo)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuprov.catalog import bringup as cat
 from gpuprov.host import rules
-from gpuprov.plan import Access, Alternative, Image, Purchase, SharedStorage
+from gpuprov.plan import Access, Alternative, Head, Image, Purchase, SharedStorage
 from gpuprov.targets import get_target
 
 
@@ -78,18 +78,42 @@ def _image(cloud: str) -> Any:
 def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
     entry = cat.access(cloud)
     user = image_user if cloud != "onprem" else None  # on-prem: per host, from the hosts file
+    head = None
+    if entry.get("head"):  # the jump host VM's facts; created only while the method is bastion
+        h = entry["head"]
+        head = Head(size=h["size"], price_per_hour_usd=float(h["price_per_hour_usd"]),
+                    image={k: str(v) for k, v in h["image"].items()}, source=h["source"])
     if entry["method"] == "bastion" and spec.ssh_cidr:
         # the issue's alternative to a bastion: public node addresses, SSH from that CIDR only
-        return Access(method="ssh", user=user, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
-    return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), source=entry["source"])
+        return Access(method="ssh", user=user, head=head, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
+    source = entry["source"]
+    if entry.get("no_public_address") and spec.ssh_cidr:  # nothing to open port 22 to (issue finding 7)
+        source = (f"--ssh-cidr {spec.ssh_cidr} is not used: {cloud} nodes get no public address "
+                  f"({entry['no_public_address']}); {entry['method'].upper()} reaches them. {source}")
+    return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), head=head, source=source)
 
 
-def _shared(cloud: str, nodes: int, needs: Any, tokens: int) -> Any:
+def access_notes(access: Any, time_hours: float) -> list[str]:
+    """How the operator reaches the nodes, and what the jump host costs over the run."""
+    if access is None or access.user is None:  # on-prem: the hosts file says how
+        return []
+    if access.method == "bastion" and access.head is not None:
+        head = access.head
+        return [f"Access: ProxyJump through the head, a {head.size} VM with a public address "
+                f"(${head.price_per_hour_usd:,.4f}/h, ${head.price_per_hour_usd * time_hours:,.2f} over the run); "
+                "set bastion_cidr in terraform.tfvars to the address you connect from"]
+    return [f"Access: {access.method} ({access.source})"]
+
+
+def _shared(cloud: str, nodes: int, needs: Any, tokens: int, nfs: str | None = None) -> Any:
     entry = cat.shared_storage(cloud)
     if nodes < 2 or entry is None:
         return None
     need = needs.checkpoint_bytes * needs.checkpoints_kept + tokens * rules()["nvme"]["bytes_per_token"]
-    options = {k: v for k, v in entry.items() if k not in ("kind", "min_gib", "step_gib", "source")}
+    options = {k: v for k, v in entry.items()
+               if k not in ("kind", "min_gib", "step_gib", "source", "large_min_gib", "large_step_gib", "max_gib")}
+    if nfs:  # on-prem: the export the user named (--shared-nfs)
+        options["export"] = nfs
     return SharedStorage(kind=entry["kind"], size_gib=cat.shared_size_gib(entry, need), need_bytes=need,
                          options=options, source=entry["source"])
 
@@ -106,7 +130,7 @@ def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, An
         "purchase": _purchase(spec, inst),
         "image": image,
         "access": _access(cloud, image.user if image else None, spec),
-        "shared_storage": _shared(cloud, nodes, needs, spec.tokens),
+        "shared_storage": _shared(cloud, nodes, needs, spec.tokens, spec.shared_nfs if cloud == "onprem" else None),
         "bundle_id": bundle_id(spec),
     }
 

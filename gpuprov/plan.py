@@ -286,12 +286,22 @@ class Image(_Strict):
     source: str
 
 
+class Head(_Strict):
+    """The small VM the bundle creates as SSH jump host (ProxyJump) to the private nodes."""
+
+    size: str  # VM size / shape
+    price_per_hour_usd: float
+    image: dict[str, str] = Field(default_factory=dict)  # azure: publisher/offer/sku/version; oci: os/version
+    source: str
+
+
 class Access(_Strict):
     """How Ansible reaches the nodes from outside their network."""
 
     method: Literal["ssm", "iap", "bastion", "ssh"]
     user: str | None
     proxy: str | None = None  # ProxyCommand template (%h host, %p port)
+    head: Head | None = None  # method bastion: the jump host VM the bundle creates
     source: str
 
 

@@ -34,6 +34,13 @@ class Check:
     fix: str = ""
 
 
+INSTALL_FIX = {
+    "aws": "install the AWS CLI v2: https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
+    "gcp": "install the gcloud CLI: https://cloud.google.com/sdk/docs/install",
+}
+LOGIN_FIX = {"aws": "aws sso login (or aws configure)", "gcp": "gcloud auth login"}
+
+
 def run_cli(argv: list[str]) -> tuple[int, str]:
     """(exit code, stdout) of a cloud CLI; 127 when it is not on PATH."""
     if shutil.which(argv[0]) is None:
@@ -75,6 +82,7 @@ def settings(plan: Any, root: Path) -> dict[str, Any]:
         "held": given.get(keys.held, plan.purchase.held),
         "zone": given.get(keys.zone),
         "project": given.get("project_id"),
+        "subnet": given.get(keys.subnet) if keys.subnet else None,
     }
 
 
@@ -87,7 +95,8 @@ def offline_checks(plan: Any, root: Path) -> list[Check]:
         inst = get_instance(s["instance"])
     except GpuprovError as exc:
         return [Check("fail", "instance type", str(exc), "gpuprov instances")]
-    checks = [_purchase_rule(inst, s), _region_rule(plan, inst, s), _reservation_zone_rule(plan, s)]
+    checks = [_purchase_rule(inst, s), _region_rule(plan, inst, s), _reservation_zone_rule(plan, s),
+              _provider_support_rule(plan, s)]
     checks.append(_quota_rule(plan, inst, s))
     return [c for c in checks if c is not None]
 
@@ -121,7 +130,24 @@ def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
         return Check("fail", "reservation zone", f"{s['held']} lives in one availability zone: "
                      "availability_zone is not set", "aws ec2 describe-capacity-reservations --capacity-reservation-ids "
                      f"{s['held']} --query 'CapacityReservations[0].AvailabilityZone'")
-    return Check("ok", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} (checked live)")
+    return Check("skip", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} as terraform.tfvars "
+                 "states it: unchecked offline (the live check compares it with the reservation)",
+                 LOGIN_FIX.get(plan.cluster.cloud, ""))
+
+
+def _provider_support_rule(plan: Any, s: dict) -> Check | None:
+    """A provisioning model the pinned provider may not send as written (checked by no schema)."""
+    model = {"flex-start": "FLEX_START"}.get(s["purchase"])
+    if s["purchase"] == "reservation" and plan.purchase.reservation_bound:
+        model = "RESERVATION_BOUND"
+    fact = cat.provider_support(plan.cluster.cloud).get(model or "")
+    if not fact:
+        return None
+    return Check("skip", "provider support", f"provisioning_model {model}: hashicorp/google added it to its instance "
+                 f"resources in {fact['since']} ({fact['source']}); terraform/versions.tf pins an earlier line, "
+                 "whose handling of it no schema shows: unchecked",
+                 f"after `terraform plan`, check it shows provisioning_model = \"{model}\"; if it shows STANDARD, "
+                 "raise the hashicorp/google pin in terraform/versions.tf to a release that carries it")
 
 
 def _family(cloud: str, name: str) -> str:
@@ -171,19 +197,23 @@ def _offerings_command(cloud: str, name: str, region: str) -> str:
 def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
     cloud = plan.cluster.cloud
     if not get_target(cloud).live_checks:
-        return [Check("skip", "live checks", f"no live checks for {cloud} yet")]
+        return [Check("skip", "live checks", f"gpuprov has no live checks for {cloud}: offerings and quota "
+                      "are unchecked until `terraform plan`", "validate --offline runs the offline rules only")]
     s = settings(plan, root)
     login = ["aws", "sts", "get-caller-identity", "--output", "json"] if cloud == "aws" else \
         ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=json"]
     code, out = run(login)
     if code == 127:
-        return [Check("skip", "live checks", f"{login[0]} is not on PATH")]
+        return [Check("skip", "live checks", f"{login[0]} is not on PATH: offerings, reservation, quota and "
+                      "subnet routes are unchecked", INSTALL_FIX[cloud])]
     if code != 0 or not _logged_in(cloud, out):
-        return [Check("skip", "live checks", f"{login[0]} is not logged in",
-                      "aws sso login" if cloud == "aws" else "gcloud auth login")]
+        return [Check("skip", "live checks", f"{login[0]} is not logged in: offerings, reservation, quota and "
+                      "subnet routes are unchecked", LOGIN_FIX[cloud])]
     checks = [_aws_offerings if cloud == "aws" else _gcp_offerings]
     if s["purchase"] in ("reservation", "capacity-block") and s["held"]:
         checks.append(_aws_reservation if cloud == "aws" else _gcp_reservation)
+    if cloud == "aws" and s["subnet"]:
+        checks.append(_aws_subnet_routes)
     checks.append(_aws_quota if cloud == "aws" else _gcp_quota)
     return [check(plan, s, run) for check in checks]
 
@@ -249,6 +279,49 @@ def _aws_reservation(plan: Any, s: dict, run: Runner) -> Check:
                      f"set availability_zone = \"{r.get('AvailabilityZone')}\" and node_count, or another reservation")
     return Check("ok", "reservation (live)", f"{s['held']}: {r['AvailableInstanceCount']} x {s['instance']} free "
                  f"in {r['AvailabilityZone']} ({r['State']})")
+
+
+SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")  # what Session Manager needs without a NAT route
+
+
+def _aws_subnet_routes(plan: Any, s: dict, run: Runner) -> Check:
+    """A subnet the user names: the nodes (no public address) need a NAT route (or another egress)
+    for SSM, apt and pip; a route to an internet gateway gives private nodes nothing."""
+    aws = ["--region", s["region"], "--output", "json"]
+    subnets = (_json(run, ["aws", "ec2", "describe-subnets", "--subnet-ids", s["subnet"], *aws]) or {}).get("Subnets")
+    if not subnets:
+        return Check("fail", "subnet (live)", f"{s['subnet']} not found in {s['region']}",
+                     "leave subnet_id unset: the bundle creates a VPC with a private subnet and a NAT gateway")
+    subnet = subnets[0]
+    if s["zone"] and subnet.get("AvailabilityZone") != s["zone"]:
+        return Check("fail", "subnet (live)", f"{s['subnet']} is in {subnet.get('AvailabilityZone')}, "
+                     f"availability_zone is {s['zone']}", "name a subnet in that zone, or leave subnet_id unset")
+    tables = (_json(run, ["aws", "ec2", "describe-route-tables", "--filters",
+                          f"Name=association.subnet-id,Values={s['subnet']}", *aws]) or {}).get("RouteTables")
+    if not tables:  # no explicit association: the VPC's main route table applies
+        tables = (_json(run, ["aws", "ec2", "describe-route-tables", "--filters", f"Name=vpc-id,Values={subnet['VpcId']}",
+                              "Name=association.main,Values=true", *aws]) or {}).get("RouteTables") or []
+    routes = [r for t in tables[:1] for r in t.get("Routes", []) if r.get("DestinationCidrBlock") == "0.0.0.0/0"]
+    default = routes[0] if routes else None
+    fix = "leave subnet_id unset (the bundle creates a private subnet with a NAT gateway), or add a NAT route"
+    if default is not None and default.get("State") == "blackhole":
+        return Check("fail", "subnet (live)", f"{s['subnet']}: its default route is a blackhole", fix)
+    target = default and next((default[k] for k in ("NatGatewayId", "TransitGatewayId", "NetworkInterfaceId",
+                                                     "InstanceId") if default.get(k)), None)
+    if target:
+        return Check("ok", "subnet (live)", f"{s['subnet']} ({subnet.get('AvailabilityZone')}): egress through {target}")
+    if default is not None and str(default.get("GatewayId", "")).startswith("igw-"):
+        return Check("fail", "subnet (live)", f"{s['subnet']} is public (0.0.0.0/0 -> {default['GatewayId']}): nodes "
+                     "without a public address get no egress there, SSM never registers, apt and pip fail", fix)
+    endpoints = (_json(run, ["aws", "ec2", "describe-vpc-endpoints", "--filters",
+                             f"Name=vpc-id,Values={subnet['VpcId']}", *aws]) or {}).get("VpcEndpoints") or []
+    have = {e.get("ServiceName", "").rsplit(".", 1)[-1] for e in endpoints if e.get("State", "available") == "available"}
+    missing = [name for name in SSM_ENDPOINTS if name not in have]
+    if missing:
+        return Check("fail", "subnet (live)", f"{s['subnet']} has no route out and its VPC lacks the "
+                     f"{', '.join(missing)} endpoint(s): SSM cannot reach the nodes", fix)
+    return Check("fail", "subnet (live)", f"{s['subnet']}: SSM endpoints carry the sessions, but with no route out "
+                 "apt, pip and the EFA installer cannot download", fix)
 
 
 def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
@@ -324,7 +397,49 @@ def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
     return Check("ok", "quota (live)", f"{metric}: {float(row['limit']) - float(row.get('usage', 0)):.0f} free >= {need}")
 
 
+NFS_EXAMPLE = '{fstype: nfs, source: "nfs-server:/export/gpu", mount_point: "/shared", options: "rw,hard,noatime"}'
+
+
+def shared_storage_rule(plan: Any, root: Path) -> Check:
+    """Multi-node runs checkpoint to a shared filesystem: the trainer refuses to start without one."""
+    nodes = plan.cluster.nodes
+    if nodes < 2:
+        return Check("ok", "shared storage", "one node: checkpoints stay on its own disk")
+    cloud = plan.cluster.cloud
+    if get_target(cloud).provisioner == "inventory":  # the user's hosts: the inventory names the mount
+        mount = _inventory_vars(root).get("shared_storage_mount")
+        if not mount:
+            return Check("fail", "shared storage", f"{nodes} nodes and no shared filesystem: shared_storage_mount "
+                         "is null in ansible/inventory.yml, so the trainer refuses to start (checkpoints of every "
+                         "rank must land in one place)", f"set all.vars.shared_storage_mount in ansible/inventory.yml "
+                         f"to your NFS export: {NFS_EXAMPLE}")
+        return Check("ok", "shared storage", f"{mount.get('fstype', '?')} {mount.get('source', '?')} at "
+                     f"{mount.get('mount_point', '?')}" if isinstance(mount, dict) else str(mount))
+    keys = get_target(cloud).tfvars
+    name = keys.shared if keys else ""
+    value = tfvars(root).get(name, True) if name else True
+    if value in (0, False):
+        return Check("fail", "shared storage", f"{nodes} nodes and {name} = {str(value).lower()} in terraform.tfvars: "
+                     "no shared filesystem for the checkpoints", f"remove {name} from terraform/terraform.tfvars")
+    kind = plan.shared_storage.kind if plan.shared_storage else "none"
+    return Check("ok" if plan.shared_storage else "fail", "shared storage", f"{kind} for {nodes} nodes' checkpoints")
+
+
+def _inventory_vars(root: Path) -> dict:
+    from gpuprov.specfile import read_text
+
+    try:
+        import yaml
+
+        data = yaml.safe_load(read_text(root / "ansible" / "inventory.yml"))
+    except (GpuprovError, ValueError, yaml.YAMLError):
+        return {}
+    found = data.get("all", {}).get("vars") if isinstance(data, dict) and isinstance(data.get("all"), dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 def preflight(plan: Any, root: Path, *, live: bool = True, run: Runner = run_cli) -> list[Check]:
     if plan.cluster.cloud == "onprem":
-        return [Check("skip", "pre-flight", "on-prem: no cloud rules")]
-    return offline_checks(plan, root) + (live_checks(plan, root, run) if live else [])
+        return [shared_storage_rule(plan, root)]
+    return (offline_checks(plan, root) + [shared_storage_rule(plan, root)]
+            + (live_checks(plan, root, run) if live else []))

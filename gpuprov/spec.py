@@ -31,6 +31,7 @@ Slug = Annotated[str, AfterValidator(v.slug), Field(json_schema_extra={"pattern"
 Cidr = Annotated[str, AfterValidator(v.cidr)]
 AwsReservationId = Annotated[str, AfterValidator(v.aws_reservation_id)]
 GcpReservation = Annotated[str, AfterValidator(v.gcp_reservation)]
+NfsExport = Annotated[str, AfterValidator(v.nfs_export)]
 
 
 class HostEntry(BaseModel):
@@ -129,6 +130,8 @@ class TrainingSpec(BaseModel):
     ssh_cidr: Cidr | None = Field(None, description="CIDR allowed to SSH to the nodes; none = SSM only")
     capacity_reservation_id: AwsReservationId | None = Field(None, description="AWS capacity reservation / Capacity Block id")
     reservation: GcpReservation | None = Field(None, description="GCP reservation name (or projects/P/reservations/R)")
+    shared_nfs: NfsExport | None = Field(None, description="On-prem: the NFS export (server:/path) every node mounts "
+                                         "at /shared for multi-node checkpoints")
 
     purchase: list[Literal["on-demand", "spot", "capacity-block", "reservation", "flex-start"]] | None = Field(
         None, description="Purchase options allowed (default: on-demand, flex-start, plus the reservation "

@@ -178,3 +178,9 @@ def aws_reservation_id(value: str) -> str:
 
 def gcp_reservation(value: str) -> str:
     return _catalog_pattern("gcp_reservation", value, "GCP reservation name")
+
+
+def nfs_export(value: str) -> str:
+    if "/../" in value + "/" or "/./" in value + "/":
+        raise ValueError(f"NFS export {_show(value)} has a . or .. path component")
+    return _catalog_pattern("nfs_export", value, "NFS export")

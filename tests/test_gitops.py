@@ -131,10 +131,26 @@ def test_validate_terraform_syntax_error(tmp_path: Path) -> None:
 
 def test_validate_onprem_has_no_terraform(tmp_path: Path) -> None:
     root = _standin_bundle(tmp_path, sample_plan("onprem"))
-    assert gitops.check_terraform_fmt(root)[0] == "skip"
+    assert gitops.check_terraform_fmt(root)[0] == "n/a"  # nothing to check: never a failure, even --strict
+    # two nodes and no shared filesystem: the trainer would refuse at start, so validate fails with the fix
+    result = run("validate", str(root))
+    assert result.returncode == 1 and "fail  shared storage" in result.stdout, result.stdout + result.stderr
+    assert "shared_storage_mount" in result.stdout
+    inventory = root / "ansible" / "inventory.yml"
+    inventory.write_text(inventory.read_text().replace(
+        "all:\n", 'all:\n  vars:\n    shared_storage_mount: {fstype: nfs, source: "nfs:/gpu", mount_point: /shared}\n', 1))
     result = run("validate", str(root))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert run("validate", str(root), "--strict").returncode == 1  # a skipped check counts under --strict
+    assert run("validate", str(root), "--strict").returncode == 0, "n/a (nothing to check) is not a skip"
+
+
+def test_validate_strict_fails_on_a_skip(tmp_path: Path) -> None:
+    root = _standin_bundle(tmp_path, sample_plan("azure", nodes=1))
+    result = run("validate", str(root), "--offline")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "skip" in result.stdout  # e.g. no quota names for azure: said, with why
+    strict = run("validate", str(root), "--offline", "--strict")
+    assert strict.returncode == 1 and "check(s) failed" in strict.stderr
 
 
 def test_plan_sanity_detects_a_plan_that_no_longer_fits(tmp_path: Path) -> None:

@@ -76,7 +76,8 @@ def test_a_reservation_without_its_zone_fails_offline(tmp_path):
     check = _by_name(offline_checks(plan, _bundle(tmp_path, None)))["reservation zone"]
     assert check.status == "fail" and "availability_zone" in check.detail
     ok = _by_name(offline_checks(plan, _bundle(tmp_path / "z", None, 'availability_zone = "us-east-1d"\n')))
-    assert ok["reservation zone"].status == "ok"
+    # the zone as the user states it: unchecked offline (finding 5), compared with the reservation live
+    assert ok["reservation zone"].status == "skip" and "unchecked" in ok["reservation zone"].detail
     assert "reservation's capacity counts" in ok["quota"].detail
 
 
@@ -137,10 +138,12 @@ def test_live_gcp_checks(tmp_path):
 def test_live_checks_skip_without_cli_or_login(tmp_path):
     root = _bundle(tmp_path, None)
     missing = live_checks(_aws(), root, lambda argv: (127, ""))
-    assert [(c.status, c.detail) for c in missing] == [("skip", "aws is not on PATH")]
+    assert [c.status for c in missing] == ["skip"] and "aws is not on PATH" in missing[0].detail
+    assert "getting-started-install" in missing[0].fix  # each skip says how to install what is missing
     logged_out = live_checks(_aws(), root, lambda argv: (255, ""))
-    assert logged_out[0].status == "skip" and logged_out[0].fix == "aws sso login"
-    assert preflight(sample_plan("onprem"), root)[0].status == "skip"
+    assert logged_out[0].status == "skip" and logged_out[0].fix.startswith("aws sso login")
+    # on-prem: no cloud rules, only the shared filesystem of a multi-node plan
+    assert [c.name for c in preflight(sample_plan("onprem"), root)] == ["shared storage"]
 
 
 @pytest.mark.slow
@@ -160,3 +163,83 @@ def test_validate_prints_the_preflight_with_fixes(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "fail  purchase option   g5.xlarge cannot be bought capacity-block" in proc.stdout
     assert "fix: gpuprov generate --purchase on-demand" in proc.stdout
+
+
+# ---- a subnet the user names: its routes (issue 27 finding 2) ------------------------------------
+
+SUBNET = 'subnet_id = "subnet-0123456789abcdef0"\navailability_zone = "us-east-1d"\n'
+
+
+def _routes(**default_route):
+    """describe-route-tables with the 0.0.0.0/0 route replaced (None: removed)."""
+    def patch(data):
+        table = data["RouteTables"][0]
+        routes = [r for r in table["Routes"] if r.get("DestinationCidrBlock") != "0.0.0.0/0"]
+        if default_route:
+            routes.append({"DestinationCidrBlock": "0.0.0.0/0", "Origin": "CreateRoute", "State": "active",
+                           **default_route})
+        return {"RouteTables": [{**table, "Routes": routes}]}
+    return patch
+
+
+def _subnet_check(tmp_path, runner, tfvars=SUBNET):
+    return _by_name(live_checks(_aws(), _bundle(tmp_path, None, tfvars), runner)).get("subnet (live)")
+
+
+def test_a_private_subnet_with_a_nat_route_passes(tmp_path):
+    runner = Recorded()
+    check = _subnet_check(tmp_path, runner)
+    assert check.status == "ok" and "nat-06c018cbd8EXAMPLE" in check.detail
+    asked = [a for a in runner.calls if "describe-route-tables" in a]
+    assert asked and "Name=association.subnet-id,Values=subnet-0123456789abcdef0" in asked[0]
+
+
+def test_without_a_subnet_the_bundle_brings_its_network_and_no_route_check_runs(tmp_path):
+    runner = Recorded()
+    assert _subnet_check(tmp_path, runner, "") is None
+    assert not any("describe-route-tables" in a for a in runner.calls)
+
+
+@pytest.mark.parametrize("route, words", [
+    ({"GatewayId": "igw-0e5f4c3b2aEXAMPLE"}, "is public"),
+    ({"NatGatewayId": "nat-06c018cbd8EXAMPLE", "State": "blackhole"}, "blackhole"),
+    ({}, "ssm, ssmmessages, ec2messages"),  # no route out, only the S3 gateway endpoint
+])
+def test_a_subnet_the_nodes_cannot_work_from_fails(route, words, tmp_path):
+    check = _subnet_check(tmp_path, Recorded(**{"route-tables": _routes(**route)}))
+    assert check.status == "fail" and words in check.detail, check
+    assert "leave subnet_id unset" in check.fix
+
+
+def test_ssm_endpoints_without_a_route_out_still_fail_for_packages(tmp_path):
+    endpoints = {"VpcEndpoints": [{"ServiceName": f"com.amazonaws.us-east-1.{n}", "State": "available",
+                                   "VpcEndpointType": "Interface", "VpcId": "vpc-0a1b2c3d4e5f67890"}
+                                  for n in ("ssm", "ssmmessages", "ec2messages")]}
+    runner = Recorded(**{"route-tables": _routes(), "vpc-endpoints": lambda d: endpoints})
+    check = _subnet_check(tmp_path, runner)
+    assert check.status == "fail" and "apt, pip" in check.detail
+
+
+def test_a_subnet_without_its_own_route_table_is_judged_by_the_main_one(tmp_path):
+    main = json.loads((CLI / "aws-ec2-describe-route-tables.json").read_text())
+    main["RouteTables"][0]["Associations"] = [{"Main": True, "RouteTableId": "rtb-main", "AssociationState":
+                                               {"State": "associated"}}]
+    main["RouteTables"][0]["Routes"][1] = {"DestinationCidrBlock": "0.0.0.0/0", "GatewayId": "igw-0e5f4c3b2aEXAMPLE",
+                                           "Origin": "CreateRoute", "State": "active"}
+    recorded = Recorded()
+
+    def runner(argv):
+        if "describe-route-tables" in argv:
+            recorded.calls.append(argv)
+            main_asked = "Name=association.main,Values=true" in argv
+            return 0, json.dumps(main if main_asked else {"RouteTables": []})
+        return recorded(argv)
+
+    check = _subnet_check(tmp_path, runner)
+    assert check.status == "fail" and "is public" in check.detail
+    assert any("Name=vpc-id,Values=vpc-0a1b2c3d4e5f67890" in a for a in recorded.calls)
+
+
+def test_a_subnet_in_another_zone_than_stated_fails(tmp_path):
+    check = _subnet_check(tmp_path, Recorded(), SUBNET.replace("us-east-1d", "us-east-1a"))
+    assert check.status == "fail" and "us-east-1d" in check.detail

@@ -82,8 +82,10 @@ def test_converges_idempotent_check_mode_and_real_daemons_take_the_node(scratch,
     subprocess.run(["runuser", "-u", "munge", "--", "munged", f"--key-file={key}", f"--socket={scratch}/munge/sock",
                     f"--pid-file={scratch}/munge/pid", f"--log-file={scratch}/munge/log",
                     f"--seed-file={scratch}/munge/seed"], check=True, timeout=30)
-    daemons = [subprocess.Popen([d, "-D"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for d in ("slurmctld", "slurmd")]
+    # -c: slurmctld starts from a clean state (its state folder is the machine's own, and an earlier
+    # run of this test left the node drained there)
+    daemons = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for argv in (["slurmctld", "-D", "-c"], ["slurmd", "-D"])]
     try:
         states = ""
         for _ in range(60):

@@ -5,6 +5,8 @@ validations reject wrong input, and the fabric layouts and the inventory output 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuprov.errors import GpuprovError
@@ -18,6 +20,8 @@ PLANS = plans()
 MODULE_FILES = {"versions.tf", "main.tf", "network.tf", "variables.tf", "outputs.tf", "terraform.tfvars.example",
                 "storage.tf"}
 NO_STORAGE_FILE: set[str] = set()  # every cloud renders its shared filesystem
+# The network a bundle brings (vpc.tf, vcn.tf) and the head, the SSH jump host (head.tf).
+EXTRA_FILES = {"aws": {"vpc.tf"}, "gcp": set(), "azure": {"head.tf"}, "oci": {"vcn.tf", "head.tf"}}
 PROVIDER_SOURCE = {"aws": "hashicorp/aws", "gcp": "hashicorp/google", "azure": "hashicorp/azurerm", "oci": "oracle/oci"}
 # Variables that carry the plan's instance type, per cloud.
 INSTANCE_VARIABLE = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}
@@ -53,7 +57,8 @@ def test_azure_over_one_placement_group_is_refused():
 def test_module_is_formatted_loads_and_references_resolve(name, loaded):
     plan = PLANS[name]
     files = render_terraform(plan)
-    assert set(files) == MODULE_FILES - ({"storage.tf"} if plan.instance.cloud in NO_STORAGE_FILE else set())
+    assert set(files) == (MODULE_FILES | EXTRA_FILES[plan.instance.cloud]) - (
+        {"storage.tf"} if plan.instance.cloud in NO_STORAGE_FILE else set())
     directory, module = loaded(name)
     code, diff = fmt_check(directory)
     assert code == 0, f"terraform fmt -check failed for {name}:\n{diff}"
@@ -111,7 +116,7 @@ def test_plan_values_are_the_defaults(name, loaded, tmp_path):
         assert values["network_cards"] == plan.instance.network_cards
         assert values["efa_enabled"] is True
         assert values["capacity_reservation_id"] == "cr-0123456789abcdef0"
-        assert values["ssh_cidr"] == "203.0.113.0/24"
+        assert "ssh_cidr" not in module["Variables"]  # no public address to open port 22 to
     if name == "gcp-a3ultra-4":  # RoCE: one more gVNIC network and 8 MRDMA NICs
         assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (1, 8)
         assert values["gpu_network_mtu"] == 8896
@@ -130,7 +135,8 @@ def test_plan_values_are_the_defaults(name, loaded, tmp_path):
     ("aws-p5-2", {"subnet_id": "vpc-123"}, "subnet_id must be"),
     ("aws-p5-2", {"capacity_reservation_id": "reservation-1"}, "capacity_reservation_id must"),
     ("aws-p5-2", {"node_count": 0}, "node_count must"),
-    ("aws-p5-2", {"ssh_cidr": "0.0.0.0"}, "ssh_cidr must"),
+    ("aws-p5-2", {"availability_zone": "us-east-1"}, "availability_zone must"),
+    ("azure-2", {"bastion_cidr": "10.0.0.1"}, "bastion_cidr must"),
     ("gcp-a3mega-2", {"rdma_nic_count": 3}, "rdma_nic_count must"),
     ("gcp-a3mega-2", {"zone": "us-central1"}, "zone must"),
     ("oci-2", {"shape": "VM.Standard.E5.Flex"}, "bare-metal GPU shape"),
@@ -193,9 +199,11 @@ INVENTORY_VARS = {
     "gcp": {"ansible_user": "you_example_com", "ansible_ssh_common_args":
             '-o ProxyCommand="gcloud compute start-iap-tunnel %h %p --listen-on-stdin --verbosity=warning '
             '--project=my-project --zone=us-central1-a"'},
-    "azure": {"ansible_user": "azureuser", "ansible_ssh_common_args": ""},
-    "oci": {"ansible_user": "ubuntu", "ansible_ssh_common_args": ""},
+    "azure": {"ansible_user": "azureuser", "ansible_port": 22, "ansible_ssh_common_args": "-o ProxyJump=azureuser@203.0.113.9"},
+    "oci": {"ansible_user": "ubuntu", "ansible_port": 22, "ansible_ssh_common_args": "-o ProxyJump=ubuntu@203.0.113.9"},
 }
+# Public node addresses (ssh_cidr): no head, no jump.
+INVENTORY_VARS_SSH = {"ansible_port": 22, "ansible_ssh_common_args": ""}
 
 
 @pytest.mark.slow
@@ -237,16 +245,18 @@ def test_ansible_inventory_output_shape(name, resource, fake, hosts, loaded, tmp
     expr = source_text(directory, module["Outputs"]["ansible_inventory"]["Expr"])
     assert expr.count(resource) == 1, expr
     locals_ = {"fake_nodes": fake, "shared_storage": "null"}
-    for local in ("ssh_proxy", "node_names"):
-        if local in module["Locals"]:
-            locals_[local] = source_text(directory, module["Locals"][local]["Expr"])
+    for local in ("ssh_proxy", "node_names", "jump_host", "head_enabled", "create_vcn"):
+        if local in module["Locals"]:  # the head's public address stands in for the created VM's
+            text = source_text(directory, module["Locals"][local]["Expr"])
+            locals_[local] = re.sub(r"one\((azurerm_public_ip|oci_core_instance)\.head\[\*\]\.\w+\)", '"203.0.113.9"', text)
     code, values, error = evaluate(tmp_path, directory, {"inventory": expr.replace(resource, "local.fake_nodes")},
                                    REQUIRED_INPUTS[cloud], locals_=locals_)
     assert code == 0, error
     want = {k.replace("NAME", _name_prefix(directory)): v for k, v in hosts.items()}
     assert values["inventory"]["all"]["children"] == {"gpu_nodes": {"hosts": want}}
     got_vars = values["inventory"]["all"]["vars"]
-    assert {k: got_vars[k] for k in INVENTORY_VARS[cloud]} == INVENTORY_VARS[cloud]
+    want_vars = INVENTORY_VARS_SSH if name.endswith("-ssh") else INVENTORY_VARS[cloud]
+    assert {k: got_vars[k] for k in want_vars} == want_vars
 
 
 def _name_prefix(directory) -> str:

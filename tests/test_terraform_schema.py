@@ -77,7 +77,23 @@ def test_pinned_provider_range_includes_the_mined_schema(cloud, tmp_path):
 
     schema = load_schema(cloud)
     text = (templates_dir() / "terraform" / cloud / "versions.tf").read_text()
-    constraint = re.search(r'version\s*=\s*"([^"]+)"', text).group(1)
+    constraint = re.search(r'source\s*=\s*"[^"]+"\s*\n\s*version\s*=\s*"([^"]+)"', text).group(1)
     assert _admits(constraint, schema["version"]), (constraint, schema["version"])
     assert schema["provider"].endswith("/" + PROVIDER_OF[cloud])
     assert schema["mined_from"].startswith("PyPI cdktf")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PLANS if n.startswith("gcp")))
+def test_gcp_terraform_matches_the_schema_at_the_pins_lower_bound(name, tmp_path):
+    """A user may run the oldest provider versions.tf allows: every argument must exist there too."""
+    import json
+
+    from terraform_support import SCHEMA_DIR
+
+    lower = json.loads((SCHEMA_DIR / "google-lower.json").read_text())
+    text = (__import__("gpuprov.resources", fromlist=["templates_dir"]).templates_dir()
+            / "terraform" / "gcp" / "versions.tf").read_text()
+    constraint = re.search(r'source\s*=\s*"[^"]+"\s*\n\s*version\s*=\s*"([^"]+)"', text).group(1)
+    assert constraint.split(",")[0].strip() == f">= {'.'.join(lower['version'].split('.')[:2])}", constraint
+    module = load_module(render_to(tmp_path / name, PLANS[name]))
+    assert schema_problems(module, lower) == []

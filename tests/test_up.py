@@ -17,8 +17,13 @@ from gpuprov import bundle
 from gpuprov.bringup import terraform_steps
 from plan_fixtures import sample_plan
 
-INVENTORY = {"all": {"children": {"gpu_nodes": {"hosts": {
-    "node-0": {"ansible_host": "10.1.0.10"}, "node-1": {"ansible_host": "10.1.0.11"}}}}}}
+# AWS's shape: instance ids behind the SSM ProxyCommand (tests/data/terraform_output/ records each cloud's).
+INVENTORY = {"all": {"vars": {"ansible_user": "ubuntu", "ansible_port": 22, "ansible_ssh_common_args":
+                              '-o ProxyCommand="aws ssm start-session --target %h --document-name AWS-StartSSHSession '
+                              '--parameters portNumber=%p --region us-east-1"'},
+                     "children": {"gpu_nodes": {"hosts": {
+                         "node-0": {"ansible_host": "i-0a1b2c3d4e5f60001", "private_ip": "10.1.0.10"},
+                         "node-1": {"ansible_host": "i-0a1b2c3d4e5f60002", "private_ip": "10.1.0.11"}}}}}}
 
 FAKE = textwrap.dedent("""\
     #!{python}

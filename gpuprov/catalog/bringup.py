@@ -150,6 +150,15 @@ def access(cloud: str) -> dict:
     return dict(_bringup()["access"][cloud])
 
 
+def load_flex_start(cloud: str) -> dict:
+    return dict(_bringup()["flex_start"][cloud])
+
+
+def provider_support(cloud: str) -> dict:
+    """{provisioning model: {since, source}} the cloud's Terraform provider sends only from some release on."""
+    return dict(_bringup().get("provider_support", {}).get(cloud, {}))
+
+
 def shared_storage(cloud: str) -> dict | None:
     entry = _bringup()["shared_storage"].get(cloud)
     return dict(entry) if entry else None
@@ -165,7 +174,13 @@ def shared_size_gib(entry: dict, need_bytes: int) -> int:
         return low
     if entry["kind"] == "fsx-lustre":  # 1200, 2400, then multiples of 2400
         return max(2400, math.ceil(need / step) * step)
-    return low + math.ceil((need - low) / step) * step
+    size = low + math.ceil((need - low) / step) * step
+    if "large_min_gib" in entry and size >= int(entry["large_min_gib"]):  # a range with coarser steps
+        big, big_step = int(entry["large_min_gib"]), int(entry["large_step_gib"])
+        size = big + max(0, math.ceil((need - big) / big_step)) * big_step
+        if size > int(entry["max_gib"]):
+            raise GpuprovError(f"{entry['kind']}: {need} GiB needed, more than its {entry['max_gib']} GiB maximum")
+    return size
 
 
 def known_regions(cloud: str) -> tuple[tuple[str, ...], str]:

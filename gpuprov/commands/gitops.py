@@ -143,7 +143,7 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
 
 # ---------------------------------------------------------------- validate
 
-Result = tuple[str, str]  # (ok | fail | skip, detail)
+Result = tuple[str, str]  # (ok | fail | skip | n/a, detail); n/a: nothing to check, never a failure
 
 
 def _find_tool(name: str) -> str | None:
@@ -178,7 +178,7 @@ def _terraform(args: list[str], cwd: Path) -> tuple[int, str, str, str] | None:
 def check_terraform_fmt(root: Path) -> Result:
     tf = root / "terraform"
     if not any(tf.rglob("*.tf")):
-        return "skip", "no Terraform files (on-prem bundle)"
+        return "n/a", "no Terraform files (on-prem bundle)"
     ran = _terraform(["fmt", "-check", "-list=true", "-write=false", "-recursive", "-no-color"], tf)
     if ran is None:
         return "skip", NO_TERRAFORM
@@ -199,7 +199,7 @@ def check_terraform_config(root: Path) -> Result:
     serialise operator expressions, so the CLI command is the dependable loader."""
     tf = root / "terraform"
     if not any(tf.glob("*.tf")):
-        return "skip", "no Terraform files (on-prem bundle)"
+        return "n/a", "no Terraform files (on-prem bundle)"
     ran = _terraform(["providers", "-no-color"], tf)
     if ran is None:
         return "skip", NO_TERRAFORM
@@ -262,7 +262,7 @@ def check_shell(root: Path) -> Result:
     scripts = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(EXECUTABLE_SUFFIXES)
                      and ".terraform" not in p.parts)
     if not scripts:
-        return "skip", "no shell scripts"
+        return "n/a", "no shell scripts"
     failed = []
     for script in scripts:
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
@@ -335,7 +335,7 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
 )
 
 
-def _preflight(root: Path, live: bool) -> int:
+def _preflight(root: Path, live: bool, strict: bool = False) -> int:
     """Print the pre-flight checks (cloud rules; live ones when the CLI is logged in); failures."""
     from gpuprov import bundle
     from gpuprov.plan import Plan
@@ -350,13 +350,14 @@ def _preflight(root: Path, live: bool) -> int:
         click.echo(f"{check.status:4s}  {check.name:17s} {check.detail}")
         if check.fix:
             click.echo(f"      {'':17s} fix: {check.fix}")
-        failed += check.status == "fail"
+        failed += check.status == "fail" or (strict and check.status == "skip")
     return failed
 
 
 @click.command()
 @click.argument("directory", metavar="DIR")
-@click.option("--strict", is_flag=True, help="A check that cannot run (tool missing) counts as a failure")
+@click.option("--strict", is_flag=True, help="For CI: a skipped check (tool missing, CLI not logged in, "
+              "unchecked offline) counts as a failure (exit 1)")
 @click.option("--offline", is_flag=True, help="Skip the live cloud checks (aws/gcloud) even when logged in")
 @click.pass_context
 def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) -> None:
@@ -366,6 +367,7 @@ def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) ->
     \b
     gpuprov validate infra/
     gpuprov validate infra/ --offline      # no cloud CLI calls
+    gpuprov validate infra/ --strict --offline   # CI: every check must run and pass
     """
     from gpuprov import bundle
 
@@ -380,6 +382,6 @@ def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) ->
             status, detail = "fail", f"{exc.strerror or exc}"
         click.echo(f"{status:4s}  {name:17s} {detail}")
         failed += status == "fail" or (strict and status == "skip")
-    failed += _preflight(root, live=not offline)
+    failed += _preflight(root, live=not offline, strict=strict)
     if failed:
         raise DriftError(f"{root}: {failed} check(s) failed")

@@ -55,6 +55,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "ssh_cidr": (("--ssh-cidr",), str, "CIDR allowed to SSH to the nodes (default: SSM only)"),
     "capacity_reservation_id": (("--capacity-reservation-id",), str, "AWS capacity reservation / block id"),
     "reservation": (("--reservation",), str, "GCP reservation name (or projects/P/reservations/R)"),
+    "shared_nfs": (("--shared-nfs",), str, "On-prem: NFS export (server:/path) the nodes mount at /shared "
+                   "for multi-node checkpoints"),
     "framework": (("--framework",), str, "Size memory for this training stack (see `gpuprov estimate --help`); "
                   "the bundle runs gpuprov's own trainer"),
     "purchase": (("--purchase",), str, "Allowed purchase options, comma-separated: on-demand, spot, "

@@ -135,7 +135,8 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         + unknown_host_notes(inst, best.nodes)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
-                                      bringup["shared_storage"]),
+                                      bringup["shared_storage"])
+        + bringup_plan.access_notes(bringup["access"], best.time_hours),
         **bringup,
         stack=stack_for(spec, arch, best.tp, best.float8),
     )

@@ -60,7 +60,18 @@ def _common(plan: Plan) -> dict:
         "region": plan.instance.region or plan.cluster.region,
         "ssh_cidr": plan.spec.ssh_cidr,
         "tags": tags,
+        **_head(plan.access),
     }
+
+
+def _head(access) -> dict:
+    """The jump host VM (azure, oci): created by default while the plan's access method is bastion."""
+    head = access.head
+    if head is None:
+        return {"head_enabled": False}
+    return {"head_enabled": access.method == "bastion", "head_size": head.size,
+            "head_price": f"${head.price_per_hour_usd:,.4f}/h, {head.source}", "head_image": dict(head.image)}
+
 
 
 def render_terraform(plan: Plan) -> RenderedFiles:

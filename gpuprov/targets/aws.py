@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 class Aws(Target):
     name, title = "aws", "AWS"
     image_ref_keys = ("ssm_parameter",)
-    tfvars = TfvarsKeys(instance="instance_type", held="capacity_reservation_id", zone="availability_zone")
+    tfvars = TfvarsKeys(instance="instance_type", held="capacity_reservation_id", zone="availability_zone",
+                        subnet="subnet_id", shared="shared_storage_gib")
     live_checks = True
     held_flag = "--capacity-reservation-id"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpuprov.targets.base import Limits, Target, TfvarsKeys
+from gpuprov.targets.base import Limits, Target, TfvarsKeys, head_connection_problem
 
 if TYPE_CHECKING:
     from gpuprov.plan import Plan
@@ -21,7 +21,10 @@ class Azure(Target):
         source="https://learn.microsoft.com/azure/virtual-machine-scale-sets/"
                "virtual-machine-scale-sets-placement-groups (az-hop MaxScaleSetSize)")
     image_ref_keys = ("publisher", "offer", "sku", "version")
-    tfvars = TfvarsKeys(instance="vm_size", region="location")
+    tfvars = TfvarsKeys(instance="vm_size", region="location", shared="shared_storage_tib")
+
+    def connection_problem(self, plan: Plan, value: Any) -> str | None:
+        return head_connection_problem(plan, value)
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         self.check_nodes(plan.cluster.nodes)

@@ -36,6 +36,8 @@ class TfvarsKeys:
     region: str = "region"
     held: str = ""  # "" when the target takes no reservation id
     zone: str = "zone"
+    subnet: str = ""  # the user's own subnet, whose routes the live checks inspect ("" when none are)
+    shared: str = ""  # the variable that switches the shared filesystem off (0 / false)
 
 
 class Target:
@@ -72,6 +74,11 @@ class Target:
         """The variables this target's Terraform templates read beyond the common ones."""
         return {}
 
+    def connection_problem(self, plan: Plan, value: Any) -> str | None:
+        """Why Ansible could not reach this target's nodes with these Terraform values (None: it can).
+        `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
+        return None
+
     def fabric_role(self, fabric: str) -> str | None:
         """The Ansible role that sets up `fabric` on this target's hosts (None: nothing beyond Ethernet)."""
         if fabric == "efa":
@@ -81,3 +88,22 @@ class Target:
         if fabric == "tcpxo":
             raise GpuprovError(f"fabric tcpxo exists only on GCP, not {self.name}")
         return None
+
+
+HEAD_HOW = ('set bastion_cidr = "<your address>/32" in terraform/terraform.tfvars (the CIDR allowed to SSH to '
+            'the head, the jump host the bundle creates), or bastion_host = "user@host" (a jump host of your '
+            'own in the network), or ssh_cidr (public node addresses, SSH from that CIDR)')
+
+
+def head_connection_problem(plan: Plan, value: Any) -> str | None:
+    """Azure and OCI: the nodes are private; the head (a jump host VM), the user's own bastion_host
+    or public addresses (ssh_cidr) lead to them."""
+    if value("bastion_host", None) or value("ssh_cidr", plan.spec.ssh_cidr):
+        return None
+    head_default = plan.access is not None and plan.access.method == "bastion"
+    if value("create_head", head_default) in (False, "false"):
+        return f"create_head is false and the nodes have no public address: the nodes cannot be reached; {HEAD_HOW}"
+    if not value("bastion_cidr", None):
+        return f"the head (jump host) admits SSH from bastion_cidr, which is not set; {HEAD_HOW}"
+    return None
+

@@ -42,7 +42,7 @@ def image_family(path: str) -> dict[str, str]:
 class Gcp(Target):
     name, title = "gcp", "GCP"
     image_ref_keys = ("image",)
-    tfvars = TfvarsKeys(instance="machine_type", held="reservation_name")
+    tfvars = TfvarsKeys(instance="machine_type", held="reservation_name", shared="shared_storage_gib")
     live_checks = True
 
     def held_id(self, spec: Any, option: str) -> str | None:
@@ -67,12 +67,22 @@ class Gcp(Target):
             # a2 machines take no Hyperdisk (GCP "machine series" disk support table)
             "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
             "boot_disk_size_gb": 500,
+            "create_timeout": create_timeout(plan.purchase.option),
         }
 
     def fabric_role(self, fabric: str) -> str | None:
         if fabric in ("roce", "tcpxo"):  # GPUDirect-RDMA / TCPXO: Google's own NIC stack
             return "gcp_rdma"
         return super().fabric_role(fabric)
+
+
+def create_timeout(option: str | None) -> str:
+    """Terraform's create timeout per VM: the flex-start queue plus ten minutes to boot; else 20m (the provider's)."""
+    from gpuprov.catalog import bringup as cat
+
+    if option != "flex-start":
+        return "20m"
+    return f"{int(cat.load_flex_start('gcp')['queue_minutes']) + 10}m"
 
 
 TARGET = Gcp()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpuprov.targets.base import Target, TfvarsKeys
+from gpuprov.targets.base import Target, TfvarsKeys, head_connection_problem
 
 if TYPE_CHECKING:
     from gpuprov.plan import Plan
@@ -12,7 +12,13 @@ if TYPE_CHECKING:
 
 class Oci(Target):
     name, title = "oci", "OCI"
-    tfvars = TfvarsKeys(instance="shape")
+    tfvars = TfvarsKeys(instance="shape", shared="shared_storage")
+
+    def connection_problem(self, plan: Plan, value: Any) -> str | None:
+        if not (value("bastion_host", None) or value("ssh_cidr", plan.spec.ssh_cidr)) and value("subnet_id", None):
+            return ("the nodes go into your subnet_id, where the bundle creates no head: the nodes cannot be "
+                    'reached; set bastion_host = "user@host" (a jump host in that VCN) or ssh_cidr (a public subnet)')
+        return head_connection_problem(plan, value)
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         return {"shape": plan.instance.name, "boot_volume_size_gb": 512}

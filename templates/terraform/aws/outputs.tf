@@ -34,6 +34,7 @@ output "ansible_inventory" {
     all = {
       vars = {
         ansible_user            = var.ssh_user
+        ansible_port            = 22
         ansible_ssh_common_args = "-o ProxyCommand=\"${local.ssh_proxy}\""
         shared_storage_mount    = local.shared_storage
       }

@@ -12,7 +12,7 @@ resource "aws_fsx_lustre_file_system" "shared" {
   deployment_type             = var.shared_storage_deployment_type
   per_unit_storage_throughput = var.shared_storage_throughput_per_tib
   data_compression_type       = "LZ4"
-  subnet_ids                  = [var.subnet_id]
+  subnet_ids                  = [local.subnet_id]
   security_group_ids          = [aws_security_group.efa.id]
   kms_key_id                  = var.kms_key_arn
 

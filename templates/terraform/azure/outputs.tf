@@ -23,18 +23,29 @@ output "shared_storage" {
   value       = local.shared_storage
 }
 
+output "head" {
+  description = "The head VM (SSH jump host; null when not created): name, addresses, login user"
+  value = local.head_enabled ? {
+    name       = one(azurerm_linux_virtual_machine.head[*].name)
+    private_ip = one(azurerm_linux_virtual_machine.head[*].private_ip_address)
+    public_ip  = one(azurerm_public_ip.head[*].ip_address)
+    user       = var.admin_username
+  } : null
+}
+
 output "ansible_inventory" {
   description = "Ansible YAML inventory as a map: gpuprov up writes it to ansible/inventory.yml"
   value = {
     all = {
       vars = {
         ansible_user            = var.admin_username
-        ansible_ssh_common_args = var.bastion_host == null ? "" : "-o ProxyJump=${var.bastion_host}"
+        ansible_port            = 22
+        ansible_ssh_common_args = local.jump_host == null ? "" : "-o ProxyJump=${local.jump_host}"
         shared_storage_mount    = local.shared_storage
       }
       children = {
         gpu_nodes = {
-          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = var.ssh_cidr == null ? vm.private_ip_address : vm.public_ip_address, private_ip = vm.private_ip_address } }
+          hosts = { for vm in data.azurerm_virtual_machine_scale_set.nodes.instances : vm.computer_name => { ansible_host = local.jump_host == null ? vm.public_ip_address : vm.private_ip_address, private_ip = vm.private_ip_address } }
         }
       }
     }

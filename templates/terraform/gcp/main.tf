@@ -159,6 +159,12 @@ resource "google_compute_instance" "node" {
     serial-port-enable     = "false"
   }
 
+  # Flex-start capacity may queue (up to two hours); a create that times out leaves a tainted VM
+  # that the next apply replaces, so the create timeout covers the queue.
+  timeouts {
+    create = var.create_timeout
+  }
+
   lifecycle {
     # Changing image (set on purpose) must not replace running nodes and wipe their local SSD
     # scratch: it applies to VMs created afterwards.

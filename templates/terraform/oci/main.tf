@@ -10,10 +10,6 @@ locals {
   freeform_tags = merge(var.freeform_tags, { for k, v in { owner = var.owner, expires-on = var.expires_on } : k => v if v != null })
 }
 
-data "oci_core_subnet" "nodes" {
-  subnet_id = var.subnet_id
-}
-
 locals {
   # Oracle Cloud Agent plugins that authenticate and configure the RDMA NICs of a cluster network,
   # plus the GPU/RDMA health monitor.
@@ -50,9 +46,10 @@ resource "oci_core_instance_configuration" "node" {
       }
 
       # Nodes stay private (the subnet's NAT gateway serves package downloads) unless ssh_cidr is
-      # given: then each gets a public address that only that CIDR may SSH to (network.tf).
+      # given: then each gets a public address in a subnet that allows one, and only that CIDR may
+      # SSH to it (network.tf).
       create_vnic_details {
-        subnet_id        = var.subnet_id
+        subnet_id        = local.node_subnet_id
         assign_public_ip = var.ssh_cidr != null
         nsg_ids          = [oci_core_network_security_group.nodes.id]
       }
@@ -81,6 +78,17 @@ resource "oci_core_instance_configuration" "node" {
           }
         }
       }
+    }
+  }
+
+  # A new image or SSH key makes a new configuration: the cluster network's pool moves to it before
+  # the old one is deleted (deleting a configuration a pool still uses fails half-way).
+  lifecycle {
+    create_before_destroy = true
+
+    precondition {
+      condition     = var.ssh_cidr == null || local.create_vcn || !one(data.oci_core_subnet.nodes[*].prohibit_public_ip_on_vnic)
+      error_message = "ssh_cidr gives the nodes public addresses, which subnet_id prohibits (a private subnet): name a public subnet, or drop ssh_cidr and reach the nodes through bastion_host."
     }
   }
 }

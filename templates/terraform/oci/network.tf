@@ -1,15 +1,15 @@
 ################################################################################
 # Fabric: cluster network (RDMA over converged Ethernet between the bare-metal nodes)
 ################################################################################
-# The front-end subnet is the user's (subnet_id); OCI wires the RDMA NICs of every instance in
-# the cluster network to one non-blocking RDMA fabric.
+# The front-end subnet is the bundle's (vcn.tf) or the user's (subnet_id); OCI wires the RDMA NICs
+# of every instance in the cluster network to one non-blocking RDMA fabric.
 
 # The front-end subnet's default security list allows SSH and ICMP only: NCCL bootstrap, torchrun's
 # rendezvous and the shared filesystem need all traffic between the nodes (an NSG self rule,
 # stateless both ways: no connection tracking on the nodes' own traffic).
 resource "oci_core_network_security_group" "nodes" {
   compartment_id = var.compartment_ocid
-  vcn_id         = data.oci_core_subnet.nodes.vcn_id
+  vcn_id         = local.vcn_id
   display_name   = "${var.name_prefix}-nodes"
   freeform_tags  = local.freeform_tags
 }
@@ -68,7 +68,7 @@ resource "oci_core_cluster_network" "this" {
 
   placement_configuration {
     availability_domain = var.availability_domain
-    primary_subnet_id   = var.subnet_id
+    primary_subnet_id   = local.node_subnet_id
   }
 
   timeouts {

@@ -20,7 +20,7 @@ resource "oci_file_storage_mount_target" "shared" {
 
   availability_domain = var.availability_domain
   compartment_id      = var.compartment_ocid
-  subnet_id           = var.subnet_id
+  subnet_id           = local.node_subnet_id
   display_name        = "${var.name_prefix}-shared"
   nsg_ids             = [oci_core_network_security_group.nodes.id]
   freeform_tags       = local.freeform_tags

@@ -21,10 +21,6 @@ locals {
 
 data "aws_partition" "current" {}
 
-data "aws_subnet" "nodes" {
-  id = var.subnet_id
-}
-
 # The GPU image (AWS Deep Learning Base OSS Nvidia Driver AMI: driver, EFA, NCCL installed), read
 # from its public SSM parameter only when no ami_id is given.
 data "aws_ssm_parameter" "ami" {
@@ -48,10 +44,6 @@ data "aws_ami" "node" {
     name   = "image-id"
     values = [local.ami_id]
   }
-}
-
-data "aws_vpc" "nodes" {
-  id = data.aws_subnet.nodes.vpc_id
 }
 
 locals {
@@ -165,7 +157,7 @@ resource "aws_launch_template" "node" {
       network_card_index          = network_interfaces.value.card
       device_index                = network_interfaces.value.device
       interface_type              = network_interfaces.value.type
-      subnet_id                   = var.subnet_id
+      subnet_id                   = local.subnet_id
       security_groups             = [aws_security_group.efa.id]
       associate_public_ip_address = false
       delete_on_termination       = true
@@ -202,12 +194,26 @@ resource "aws_launch_template" "node" {
     tags          = local.tags
   }
 
+  # Every node has one interface per network card (33 on p5): owner and expiry on each of them too.
+  tag_specifications {
+    resource_type = "network-interface"
+    tags          = local.tags
+  }
+
   lifecycle {
     create_before_destroy = true
 
     precondition {
-      condition     = var.capacity_reservation_id == null || var.availability_zone == data.aws_subnet.nodes.availability_zone
-      error_message = "A capacity reservation lives in one availability zone: set availability_zone to it and pick a subnet_id in that zone."
+      condition     = var.capacity_reservation_id == null || var.availability_zone != null
+      error_message = "A capacity reservation lives in one availability zone: set availability_zone to it (aws ec2 describe-capacity-reservations --capacity-reservation-ids ID --query 'CapacityReservations[0].AvailabilityZone')."
+    }
+    precondition {
+      condition     = local.create_vpc || var.availability_zone == null || var.availability_zone == one(data.aws_subnet.nodes[*].availability_zone)
+      error_message = "subnet_id is not in availability_zone: pick a subnet in that zone, or leave subnet_id unset and the bundle creates one there."
+    }
+    precondition {
+      condition     = local.availability_zone != null
+      error_message = "No availability zone of the region offers instance_type: pick another region or instance type."
     }
     precondition {
       condition     = (var.capacity_reservation_id != null) == contains(["reservation", "capacity-block"], var.purchase_option)

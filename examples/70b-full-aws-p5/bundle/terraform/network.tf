@@ -14,7 +14,7 @@ resource "aws_placement_group" "cluster" {
 resource "aws_security_group" "efa" {
   name_prefix = "${var.name_prefix}-efa-"
   description = "gpuprov GPU nodes: EFA needs all traffic to and from the group itself"
-  vpc_id      = data.aws_subnet.nodes.vpc_id
+  vpc_id      = local.vpc_id
 
   lifecycle {
     create_before_destroy = true
@@ -58,7 +58,7 @@ resource "aws_vpc_security_group_egress_rule" "http" {
 # Shared filesystems in the VPC: Lustre (FSx: 988 and 1018-1023) and NFS (2049).
 resource "aws_vpc_security_group_egress_rule" "lustre" {
   security_group_id = aws_security_group.efa.id
-  cidr_ipv4         = data.aws_vpc.nodes.cidr_block
+  cidr_ipv4         = local.vpc_cidr
   ip_protocol       = "tcp"
   from_port         = 988
   to_port           = 988
@@ -67,7 +67,7 @@ resource "aws_vpc_security_group_egress_rule" "lustre" {
 
 resource "aws_vpc_security_group_egress_rule" "lustre_ports" {
   security_group_id = aws_security_group.efa.id
-  cidr_ipv4         = data.aws_vpc.nodes.cidr_block
+  cidr_ipv4         = local.vpc_cidr
   ip_protocol       = "tcp"
   from_port         = 1018
   to_port           = 1023
@@ -76,21 +76,9 @@ resource "aws_vpc_security_group_egress_rule" "lustre_ports" {
 
 resource "aws_vpc_security_group_egress_rule" "nfs" {
   security_group_id = aws_security_group.efa.id
-  cidr_ipv4         = data.aws_vpc.nodes.cidr_block
+  cidr_ipv4         = local.vpc_cidr
   ip_protocol       = "tcp"
   from_port         = 2049
   to_port           = 2049
   description       = "NFS clients to file servers in the VPC"
-}
-
-# SSH only from the CIDR the user names; without one, reach the nodes through SSM.
-resource "aws_vpc_security_group_ingress_rule" "ssh" {
-  count = var.ssh_cidr == null ? 0 : 1
-
-  security_group_id = aws_security_group.efa.id
-  cidr_ipv4         = var.ssh_cidr
-  ip_protocol       = "tcp"
-  from_port         = 22
-  to_port           = 22
-  description       = "SSH from the operator's network"
 }

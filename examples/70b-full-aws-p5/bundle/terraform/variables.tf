@@ -63,19 +63,36 @@ variable "network_cards" {
 }
 
 variable "subnet_id" {
-  description = "Private subnet for the nodes (with a NAT route for package downloads)"
+  description = "Your private subnet for the nodes, with a NAT route or SSM endpoints (null: the bundle creates a VPC with one; gpuprov validate checks a given subnet's routes)"
   type        = string
+  default     = null
 
   validation {
-    condition     = can(regex("^subnet-[0-9a-f]+$", var.subnet_id))
+    condition     = var.subnet_id == null || can(regex("^subnet-[0-9a-f]+$", var.subnet_id))
     error_message = "subnet_id must be a subnet id such as subnet-0123456789abcdef0."
   }
 }
 
+variable "vpc_cidr" {
+  description = "Address space of the VPC the bundle creates (public NAT subnet: first /24; node subnet: second /20)"
+  type        = string
+  default     = "10.60.0.0/16"
+
+  validation {
+    condition     = can(cidrhost(var.vpc_cidr, 0))
+    error_message = "vpc_cidr must be a CIDR block such as 10.60.0.0/16."
+  }
+}
+
 variable "availability_zone" {
-  description = "Availability zone of the capacity reservation; the subnet must be in it"
+  description = "Zone of the nodes; required with a capacity reservation (its zone). null: subnet_id's zone, or the region's first zone offering instance_type"
   type        = string
   default     = null
+
+  validation {
+    condition     = var.availability_zone == null || can(regex("^[a-z]{2}(-gov)?-[a-z]+-[0-9][a-z]$", var.availability_zone))
+    error_message = "availability_zone must look like us-east-1a."
+  }
 }
 
 variable "capacity_reservation_id" {
@@ -184,17 +201,6 @@ variable "shared_mount_point" {
   description = "Where every node mounts the shared filesystem (checkpoints under <mount>/checkpoints)"
   type        = string
   default     = "/shared"
-}
-
-variable "ssh_cidr" {
-  description = "CIDR allowed to SSH to the nodes (null: no SSH rule; use SSM)"
-  type        = string
-  default     = null
-
-  validation {
-    condition     = var.ssh_cidr == null || can(cidrhost(var.ssh_cidr, 0))
-    error_message = "ssh_cidr must be a CIDR block such as 203.0.113.0/24."
-  }
 }
 
 variable "tags" {
