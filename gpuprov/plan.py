@@ -172,6 +172,17 @@ class Host(_Strict):
     bill_of_materials: list[str] | None = None  # on-prem only
 
 
+class ImageProfile(_Strict):
+    """The image profile (catalog images.yaml) a plan assumes, and the facts the roles need from it."""
+
+    name: str
+    nccl_tests_dir: str | None = None  # the image's own nccl-tests build, used where present
+    dcgm_version: str  # the DCGM 4 version installed (pinned) where the image has none
+    dcgm_cuda_major_by_min_branch: dict[str, int]  # DCGM flavour by the driver's branch (580 -> 13)
+    uncertain: dict[str, str] = Field(default_factory=dict)  # component -> what sources leave open
+    source: str
+
+
 class Software(_Strict):
     os: list[str]  # supported images, e.g. ["ubuntu-22.04", "ubuntu-24.04"]
     driver_branch: str  # e.g. "570"
@@ -187,6 +198,8 @@ class Software(_Strict):
     gds_mode: Literal["nvidia-fs", "compat"] = "compat"
     efa_installer_sha256: str | None = None
     nccl_gib_version: str | None = None  # Google's nccl-gib package (A3 Ultra / A4)
+    # the image profile (catalog images.yaml) the roles' keep rules were checked against
+    image_profile: ImageProfile | None = None
     # the training environment on every node: a venv at python_env_path with these pins
     python_env_path: str = "/opt/gpuprov/venv"
     python_index_url: str | None = None

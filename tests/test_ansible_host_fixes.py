@@ -304,7 +304,6 @@ def test_driver_and_fabric_manager_use_one_flavour_from_one_repository(bundle):
     defaults = yaml.safe_load((ROLES / "nvidia_driver" / "defaults" / "main.yml").read_text())
     for name in defaults["nvidia_driver_packages_open"] + defaults["nvidia_driver_packages_proprietary"]:
         assert re.search(r"-server(-open)?$", name), name
-    assert "{branch}" in defaults["nvidia_driver_fabric_manager_packages"][0]  # the branch the node runs
     with private_dir("pin") as root:
         dest = root / "pin.pref"
         (bundle / "pin.yml").write_text(yaml.safe_dump([{"name": "pin", "hosts": "gpu_nodes", "gather_facts": False,
@@ -318,7 +317,7 @@ def test_driver_and_fabric_manager_use_one_flavour_from_one_repository(bundle):
     assert "Pin: release o=Ubuntu" in stanza and "Pin-Priority: 900" in stanza
     fm = (ROLES / "nvidia_driver" / "tasks" / "fabric_manager.yml").read_text()
     assert "nvidia_driver_effective_branch" in fm  # the branch the node runs, not the plan's
-    assert "fabric_manager_builds.py" in fm  # the exact build from the preferred repository (unit test below)
+    assert "fabric_manager_plan.py" in fm  # the driver's origin and naming decide (unit tests below)
 
 
 NCCL_STATES = {
@@ -359,12 +358,12 @@ def test_doca_decision_compares_the_doca_package_not_ofed_info(bundle):
         {**base, "infiniband_probe_ofed": "MLNX_OFED_LINUX-23.10-1.1.9.0:", "infiniband_probe_doca": ""},
         {**base, "infiniband_probe_ofed": "MLNX_OFED_LINUX-23.10-1.1.9.0:", "infiniband_probe_doca": "",
          "infiniband_doca_replace": True},
-        {**base, "infiniband_probe_ofed": "", "infiniband_probe_doca": "2.9.10-1"},  # not 2.9.1
+        {**base, "infiniband_probe_ofed": "", "infiniband_probe_doca": "2.9.10-1"},  # newer than 2.9.1: kept
         {"infiniband_stack": "image", "infiniband_probe_ofed": "", "infiniband_probe_doca": ""},
     ]
     got = (_run_cases(bundle, "doca.yml", "infiniband", "decide_doca.yml", cases,
                                 report="infiniband_doca_install | bool"), _reports(bundle, "doca.yml"))[1]
-    assert [got[i] for i in range(len(cases))] == [True, False, True, False, True, True, False]
+    assert [got[i] for i in range(len(cases))] == [True, False, True, False, True, False, False]
 
 
 def test_site_orders_doca_before_the_driver_and_peermem_after():
@@ -385,7 +384,8 @@ IBSTAT = """CA '{ca}'
 \tPort 1:
 \t\tState: {state}
 \t\tPhysical state: LinkUp
-\t\tRate: 400"""
+\t\tRate: 400
+\t\tLink layer: InfiniBand"""
 
 
 @pytest.mark.slow
@@ -396,7 +396,7 @@ def test_ports_are_waited_for_while_the_fabric_initializes(bundle):
         # Initializing for the first two calls (opensm still sweeping), then Active
         slow = (f"n=$(cat {counter}); echo $((n+1)) > {counter}\n"
                 f"if [ $n -lt 2 ]; then state=Initializing; else state=Active; fi\n"
-                "printf \"CA 'mlx5_0'\\n\\tPort 1:\\n\\t\\tState: %s\\n\\t\\tPhysical state: LinkUp\\n\" \"$state\"")
+                "printf \"CA 'mlx5_0'\\n\\tPort 1:\\n\\t\\tState: %s\\n\\t\\tPhysical state: LinkUp\\n\\t\\tLink layer: InfiniBand\\n\" \"$state\"")
         fake = _fake_bin(root, {"ibstat": slow})
         out = _run_cases(bundle, "ports.yml", "infiniband", "ports.yml", [
             {"infiniband_port_retries": 5, "infiniband_port_delay": 0},
@@ -408,7 +408,7 @@ def test_ports_are_waited_for_while_the_fabric_initializes(bundle):
         out2 = _run_cases(bundle, "ports2.yml", "infiniband", "ports.yml", [
             {"infiniband_port_retries": 2, "infiniband_port_delay": 0},
         ], fake=fake2)
-    assert re.search(r"after \d+ tries: CAs mlx5_0, port states Initializing", out2)
+    assert re.search(r"after \d+ tries: CAs mlx5_0, ports \(state, physical, link layer\)\s+Initializing/LinkUp/InfiniBand", out2)
     assert "FAILED - RETRYING" in out2  # it waited before failing
 
 
@@ -559,8 +559,10 @@ def test_dcgm_is_installed_and_required(bundle):
     defaults = yaml.safe_load((ROLES / "nvidia_driver" / "defaults" / "main.yml").read_text())
     assert defaults["nvidia_driver_dcgm"] is True
     dcgm = _tasks(ROLES / "nvidia_driver" / "tasks" / "dcgm.yml")
-    assert dcgm[0]["ansible.builtin.apt"]["name"] == "datacenter-gpu-manager-4-cuda{{ nvidia_driver_dcgm_cuda_major }}"
-    assert dcgm[1]["ansible.builtin.systemd_service"]["name"] == "nvidia-dcgm"
+    install = next(t for t in dcgm if t["name"].startswith("Install DCGM"))
+    assert install["ansible.builtin.apt"]["name"][0] == \
+        "datacenter-gpu-manager-4-cuda{{ nvidia_driver_dcgm_major }}={{ nvidia_driver_dcgm_version }}"
+    assert dcgm[-1]["ansible.builtin.systemd_service"]["name"] == "nvidia-dcgm"
     if Path("/usr/bin/dcgmi").exists():
         pytest.skip("this machine has DCGM")
     out = _run_cases(bundle, "dcgm.yml", "healthcheck", "dcgm.yml", [{}, {"healthcheck_dcgm_required": False}])
@@ -714,14 +716,169 @@ APT_POLICY = """nvidia-fabricmanager-570:
 """
 
 
-def test_fabric_manager_build_is_the_loaded_version_from_the_preferred_repository():
+
+
+# ------------------------------------------------------------------ issue 29: keep what the image ships
+
+
+def _fm():
     sys.path.insert(0, str(ROLES / "nvidia_driver" / "files"))
     try:
-        import fabric_manager_builds as fm
+        import fabric_manager_plan
     finally:
         sys.path.pop(0)
-    # apt's version order would take the CUDA repository's -1; the pin priority picks Ubuntu's
-    assert fm.best_build(APT_POLICY, "570.172.08") == "570.172.08-0ubuntu0.22.04.1"
-    assert fm.best_build(APT_POLICY, "570.181.01") == "570.181.01-1"  # only one build: that one
-    assert fm.best_build(APT_POLICY, "575.1") == ""
-    assert fm.upstream("1:4.2.3-1") == "4.2.3"
+    return fabric_manager_plan
+
+
+def test_fabric_manager_follows_the_installed_drivers_origin_and_naming():
+    fm = _fm()
+    # Azure ubuntu-hpc: CUDA-repository nvidia-open 580 (no -server kernel-common): the unsuffixed
+    # CUDA-repository build; NSCQ under whichever name the repository carries (uncertain: both)
+    for nscq in ("libnvidia-nscq", "libnvidia-nscq-580"):
+        got = fm.decide("580.126.16", "580", {"nvidia-open": "580.126.16-1"}, {
+            "nvidia-fabricmanager": [("580.126.16-1", "NVIDIA"), ("580.173.02-1", "NVIDIA")],
+            nscq: [("580.126.16-1", "NVIDIA")]})
+        assert got == {"flavour": "cuda-repo", "keep": [],
+                       "install": ["nvidia-fabricmanager=580.126.16-1", f"{nscq}=580.126.16-1"], "missing": []}
+    # GCP: Ubuntu's -server driver: Ubuntu's build although the CUDA repository's -1 sorts higher
+    got = fm.decide("570.172.08", "570", {"nvidia-kernel-common-570-server": "570.172.08-0ubuntu0.22.04.1"}, {
+        "nvidia-fabricmanager-570": [("570.172.08-1", "NVIDIA"), ("570.172.08-0ubuntu0.22.04.1", "Ubuntu")],
+        "libnvidia-nscq-570": [("570.172.08-1", "NVIDIA"), ("570.172.08-0ubuntu0.22.04.1", "Ubuntu")]})
+    assert got["install"] == ["nvidia-fabricmanager-570=570.172.08-0ubuntu0.22.04.1",
+                              "libnvidia-nscq-570=570.172.08-0ubuntu0.22.04.1"]
+    # the image's own fabric manager at the loaded version is kept although -updates moved past it
+    got = fm.decide("570.172.08", "570", {"nvidia-kernel-common-570-server": "570.172.08-0ubuntu0.22.04.1",
+                                          "nvidia-fabricmanager-570": "570.172.08-0ubuntu0.22.04.1",
+                                          "libnvidia-nscq-570": "570.172.08-0ubuntu0.22.04.1"},
+                    {"nvidia-fabricmanager-570": [("570.195.03-0ubuntu0.22.04.1", "Ubuntu")]})
+    assert got["keep"] == ["nvidia-fabricmanager-570", "libnvidia-nscq-570"] and got["install"] == []
+    # no build of the loaded version from the driver's repository: named, never a mixed flavour
+    got = fm.decide("570.172.08", "570", {"nvidia-kernel-common-570-server": "570.172.08-0ubuntu0.22.04.1"},
+                    {"nvidia-fabricmanager-570": [("570.172.08-1", "NVIDIA")]})
+    assert got["missing"] == ["fabric manager", "nscq"]
+
+
+def test_fabric_manager_builds_compare_in_debian_order_not_string_order():
+    fm = _fm()
+    # string order puts -9 after -10; Debian order does not
+    got = fm.decide("580.65.06", "580", {}, {"nvidia-fabricmanager": [("580.65.06-9", "NVIDIA"), ("580.65.06-10", "NVIDIA")],
+                                             "libnvidia-nscq": [("580.65.06-10", "NVIDIA")]})
+    assert got["install"][0] == "nvidia-fabricmanager=580.65.06-10"
+    assert fm.compare("580.65.06-10", "580.65.06-9") > 0 and fm.compare("1:4.2.3-1", "4.9") > 0
+
+
+def test_efa_installer_runs_only_where_older(bundle):
+    with private_dir("efa") as root:
+        cases = []
+        for found in ("", "1.43.2", "1.43.3", "1.50.0", "1.9.1"):
+            path = root / f"efa-{found or 'none'}"
+            if found:
+                path.write_text(f"# EFA installer version: {found}\n# Debug packages installed: no\n")
+            cases.append({"efa_installer_version": "1.43.2", "efa_installed_packages_file": str(path)})
+        _run_cases(bundle, "efa.yml", "efa", "decide.yml", cases, report="efa_install | bool")
+    # none: install; same: keep; newer (DLAMI 1.43.3, 1.50.0): keep, never downgraded; 1.9.1 < 1.43.2
+    assert [_reports(bundle, "efa.yml")[i] for i in range(5)] == [True, False, False, False, True]
+
+
+def test_dcgm_follows_the_drivers_cuda_major_and_keeps_the_images(bundle):
+    with private_dir("dcgm") as root:
+        (root / "none").mkdir(); (root / "have").mkdir()
+        none = _fake_bin(root / "none", {"dpkg-query": "exit 1"})
+        have = _fake_bin(root / "have", {"dpkg-query": "echo 'datacenter-gpu-manager-4-cuda13 1:4.5.2-1 installed'"})
+        cases = [{"nvidia_driver_effective_branch": "580", "nvidia_driver_cuda_repo_ready": False},
+                 {"nvidia_driver_effective_branch": "570", "nvidia_driver_cuda_repo_ready": False}]
+        _run_cases(bundle, "dcgm-none.yml", "nvidia_driver", "dcgm.yml", cases, fake=none,
+                   report="[nvidia_driver_dcgm_major, nvidia_driver_dcgm_found]")
+        got = _reports(bundle, "dcgm-none.yml")
+        assert got[0] == [13, []] and got[1] == [12, []]  # driver 580 -> cuda13, whatever CUDA the plan trains with
+        _run_cases(bundle, "dcgm-have.yml", "nvidia_driver", "dcgm.yml", cases[:1], fake=have,
+                   report="nvidia_driver_dcgm_found")
+        assert _reports(bundle, "dcgm-have.yml")[0] == ["datacenter-gpu-manager-4-cuda13=1:4.5.2-1"]  # kept
+    install = next(t for t in _tasks(ROLES / "nvidia_driver" / "tasks" / "dcgm.yml") if t["name"].startswith("Install DCGM"))
+    assert all("=" in name for name in install["ansible.builtin.apt"]["name"])  # pinned
+    assert "not nvidia_driver_dcgm_found" in install["when"]
+
+
+def test_nccl_tests_use_the_images_build_or_a_directory_the_project_owns():
+    defaults = yaml.safe_load((ROLES / "nccl" / "defaults" / "main.yml").read_text())
+    assert defaults["nccl_tests_dir"].startswith("/opt/gpuprov/")
+    tasks = _tasks(ROLES / "nccl" / "tasks" / "main.yml")
+    for task in tasks:
+        if "ansible.builtin.git" in task or task["name"].startswith("Build nccl-tests"):
+            assert "not nccl_tests_use_image" in task["when"], task["name"]
+    group_vars = yaml.safe_load(render_ansible(_with_profile(sample_plan("azure")))["group_vars/all.yml"])
+    assert group_vars["nccl_tests_image_dir"] == "/opt/nccl-tests"  # azhpc-images' MPI build
+
+
+IBSTAT_MIXED = """CA 'mlx5_0'
+\tPort 1:
+\t\tState: Active
+\t\tPhysical state: LinkUp
+\t\tLink layer: InfiniBand
+CA 'mlx5_1'
+\tPort 1:
+\t\tState: Down
+\t\tPhysical state: Polling
+\t\tLink layer: InfiniBand
+CA 'mlx5_2'
+\tPort 1:
+\t\tState: Down
+\t\tPhysical state: Disabled
+\t\tLink layer: Ethernet"""
+
+
+def test_onprem_ports_need_only_the_cabled_infiniband_ports(bundle):
+    with private_dir("ibmixed") as root:
+        fake = _fake_bin(root, {"ibstat": f"cat <<'EOF'\n{IBSTAT_MIXED}\nEOF"})
+        out = _run_cases(bundle, "ibmixed.yml", "infiniband", "ports.yml", [
+            {"infiniband_hcas": [], "infiniband_port_retries": 0, "infiniband_port_delay": 0},
+            {"infiniband_hcas": ["mlx5_0", "mlx5_1"], "infiniband_port_retries": 0, "infiniband_port_delay": 0},
+        ], fake=fake)
+    assert out.count("...ignoring") == 1  # the named mlx5_1 is down: only that case fails
+    assert "Down/Polling/InfiniBand" in out
+
+
+def test_findings_5_8_9_10_12_in_the_roles():
+    oci = (ROLES / "infiniband" / "tasks" / "oci.yml").read_text()
+    assert "modify_arp=true" in oci and "override_netconfig_netmask=" in oci and "[subnet]" in oci
+    doca = [t["name"] for t in _tasks(ROLES / "infiniband" / "tasks" / "doca.yml")]
+    assert doca.index("Install kernel headers for the running kernel") < doca.index("Install DOCA-OFED")
+    assert doca.index("Remove an MLNX_OFED/DOCA too old to upgrade") < doca.index("Install DOCA-OFED")
+    ib = yaml.safe_load((ROLES / "infiniband" / "defaults" / "main.yml").read_text())
+    assert ib["infiniband_doca_arch"]["aarch64"] == "arm64-sbsa" and "infiniband_doca_arch[" in ib["infiniband_doca_repo_url"]
+    for name in ("gib", "tcpxo"):
+        tasks = _tasks(ROLES / "gcp_rdma" / "tasks" / f"{name}.yml")
+        ld = [t for t in tasks if "/etc/ld.so.conf.d/" in json.dumps(t)]
+        assert ld and all(t["ansible.builtin.file"]["state"] == "absent" for t in ld)  # only removed
+        assert any("LD_LIBRARY_PATH" in json.dumps(t) for t in tasks)
+    drv = yaml.safe_load((ROLES / "nvidia_driver" / "defaults" / "main.yml").read_text())
+    assert any(p.startswith("linux-modules-nvidia-") for p in drv["nvidia_driver_packages_signed"])
+    assert "mokutil --sb-state" in (ROLES / "nvidia_driver" / "tasks" / "install.yml").read_text()
+    assert "mkfs.xfs -K " in (ROLES / "nvme_raid" / "templates" / "nvme-raid-rebuild.sh.j2").read_text()
+    assert "unattended_upgrades role" not in (ROLES / "efa" / "tasks" / "main.yml").read_text()
+
+
+def _with_profile(plan):
+    from gpuprov.catalog.images import image_profile
+
+    profile = image_profile(plan.instance.cloud, plan.instance.name)
+    return plan.model_copy(update={"software": plan.software.model_copy(update={"image_profile": profile})})
+
+
+def test_every_image_profile_is_sourced_and_the_plan_names_its_own():
+    from gpuprov.catalog import images
+
+    profiles = images.profiles()
+    assert {"aws", "gcp", "azure", "oci", "onprem"} == {p["cloud"] for p in profiles.values()}
+    for name, entry in profiles.items():
+        for part in images.COMPONENTS:
+            if entry[part] is not None:
+                assert entry[part]["source"] and re.fullmatch(r"\d{4}-\d\d-\d\d", entry[part]["date"]), (name, part)
+    assert images.profile_for("gcp", "a3-ultragpu-8g") == "gcp-a3-ultra-ubuntu2204"
+    assert images.profile_for("gcp", "a4-highgpu-8g") == "gcp-a4-ubuntu2204"
+    assert images.dcgm_cuda_major(580) == "13" and images.dcgm_cuda_major(570) == "12"
+    for cloud in ("aws", "azure", "gcp", "oci", "onprem"):
+        plan = _with_profile(sample_plan(cloud))
+        group_vars = yaml.safe_load(render_ansible(plan)["group_vars/all.yml"])
+        assert group_vars["gpuprov_image_profile"] == plan.software.image_profile.name
+        assert profiles[plan.software.image_profile.name]["cloud"] == cloud

@@ -173,12 +173,16 @@ def test_health_checks_fail_with_the_measured_value(bundle, scratch):
     tools = _fake_tool(bundle, "all_reduce_perf", ALL_REDUCE_OUTPUT)
     out = _run_scenarios(bundle, "measured.yml", "healthcheck", "nccl.yml", [
         {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 400.0, "healthcheck_nccl_net": ""},
+        {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 460.0, "healthcheck_nccl_net": "",
+         "healthcheck_nccl_busbw_enforce": True},
         {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": 460.0, "healthcheck_nccl_net": ""},
         {"healthcheck_nccl_tests_dir": str(tools), "healthcheck_nccl_busbw_min_gbytes_per_s": None, "healthcheck_nccl_net": ""},
         {"healthcheck_nccl_tests_dir": str(scratch / "none"), "healthcheck_nccl_busbw_min_gbytes_per_s": None, "healthcheck_nccl_net": ""},
     ])
-    assert out.count("all_reduce_perf bus bandwidth 419.95 GB/s") == 2  # 400 threshold and none
-    assert "measured 419.95 GB/s bus bandwidth (minimum 460.0 GB/s" in out
+    # the best size's out-of-place busbw (not the average): 420.0
+    assert out.count("all_reduce_perf bus bandwidth 420.0 GB/s") == 3  # 400, none, and 460 not enforced
+    assert "measured 420.0 GB/s bus bandwidth (minimum 460.0 GB/s" in out  # enforced
+    assert "best all-reduce bus bandwidth 420.0 GB/s is below 460.0 GB/s" in out  # the source's warning
     assert "measured -1.0 GB/s" in out  # the probe did not run: fails, never passes silently
     assert out.count("...ignoring") == 2
     # nvidia-smi is absent here: the GPU check fails with what it found

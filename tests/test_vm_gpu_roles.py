@@ -13,7 +13,11 @@ gcp_rdma (gIB), nccl, gds (compatibility mode). Three runs in one boot:
 2. a bare image: the 570 -server driver installs from the Ubuntu repository although the CUDA
    repository carries the same names at higher versions (the pin), fabric manager matches the
    driver version exactly, and the reboot handler reboots the guest;
-3. the same again: changed=0.
+3. the same again: changed=0;
+4. the Azure ubuntu-hpc 22.04 profile (catalog images.yaml): CUDA-repository nvidia-open 580 with
+   the repository moved past the image's build, DCGM cuda13, held NCCL, an MPI nccl-tests build:
+   the package list gains only the unsuffixed fabric manager and NSCQ at the driver's build;
+5. the same again: changed=0.
 
 A stand-in cannot prove that a real driver loads; it proves what the roles decide.
 """
@@ -81,7 +85,7 @@ def _variables(built: dict, os_id: str) -> dict:
         "nvidia_driver_cuda_repo_url": built["cuda"]["dir"], "nvidia_driver_loaded_version_file": VERSION_FILE,
         "nvidia_driver_reboot_allowed": True, "nvidia_driver_reboot_timeout": 900,
         # update-initramfs takes ten minutes under emulation (production keeps the default)
-        "nvidia_driver_update_initramfs": False,
+        "nvidia_driver_update_initramfs": False, "nvidia_driver_dcgm_version": "1:4.5.2-1",
         "infiniband_stack": "doca", "infiniband_doca_version": "2.9.1",
         "infiniband_doca_repo_url": f"file:{built['doca']['dir']}/", "infiniband_doca_key_url": f"file://{keys['doca']}",
         "infiniband_subnet_manager": "none", "infiniband_peermem": False, "infiniband_port_delay": 1,
@@ -111,12 +115,13 @@ def _write_bundle(root: Path, guest: Guest, built: dict, os_id: str) -> Path:
     return bundle
 
 
-def play(bundle: Path, step: str) -> subprocess.CompletedProcess:
+def play(bundle: Path, step: str, extra: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_PIPELINING="True", ANSIBLE_NOCOLOR="1",
                ANSIBLE_RETRY_FILES_ENABLED="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="default",
                ANSIBLE_CALLBACK_RESULT_FORMAT="yaml", **TASK_TIMER_ENV)
     began = time.monotonic()
-    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "site.yml", "-e", "@vars.json"],
+    more = ["-e", json.dumps(extra)] if extra else []
+    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "site.yml", "-e", "@vars.json", *more],
                             cwd=bundle, capture_output=True, text=True, env=env, timeout=2400)
     TIMINGS[step] = time.monotonic() - began
     result.stdout += result.stderr
@@ -206,7 +211,9 @@ def test_1_image_with_newer_driver_and_held_nccl_keeps_both(vm):
     assert have["nvidia-fabricmanager-580"] == ("580.65.06-0ubuntu0.22.04.1", "hold")  # the running branch
     assert have["doca-ofed"] == ("2.9.1-0.0.1", "hold")  # the planned release, not the newest
     assert have["nccl-gib"] == ("1.1.0", "hold")  # pinned although 1.1.1 is in the repository
-    assert have["datacenter-gpu-manager-4-cuda12"][0] == "1:4.2.3-1"
+    # DCGM by the driver's CUDA major (580 -> 13), pinned, although the plan trains with CUDA 12.8
+    assert have["datacenter-gpu-manager-4-cuda13"] == ("1:4.5.2-1", "hold")
+    assert "datacenter-gpu-manager-4-cuda12" not in have
     assert have[f"linux-image-{kernel}"][1] == "hold"  # node_baseline holds the running kernel
     assert "libcufile-12-8" in have and "GDS in compat mode" in out
     # keyrings named after the key's form; apt accepted every repository (update ran clean)
@@ -245,6 +252,49 @@ def test_2_bare_image_gets_the_server_driver_from_one_repository_and_reboots(vm)
 def test_3_second_run_changes_nothing(vm):
     guest, bundle, _, _ = vm
     result = play(bundle, "3 idempotent rerun")
+    assert result.returncode == 0, result.stdout[-6000:]
+    changed = counters(result)["changed"]
+    assert changed == 0, "\n".join(line for line in result.stdout.splitlines() if line.startswith("changed:"))
+
+
+AZURE = {"nccl_tests_image_dir": "/opt/nccl-tests"}
+
+
+def test_4_azure_image_keeps_its_stack_and_adds_only_fabric_manager(vm):
+    """Profile azure-ubuntu-hpc-2204: CUDA-repository nvidia-open 580 (the repository has moved on to
+    580.173.02), DCGM cuda13, NCCL 2.30.4 held, nccl-tests built with MPI in /opt/nccl-tests. The
+    fabric manager package is the one thing the plan adds: unsuffixed, the driver's exact build."""
+    guest, bundle, built, kernel = vm
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-vm-azure-"))
+    from vm.standin_repo import fake_module
+
+    module = fake_module(work, "580.126.16")
+    subprocess.run(["scp", *guest.ssh_options(), "-P", str(guest.port), str(module),
+                    f"root@127.0.0.1:/lib/modules/{kernel}/updates/dkms/nvidia.ko"], check=True, capture_output=True)
+    cuda = built["cuda"]["dir"]
+    guest.ssh(f"apt-mark unhold nvidia-fabricmanager-570 libnvidia-nscq-570 libnccl2 && "
+              f"apt-get purge -y -q nvidia-fabricmanager-570 libnvidia-nscq-570 && "
+              f"depmod -a {kernel} && echo 580.126.16 >{VERSION_FILE} && "
+              f"dpkg -i {cuda}/nvidia-kernel-common-580_580.126.16-1_amd64.deb {cuda}/nvidia-open_580.126.16-1_amd64.deb "
+              f"{cuda}/libnccl2_2.30.4-1+cuda13.0_amd64.deb && apt-mark hold libnccl2 && "
+              f"mkdir -p /opt/nccl-tests/build && printf '#!/bin/sh\\nexit 0\\n' >/opt/nccl-tests/build/all_reduce_perf && "
+              f"chmod +x /opt/nccl-tests/build/all_reduce_perf")
+    before = packages(guest)
+    result = play(bundle, "4 azure image", AZURE)
+    assert result.returncode == 0, result.stdout[-6000:]
+    after = packages(guest)
+    added = {name: after[name][0] for name in set(after) - set(before)}
+    assert added == {"nvidia-fabricmanager": "580.126.16-1", "libnvidia-nscq": "580.126.16-1"}, added
+    assert all(after[name][0] == version for name, (version, _) in before.items()), "a kept package moved"
+    assert "keep the image DCGM" in result.stdout and "use the image nccl-tests build" in result.stdout
+    assert guest.ssh("test -e /opt/gpuprov/nccl-tests", check=False).returncode != 0  # nothing cloned
+    profile = guest.ssh("cat /etc/profile.d/gpuprov-nccl.sh").stdout
+    assert "GPUPROV_NCCL_TESTS_BIN=/opt/nccl-tests/build" in profile
+
+
+def test_5_azure_second_run_changes_nothing(vm):
+    guest, bundle, _, _ = vm
+    result = play(bundle, "5 azure rerun", AZURE)
     assert result.returncode == 0, result.stdout[-6000:]
     changed = counters(result)["changed"]
     assert changed == 0, "\n".join(line for line in result.stdout.splitlines() if line.startswith("changed:"))

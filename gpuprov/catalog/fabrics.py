@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuprov.catalog import load_data
+from gpuprov.catalog.images import image_profile
 from gpuprov.errors import GpuprovError
 from gpuprov.plan import FabricInfo, Software
 
@@ -92,7 +93,7 @@ def _product_features(data: dict[str, Any], gpu: str) -> tuple[bool, bool]:
 
 
 def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: str | None = None,
-                 cloud: str | None = None) -> Software:
+                 cloud: str | None = None, instance: str | None = None) -> Software:
     """Driver branch, CUDA, NCCL, EFA installer, GDS and fabric manager for this node type.
 
     The stack (driver, CUDA, NCCL) follows the GPU architecture; GDS and fabric manager follow the
@@ -141,6 +142,7 @@ def get_software(gpu_architecture: str, fabric_name: str, nvswitch: bool, gpu: s
         python_env_path=str(env["path"]),
         python_index_url=str(env["index_url"]),
         python_requirements=[str(r) for r in env["requirements"]],
+        image_profile=image_profile(cloud, instance or "") if cloud else None,
     )
 
 

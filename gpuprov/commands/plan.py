@@ -165,7 +165,8 @@ def render_plan(plan) -> str:
                f"micro-batch {c.micro_batch}, grad accumulation {c.grad_accum}, global batch "
                f"{c.global_batch_tokens:,} tokens")
     out.append(f"  {_fabric_text(plan)}; software: driver "
-               f"{plan.software.driver_branch}, CUDA {plan.software.cuda_version}, NCCL {plan.software.nccl_version}")
+               f"{plan.software.driver_branch}, CUDA {plan.software.cuda_version}, NCCL {plan.software.nccl_version}"
+               + (f"; image profile {plan.software.image_profile.name}" if plan.software.image_profile else ""))
     out.extend(_host_lines(plan))
     out.extend(f"  WARNING: {w}" for w in [*plan.warnings, *price_warnings(plan)])
     out.append("")

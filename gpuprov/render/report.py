@@ -165,7 +165,8 @@ def _stack(plan) -> list[str]:
     out = [
         "## Software, fabric and storage",
         "",
-        f"- OS images: {', '.join(s.os)}",
+        f"- OS images: {', '.join(s.os)}"
+        + (f"; image profile `{s.image_profile.name}` (catalog images.yaml: what the roles keep)" if s.image_profile else ""),
         f"- NVIDIA driver {s.driver_branch} ({'open' if s.open_kernel_modules else 'proprietary'} kernel modules), "
         f"CUDA {s.cuda_version}, NCCL {s.nccl_version}"
         + (", nvidia-fabricmanager (NVSwitch)" if s.fabric_manager else "")

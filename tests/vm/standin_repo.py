@@ -32,7 +32,7 @@ STUBS = {
 }
 # DOCA-OFED ships infiniband-diags: its ibstat, with one Active port (no HCA in the guest)
 IBSTAT = ("#!/bin/sh\nprintf \"CA 'mlx5_0'\\n\\tCA type: MT4129\\n\\tPort 1:\\n\\t\\tState: Active\\n"
-          "\\t\\tPhysical state: LinkUp\\n\"\n")
+          "\\t\\tPhysical state: LinkUp\\n\\t\\tLink layer: InfiniBand\\n\"\n")
 
 
 def _gpg(home: Path, *args: str, data: bytes | None = None) -> bytes:
