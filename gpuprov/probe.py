@@ -119,7 +119,7 @@ def parse_nvme(text: str) -> tuple[int, int]:
     bad = [s for s in sizes if isinstance(s, bool) or not re.fullmatch(r"[0-9]{1,19}", str(s))]
     if bad:
         raise ValueError(f"lsblk reported a drive size that is not a byte count: {str(bad[0])[:40]!r}")
-    return len(data), round(min(int(s) for s in sizes) / 1e9)
+    return len(data), round(min(int(str(s)) for s in sizes) / 1e9)
 
 
 _VIRTUAL = re.compile(r"^(lo|docker|veth|virbr|br-|cni|flannel|cali|tun|tap|bond\d+\.)")

@@ -130,8 +130,8 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
         return
     added = sum(d.status == "added" for d in differences)
     changed = len(differences) - added
-    extra = f", {added} file(s) added that the lock does not keep" if added else ""
-    click.echo(f"drift: {changed} of {len(files)} generated files differ in {root}{extra}")
+    added_note = f", {added} file(s) added that the lock does not keep" if added else ""
+    click.echo(f"drift: {changed} of {len(files)} generated files differ in {root}{added_note}")
     for d in differences:
         click.echo(f"  {d.status:8s} {d.path}")
     for d in differences:
