@@ -363,3 +363,22 @@ def test_generate_summary_names_the_layout_as_plan_does(tmp_path: Path) -> None:
     first = r.stderr.decode().splitlines()[0]
     assert f"TP4 x FSDP {dp}, " in first
     assert f"{plan['training']['steps']:,} optimizer steps" in first  # every summary line shows the steps
+
+
+@pytest.mark.parametrize("nfs", [None, "nfs1:/export/gpu"])
+def test_generate_says_before_validate_when_a_multi_node_onprem_bundle_has_no_shared_filesystem(tmp_path, nfs):
+    # validate fails such a bundle (the trainer refuses to start): generate names the fix first,
+    # and a bundle given an export validates clean on that check
+    example = Path(__file__).resolve().parent.parent / "examples" / "7b-full-onprem"
+    out = tmp_path / "b"
+    args = ["generate", "-f", str(example / "gpuprov.yaml"), "--hosts", str(example / "hosts.yaml"), "-o", str(out)]
+    result = run(*args, *(["--shared-nfs", nfs] if nfs else []))
+    assert result.returncode == 0, result.stderr
+    fixes = [ln for ln in result.stderr.decode().splitlines() if ln.startswith("fix:")]
+    check = run("validate", str(out))
+    storage = [ln.split() for ln in check.stdout.decode().splitlines() if ln.split()[1:3] == ["shared", "storage"]]
+    assert [row[0] for row in storage] == (["ok"] if nfs else ["fail"])
+    if nfs:
+        assert not fixes
+    else:
+        assert len(fixes) == 1 and "--shared-nfs" in fixes[0].split()

@@ -106,8 +106,13 @@ def generate(spec, output: str | None, force: bool) -> None:
         click.echo(f"note: removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left", err=True)
     if result.leftover:
         click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
+    from gpuprov.preflight import shared_storage_rule  # lazy: only after a bundle is written
     from gpuprov.render.escape import shell_word
 
+    storage = shared_storage_rule(plan, Path(output))  # validate's rule, said before validate fails on it
+    if storage.status == "fail":
+        click.echo(f"note: {storage.detail}", err=True)
+        click.echo(f"fix: generate again with --shared-nfs SERVER:/PATH, or {storage.fix}", err=True)
     where = shell_word(output)  # a line to paste into a shell: the path as one word, whatever it holds
     click.echo(f"next: gpuprov validate {where} && gpuprov up {where} --dry-run", err=True)
 
