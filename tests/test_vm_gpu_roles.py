@@ -1,23 +1,22 @@
-"""The GPU roles' package logic on the qemu guest, against signed stand-in apt repositories.
+"""The GPU roles on the qemu guest, against signed stand-in apt repositories and image states.
 
-One boot of the cached Debian image (tests/vm/harness.py); the stand-in repositories
-(tests/vm/standin_repo.py, packages in tests/vm/standin_packages.yaml: real names, versions,
-Depends/Conflicts) are built here, signed with throwaway keys (armored and binary), copied into
-the guest and served as file: repositories. The OS gate is pointed at the guest (debian-12, no
-GPU). The roles run in site.yml's order: node_baseline, infiniband (DOCA path), nvidia_driver,
-gcp_rdma (gIB), nccl, gds (compatibility mode). Three runs in one boot:
+One boot of the cached Debian image (tests/vm/harness.py), shared by every test here. The stand-in
+repositories (tests/vm/standin_repo.py) hold the packages generated from the image profiles
+(tests/vm/standin_profiles.py, from gpuprov/catalog/data/images.yaml: driver, fabric manager,
+NSCQ, DCGM and image NCCL builds with their origins, relations and archive states) and what the
+profiles cannot say (tests/vm/standin_packages.yaml: DOCA, gIB, GDS, the plan's NCCL), signed with
+throwaway keys (armored and binary) and served as file: repositories. The OS gate is pointed at the
+guest (debian-12, no GPU). After setup the guest is saved (qemu savevm); each test starts from that
+snapshot (loadvm), which is faster than purging to a recorded package baseline and exact.
 
-1. an image that already has a newer driver (580, a stand-in module `modinfo` reads) and holds an
-   older NCCL: the driver and NCCL are kept, fabric manager follows the 580 branch, DOCA, gIB,
-   DCGM and GDS install from their repositories with pins and holds;
-2. a bare image: the 570 -server driver installs from the Ubuntu repository although the CUDA
-   repository carries the same names at higher versions (the pin), fabric manager matches the
-   driver version exactly, and the reboot handler reboots the guest;
-3. the same again: changed=0;
-4. the Azure ubuntu-hpc 22.04 profile (catalog images.yaml): CUDA-repository nvidia-open 580 with
-   the repository moved past the image's build, DCGM cuda13, held NCCL, an MPI nccl-tests build:
-   the package list gains only the unsuffixed fabric manager and NSCQ at the driver's build;
-5. the same again: changed=0.
+1. the full role order (node_baseline, infiniband DOCA path, nvidia_driver, gcp_rdma gIB, nccl,
+   gds compatibility mode) on an image with a CUDA-repository 580 driver and an older held NCCL:
+   both kept, fabric manager follows the driver, DOCA, gIB, DCGM and GDS install pinned;
+2. one scenario per image profile (and per possibility of a profile's uncertain facts), running
+   the roles whose software the profile describes (nvidia_driver: driver, fabric manager, NSCQ,
+   DCGM, persistence; efa where the image has EFA; nccl where it carries NCCL or nccl-tests):
+   the play converges, the package list gains exactly what the plan adds, and a second run
+   reports changed=0.
 
 A stand-in cannot prove that a real driver loads; it proves what the roles decide.
 """
@@ -38,12 +37,12 @@ import pytest
 import yaml
 
 from vm.harness import TASK_TIMER_ENV, Guest, task_times, recap, why_not_runnable
+from vm.scenarios import BARE_LOADED, SCENARIOS, VERSION_FILE, apply_image, expected_added, scenario_play
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 MOUNT = "/srv/gpuprov-standin"
-VERSION_FILE = "/var/lib/gpuprov-test/nvidia-version"
 TIMINGS: dict[str, float] = {}
 
 _reason = why_not_runnable() or next((f"{tool} is not installed" for tool in ("gpg", "dpkg-deb", "dpkg-scanpackages", "gcc")
@@ -115,18 +114,20 @@ def _write_bundle(root: Path, guest: Guest, built: dict, os_id: str) -> Path:
     return bundle
 
 
-def play(bundle: Path, step: str, extra: dict | None = None) -> subprocess.CompletedProcess:
+def play(bundle: Path, step: str, extra: dict | None = None, playbook: str = "site.yml") -> subprocess.CompletedProcess:
+    # a control socket per run: a snapshot revert leaves an earlier run's SSH master pointing at nothing
+    control = Path(tempfile.mkdtemp(prefix="cp-", dir=bundle))
     env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_PIPELINING="True", ANSIBLE_NOCOLOR="1",
                ANSIBLE_RETRY_FILES_ENABLED="False", ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_CALLBACK_RESULT_FORMAT="yaml", **TASK_TIMER_ENV)
+               ANSIBLE_CALLBACK_RESULT_FORMAT="yaml", ANSIBLE_SSH_CONTROL_PATH_DIR=str(control), **TASK_TIMER_ENV)
     began = time.monotonic()
     more = ["-e", json.dumps(extra)] if extra else []
-    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "site.yml", "-e", "@vars.json", *more],
+    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", playbook, "-e", "@vars.json", *more],
                             cwd=bundle, capture_output=True, text=True, env=env, timeout=2400)
     TIMINGS[step] = time.monotonic() - began
     result.stdout += result.stderr
     print(f"\n[{step}: {TIMINGS[step]:.0f} s] {task_times(result.stdout)}")
-    (bundle / f"{step.split()[0]}.log").write_text(result.stdout)
+    (bundle / f"{step.replace(' ', '_').replace('/', '_')}.log").write_text(result.stdout)
     return result
 
 
@@ -156,11 +157,10 @@ def vm(request):
         TIMINGS["boot"] = guest.start()
         kernel = guest.ssh("uname -r").stdout.strip()
         kernel_version = guest.ssh(f"dpkg-query -W -f='${{Version}}' linux-image-{kernel}").stdout.strip()
-        from vm.standin_repo import build, fake_module
+        from vm.standin_repo import build
 
         t0 = time.monotonic()
         built = build(work / "repo", MOUNT, kernel, kernel_version)
-        module = fake_module(work, "580.65.06")
         TIMINGS["build stand-in repositories"] = time.monotonic() - t0
         _upload(guest, work / "repo", MOUNT)
         # Ubuntu's images ship python3-apt (Ansible's apt modules need it); the minimal guest
@@ -171,18 +171,17 @@ def vm(request):
                   f"cp {built['ubuntu']['key_file']} /etc/apt/keyrings/standin-ubuntu.asc && "
                   f"echo 'deb [signed-by=/etc/apt/keyrings/standin-ubuntu.asc] file:{built['ubuntu']['dir']} ./' "
                   f">/etc/apt/sources.list.d/standin-ubuntu.list && apt-get update -q")
-        guest.ssh(f"mkdir -p /lib/modules/{kernel}/updates/dkms /var/lib/gpuprov-test")
-        subprocess.run(["scp", *guest.ssh_options(), "-P", str(guest.port), str(module),
-                        f"root@127.0.0.1:/lib/modules/{kernel}/updates/dkms/nvidia.ko"], check=True, capture_output=True)
+        guest.ssh(f"mkdir -p /lib/modules/{kernel}/updates/dkms /var/lib/gpuprov-test && sync")
         # the OS gate pointed at the guest, as Ansible names it (distribution_version is debian_version)
         os_id = "debian-" + guest.ssh("cat /etc/debian_version").stdout.strip()
         bundle = _write_bundle(work, guest, built, os_id)
-        yield guest, bundle, built, kernel
+        TIMINGS["savevm base"] = guest.savevm("base")
+        yield guest, bundle, built, kernel, work
     finally:
         guest.poweroff()
         guest.kill()
         TIMINGS["module total"] = time.monotonic() - began
-        lines = ["GPU roles VM test timings:"] + [f"  {step:<40} {s:7.1f} s" for step, s in TIMINGS.items()]
+        lines = ["GPU roles VM test timings:"] + [f"  {step:<60} {s:7.1f} s" for step, s in TIMINGS.items()]
         (work.parent / "gpuprov-vm-gpu-timings.txt").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         keep = os.environ.get("GPUPROV_VM_KEEP")
@@ -191,16 +190,15 @@ def vm(request):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_1_image_with_newer_driver_and_held_nccl_keeps_both(vm):
-    guest, bundle, built, kernel = vm
+def test_full_role_order_keeps_a_newer_image_driver_and_held_nccl(vm):
+    guest, bundle, built, kernel, work = vm
+    TIMINGS["loadvm (test 1)"] = guest.loadvm("base")
     cuda = built["cuda"]["dir"]
-    # what such an image carries: driver 580 (the module modinfo reads, loaded), and NCCL held
-    guest.ssh(f"depmod -a {kernel} && modinfo nvidia | grep -q '^version: *580.65.06' && "
-              f"echo 580.65.06 >{VERSION_FILE} && "
-              f"dpkg -i {built['ubuntu']['dir']}/nvidia-kernel-common-580-server_580.65.06-0ubuntu0.22.04.1_amd64.deb "
-              f"{built['ubuntu']['dir']}/nvidia-compute-utils-580-server_580.65.06-0ubuntu0.22.04.1_amd64.deb "
+    # what such an image carries: the CUDA repository's 580 driver (loaded), and NCCL held
+    place_module(guest, work, kernel, "580.126.16")
+    guest.ssh(f"dpkg -i {cuda}/nvidia-kernel-common-580_580.126.16-1_amd64.deb {cuda}/nvidia-open_580.126.16-1_amd64.deb "
               f"{cuda}/libnccl2_2.21.5-1+cuda12.4_amd64.deb && apt-mark hold libnccl2")
-    result = play(bundle, "1 newer driver image")
+    result = play(bundle, "full role order, newer driver image")
     assert result.returncode == 0, result.stdout[-6000:]
     out = result.stdout
     assert "a newer driver is present: keep it" in out
@@ -208,7 +206,7 @@ def test_1_image_with_newer_driver_and_held_nccl_keeps_both(vm):
     have = packages(guest)
     assert "nvidia-headless-570-server-open" not in have  # nothing of the older plan branch
     assert have["libnccl2"] == ("2.21.5-1+cuda12.4", "hold") and "libnccl-dev" not in have
-    assert have["nvidia-fabricmanager-580"] == ("580.65.06-0ubuntu0.22.04.1", "hold")  # the running branch
+    assert have["nvidia-fabricmanager"] == ("580.126.16-1", "hold")  # the running build, its naming
     assert have["doca-ofed"] == ("2.9.1-0.0.1", "hold")  # the planned release, not the newest
     assert have["nccl-gib"] == ("1.1.0", "hold")  # pinned although 1.1.1 is in the repository
     # DCGM by the driver's CUDA major (580 -> 13), pinned, although the plan trains with CUDA 12.8
@@ -225,76 +223,45 @@ def test_1_image_with_newer_driver_and_held_nccl_keeps_both(vm):
     assert 'APT::Periodic::Unattended-Upgrade "0"' in guest.ssh("cat /etc/apt/apt.conf.d/20auto-upgrades").stdout
 
 
-def test_2_bare_image_gets_the_server_driver_from_one_repository_and_reboots(vm):
-    guest, bundle, built, kernel = vm
-    # the bare image: no driver module, no fabric manager; "loaded" as it will be after the reboot
-    guest.ssh(f"rm -f /lib/modules/{kernel}/updates/dkms/nvidia.ko && depmod -a {kernel} && "
-              f"apt-mark unhold nvidia-fabricmanager-580 libnvidia-nscq-580 && "
-              f"apt-get purge -y -q nvidia-fabricmanager-580 libnvidia-nscq-580 nvidia-compute-utils-580-server "
-              f"nvidia-kernel-common-580-server && "
-              f"echo 570.172.08 >{VERSION_FILE}")
-    boot_id = guest.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-    result = play(bundle, "2 bare image install")
-    assert result.returncode == 0, result.stdout[-6000:]
-    assert "install branch 570" in result.stdout
-    assert "RUNNING HANDLER [nvidia_driver : Reboot after the NVIDIA driver changed]" in result.stdout
-    assert guest.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot_id  # it rebooted
-    have = packages(guest)
-    for name in ("nvidia-headless-570-server-open", "nvidia-utils-570-server", "nvidia-kernel-common-570-server"):
-        # Ubuntu's build although the CUDA repository's -1 sorts higher: the pin holds
-        assert have[name] == ("570.172.08-0ubuntu0.22.04.1", "hold" if "kernel-common" not in name else have[name][1])
-    assert have["nvidia-fabricmanager-570"] == ("570.172.08-0ubuntu0.22.04.1", "hold")  # = the driver
-    assert "nvidia-kernel-common-570" not in have  # the other flavour never came in
-    assert "Pin: release o=Ubuntu" in guest.ssh("cat /etc/apt/preferences.d/gpuprov-nvidia-570.pref").stdout
-    assert have["libnccl2"] == ("2.21.5-1+cuda12.4", "hold")  # still kept
-
-
-def test_3_second_run_changes_nothing(vm):
-    guest, bundle, _, _ = vm
-    result = play(bundle, "3 idempotent rerun")
-    assert result.returncode == 0, result.stdout[-6000:]
-    changed = counters(result)["changed"]
-    assert changed == 0, "\n".join(line for line in result.stdout.splitlines() if line.startswith("changed:"))
-
-
-AZURE = {"nccl_tests_image_dir": "/opt/nccl-tests"}
-
-
-def test_4_azure_image_keeps_its_stack_and_adds_only_fabric_manager(vm):
-    """Profile azure-ubuntu-hpc-2204: CUDA-repository nvidia-open 580 (the repository has moved on to
-    580.173.02), DCGM cuda13, NCCL 2.30.4 held, nccl-tests built with MPI in /opt/nccl-tests. The
-    fabric manager package is the one thing the plan adds: unsuffixed, the driver's exact build."""
-    guest, bundle, built, kernel = vm
-    work = Path(tempfile.mkdtemp(prefix="gpuprov-vm-azure-"))
+def place_module(guest: Guest, work: Path, kernel: str, version: str | None) -> None:
+    """The image's driver as the roles see it: a stand-in module `modinfo` reads, and the loaded
+    version (for a bare image: the version the driver will load at after the reboot)."""
     from vm.standin_repo import fake_module
 
-    module = fake_module(work, "580.126.16")
-    subprocess.run(["scp", *guest.ssh_options(), "-P", str(guest.port), str(module),
-                    f"root@127.0.0.1:/lib/modules/{kernel}/updates/dkms/nvidia.ko"], check=True, capture_output=True)
-    cuda = built["cuda"]["dir"]
-    guest.ssh(f"apt-mark unhold nvidia-fabricmanager-570 libnvidia-nscq-570 libnccl2 && "
-              f"apt-get purge -y -q nvidia-fabricmanager-570 libnvidia-nscq-570 && "
-              f"depmod -a {kernel} && echo 580.126.16 >{VERSION_FILE} && "
-              f"dpkg -i {cuda}/nvidia-kernel-common-580_580.126.16-1_amd64.deb {cuda}/nvidia-open_580.126.16-1_amd64.deb "
-              f"{cuda}/libnccl2_2.30.4-1+cuda13.0_amd64.deb && apt-mark hold libnccl2 && "
-              f"mkdir -p /opt/nccl-tests/build && printf '#!/bin/sh\\nexit 0\\n' >/opt/nccl-tests/build/all_reduce_perf && "
-              f"chmod +x /opt/nccl-tests/build/all_reduce_perf")
+    guest.ssh(f"echo {version or BARE_LOADED} >{VERSION_FILE}")
+    if version:
+        folder = work / f"module-{version}"
+        folder.mkdir(exist_ok=True)
+        module = fake_module(folder, version)
+        subprocess.run(["scp", *guest.ssh_options(), "-P", str(guest.port), str(module),
+                        f"root@127.0.0.1:/lib/modules/{kernel}/updates/dkms/nvidia.ko"], check=True,
+                       capture_output=True)
+        guest.ssh(f"depmod -a {kernel}")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["id"] for s in SCENARIOS])
+def test_image_profile_converges_adds_only_the_plan_and_reruns_clean(vm, scenario):
+    """The roles on one image profile's stand-in: converges, adds exactly what the plan adds
+    (nothing the image had moves), and a second run changes nothing."""
+    guest, bundle, built, kernel, work = vm
+    name = scenario["id"]
+    TIMINGS[f"loadvm ({name})"] = guest.loadvm("base")
+    place_module(guest, work, kernel, scenario["driver"])
+    apply_image(guest, built, scenario)
     before = packages(guest)
-    result = play(bundle, "4 azure image", AZURE)
+    playbook, extra = scenario_play(bundle, scenario)
+    result = play(bundle, f"{name} 1", extra, playbook)
     assert result.returncode == 0, result.stdout[-6000:]
     after = packages(guest)
-    added = {name: after[name][0] for name in set(after) - set(before)}
-    assert added == {"nvidia-fabricmanager": "580.126.16-1", "libnvidia-nscq": "580.126.16-1"}, added
-    assert all(after[name][0] == version for name, (version, _) in before.items()), "a kept package moved"
-    assert "keep the image DCGM" in result.stdout and "use the image nccl-tests build" in result.stdout
-    assert guest.ssh("test -e /opt/gpuprov/nccl-tests", check=False).returncode != 0  # nothing cloned
-    profile = guest.ssh("cat /etc/profile.d/gpuprov-nccl.sh").stdout
-    assert "GPUPROV_NCCL_TESTS_BIN=/opt/nccl-tests/build" in profile
-
-
-def test_5_azure_second_run_changes_nothing(vm):
-    guest, bundle, _, _ = vm
-    result = play(bundle, "5 azure rerun", AZURE)
-    assert result.returncode == 0, result.stdout[-6000:]
-    changed = counters(result)["changed"]
-    assert changed == 0, "\n".join(line for line in result.stdout.splitlines() if line.startswith("changed:"))
+    added = {n: after[n][0] for n in set(after) - set(before)}
+    assert added == expected_added(scenario, before, built, kernel), added
+    assert set(before) <= set(after) and all(after[n][0] == v for n, (v, _) in before.items()), \
+        [(n, v, after.get(n)) for n, (v, _) in before.items() if after.get(n, ("",))[0] != v]
+    if scenario["nccl_tests_dir"]:
+        assert "use the image nccl-tests build" in result.stdout
+    if scenario["efa"]:
+        assert f"EFA installer {scenario['efa']} installed, plan 1.43.2: keep it" in " ".join(result.stdout.split())
+    rerun = play(bundle, f"{name} 2", extra, playbook)
+    assert rerun.returncode == 0, rerun.stdout[-6000:]
+    changed = counters(rerun)["changed"]
+    assert changed == 0, "\n".join(line for line in rerun.stdout.splitlines() if line.startswith("changed:"))

@@ -60,6 +60,7 @@ class Guest:
         self.key = self.workdir / "id_ed25519"
         self.console = self.workdir / "console.log"
         self.overlay = self.workdir / "root.qcow2"
+        self.monitor = self.workdir / "monitor.sock"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuprov-vm-test",
                         "-f", str(self.key)], check=True)
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
@@ -91,7 +92,7 @@ class Guest:
         append = f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet gpuprov.sshkey={pubkey}"
         cmd = [QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-M", "q35", "-m", str(self.memory_mb),
                "-smp", str(self.smp), "-nodefaults", "-display", "none", "-no-user-config",
-               "-serial", f"file:{self.console}",
+               "-serial", f"file:{self.console}", "-monitor", f"unix:{self.monitor},server,nowait",
                "-kernel", str(CACHE / "vmlinuz"), "-initrd", str(CACHE / "initrd.img"), "-append", append,
                "-drive", f"file={self.overlay},if=virtio,format=qcow2",
                "-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
@@ -150,6 +151,42 @@ class Guest:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    # --- snapshots (the qcow2 overlay holds them; a guest with raw NVMe drives cannot) ------
+    def hmp(self, command: str, timeout: float = 600) -> str:
+        """One human-monitor command; returns what the monitor printed."""
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(self.monitor))
+            data = b""
+            while not data.endswith(b"(qemu) "):
+                data += sock.recv(4096)
+            sock.sendall(command.encode() + b"\n")
+            data = b""
+            while data.count(b"(qemu) ") < 1 or not data.endswith(b"(qemu) "):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        text = data.decode(errors="replace").replace("\r", "")
+        return "\n".join(line for line in text.splitlines()[1:] if not line.startswith("(qemu)")).strip()
+
+    def savevm(self, name: str) -> float:
+        """Save the running guest (RAM and disk) under `name`; returns the seconds it took."""
+        began = time.monotonic()
+        out = self.hmp(f"savevm {name}")
+        if "rror" in out:
+            raise RuntimeError(f"savevm {name}: {out}")
+        return time.monotonic() - began
+
+    def loadvm(self, name: str) -> float:
+        """Revert the guest to snapshot `name` (RAM and disk): every scenario starts from the same state."""
+        began = time.monotonic()
+        out = self.hmp(f"loadvm {name}")
+        if "rror" in out:
+            raise RuntimeError(f"loadvm {name}: {out}")
+        self.wait_ssh(120)
+        return time.monotonic() - began
 
     def console_tail(self, lines: int = 40) -> str:
         try:

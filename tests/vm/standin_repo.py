@@ -85,10 +85,27 @@ def _release(repo: Path, origin: str, label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def full_spec() -> dict:
+    """standin_packages.yaml's repositories with the packages generated from the image profiles
+    (tests/vm/standin_profiles.py) added: Ubuntu's and the CUDA repository's driver, fabric
+    manager, NSCQ and DCGM builds, and an `image` repository (never in an apt source) of what
+    images carry that no index lists."""
+    from vm.standin_profiles import repos
+
+    spec = yaml.safe_load(SPEC.read_text())["repos"]
+    generated = repos(extra_dcgm=(str(spec["cuda"]["dcgm_version"]),))
+    for name in ("ubuntu", "cuda"):
+        seen = {(p["name"], str(p["version"])) for p in spec[name]["packages"]}
+        spec[name]["packages"] += [p for p in generated[name] if (p["name"], str(p["version"])) not in seen]
+    spec["image"] = {"origin": "local", "key": "binary", "packages": generated["image"],
+                     "source": "image-only builds (tests/vm/standin_profiles.py)"}
+    return spec
+
+
 def build(out: Path, mount: str, kernel: str, kernel_version: str) -> dict:
     """All repositories under `out` (the guest sees them at `mount`); returns what was built:
     {repo: {"dir", "origin", "key_form", "key_file", "packages": [(name, version)]}}."""
-    spec = yaml.safe_load(SPEC.read_text())["repos"]
+    spec = full_spec()
     keys_dir = out / "keys"
     keys_dir.mkdir(parents=True)
     built = {}
@@ -108,6 +125,10 @@ def build(out: Path, mount: str, kernel: str, kernel_version: str) -> dict:
             for rel, kind in (pkg.get("files") or {}).items():
                 if kind == "key":
                     payload[rel] = binary
+                elif kind.startswith("pin:"):
+                    # model of NVIDIA's driver pinning package: the driver's packages at one build
+                    payload[rel] = (f"Package: nvidia-* libnvidia-*\nPin: version {kind[4:]}\n"
+                                    "Pin-Priority: 1000\n").encode()
                 elif kind == "source":
                     payload[rel] = (f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
                                     f"file:{mount}/{repo_name} ./\n").encode()
