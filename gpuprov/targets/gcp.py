@@ -68,6 +68,7 @@ class Gcp(Target):
             "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
             "boot_disk_size_gb": 500,
             "create_timeout": create_timeout(plan.purchase.option),
+            "resize_request_state_command": flex_request_state_command(),
         }
 
     def fabric_role(self, fabric: str) -> str | None:
@@ -83,6 +84,13 @@ def create_timeout(option: str | None) -> str:
     if option != "flex-start":
         return "20m"
     return f"{int(cat.load_flex_start('gcp')['queue_minutes']) + 10}m"
+
+
+def flex_request_state_command() -> str:
+    """The CLI call that reads a MIG resize request's state: the module polls it until the VMs exist."""
+    from gpuprov.catalog import bringup as cat
+
+    return str(cat.load_flex_start("gcp")["request_state_command"])
 
 
 TARGET = Gcp()
