@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.targets.base import Target, TfvarsKeys
+from gpuprov.targets.live import LiveCheck, LiveCli, q
 
 if TYPE_CHECKING:
     from gpuprov.plan import Plan
@@ -43,7 +44,20 @@ class Gcp(Target):
     name, title = "gcp", "GCP"
     image_ref_keys = ("image",)
     tfvars = TfvarsKeys(instance="machine_type", held="reservation_name", shared="shared_storage_gib")
-    live_checks = True
+    live = LiveCli(login=("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=json"),
+                   install_fix="install the gcloud CLI: https://cloud.google.com/sdk/docs/install",
+                   login_fix="gcloud auth login")
+
+    def live_checks(self, s: dict[str, Any]) -> list[LiveCheck]:
+        from gpuprov.targets import gcp_live  # lazy: it reads the catalog, which imports this registry
+
+        return gcp_live.checks(s)
+
+    def quota_family(self, instance: str) -> str:
+        return instance.rsplit("-", 1)[0]  # a3-megagpu-8g -> a3-megagpu: the catalog's quota metrics
+
+    def offerings_command(self, instance: str, region: str) -> str:
+        return f"gcloud compute machine-types list {q('--filter=name=' + instance)} --format=json"
 
     def held_id(self, spec: Any, option: str) -> str | None:
         return spec.reservation if option == "reservation" else None
