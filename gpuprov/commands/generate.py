@@ -134,8 +134,9 @@ seq_len: {seq_len}
 # Your data: a token count (100M), a prepared data dir / meta.json, or a text/JSONL file; and passes over it
 # dataset: 100M
 # epochs: 1
-# Or set the budget directly: sequences per optimizer step and training tokens for the whole run
-# global_batch: 128
+# Or set the budget directly: sequences per optimizer step (default: the recipe's for the plan's GPU count)
+# and training tokens for the whole run
+# global_batch: 32
 # tokens: 100M
 # Constraints: finish within this many hours (or 30d, 12h, ...) and spend at most (USD); remove to leave open
 # deadline_hours: 48

@@ -47,6 +47,11 @@ class Candidate:
     def total_gpus(self) -> int:
         return self.nodes * self.instance.gpus
 
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: the GPUs over one TP x CP group (one sample spans the group)."""
+        return self.total_gpus // (self.tp * self.cp)
+
     def key(self) -> tuple:
         return (self.instance.cloud, self.instance.name, self.nodes, self.sharding, self.shard_group,
                 self.activation_checkpointing, self.micro_batch, self.tp, self.cp)
