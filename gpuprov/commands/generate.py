@@ -89,6 +89,9 @@ def generate(spec, output: str | None, force: bool) -> None:
 
     from gpuprov.catalog.models import pinned_model
 
+    from gpuprov.preflight import locate_reservation
+
+    spec = locate_reservation(spec)  # a reservation's zone and region, when the cloud CLI can say
     spec, pin = portable_model(spec, None if output == "-" else output)
     with pinned_model(**pin) if pin else contextlib.nullcontext():
         plan = make_plan(spec)
