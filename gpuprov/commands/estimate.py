@@ -396,7 +396,8 @@ def command_words(model_name, gpu_slug, framework, shape: dict, grad_accumulatio
                   explicit: dict) -> list[tuple[str, str | None]]:
     """The user's run as (flag, value) pairs: shape, preset, and the stack flags they gave."""
     words: list[tuple[str, str | None]] = [
-        ("--model", model_name), ("--gpu", str(gpu_slug).partition(":")[0]), ("--task", shape["task"]), ("--seq-len", str(shape["seq_len"])),
+        ("--model", model_name), ("--gpu", str(gpu_slug).partition(":")[0]), ("--task", shape["task"]),
+        ("--seq-len", str(shape["seq_len"])),
         ("--micro-batch", str(shape["micro_batch"])), ("--gpus", str(shape["gpus"]))]
     if shape["gpus_per_node"] is not None:
         words.append(("--gpus-per-node", str(shape["gpus_per_node"])))
