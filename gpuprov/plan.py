@@ -7,7 +7,7 @@ reads it back. Bytes are integers; bandwidths say their unit in the field name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -364,6 +364,14 @@ class Provisioning(_Strict):
     checkpoint_root: str  # several nodes: the shared filesystem; one node: its own NVMe array
 
 
+class Infra(_Strict):
+    """What the target decided for its Terraform templates (gpuprov/targets/<name>.py `terraform_inputs`):
+    the Terraform renderer fills templates from it, never computes it. Empty for an inventory target."""
+
+    target: CloudName
+    inputs: dict[str, Any] = Field(default_factory=dict)  # template variable -> value (JSON scalars, lists, maps)
+
+
 class Plan(_Strict):
     schema_version: int = PLAN_SCHEMA_VERSION
     gpuprov_version: str
@@ -396,3 +404,4 @@ class Plan(_Strict):
     stack: Stack | None = None  # None only in plans written before the stack was recorded
     scheduler: Scheduler = Field(default_factory=Scheduler)  # none in plans written before it was decided
     provisioning: Provisioning | None = None  # None only in plans written before targets decided it
+    infra: Infra | None = None  # None only in plans written before targets decided it

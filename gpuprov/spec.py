@@ -181,9 +181,10 @@ class TrainingSpec(BaseModel):
             task=self.task, init=self.init, recipe_name=self.recipe, seq_len=self.seq_len, tokens=self.tokens,
             global_batch_tokens=self.global_batch_tokens, global_batch=self.global_batch,
             dataset_tokens=self.dataset_tokens, epochs=self.epochs)
-        if tokens > v.MAX_TOKENS or batch > v.MAX_BATCH_TOKENS:
+        if tokens > v.MAX_TOKENS or (batch or 0) > v.MAX_BATCH_TOKENS:
             raise ValueError(f"{tokens:,} tokens in batches of {batch:,} is past gpuprov's limits")
-        # the sequences form is input only: the spec keeps the token count (one number, no disagreement)
+        # the sequences form is input only: the spec keeps the token count (one number, no disagreement);
+        # None: the recipe's batch, decided by the plan for the data-parallel degree it picks
         self.tokens, self.global_batch_tokens, self.global_batch = tokens, batch, None
         return self
 

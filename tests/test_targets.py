@@ -117,3 +117,9 @@ def test_the_plan_records_the_targets_decisions(name, tmp_path):
     train = yaml.safe_load(render_launch(plan)["train.yaml"])
     assert train["checkpoint"]["dir"].startswith(p.checkpoint_root + "/checkpoints/")
     assert bool(render_terraform(plan)) == (p.provisioner == "terraform")
+    infra = plan.infra
+    assert infra is not None and infra.target == name
+    assert infra.inputs == (TARGETS[name].terraform_inputs(plan) if p.provisioner == "terraform" else {})
+    # what Terraform reads survives plan.json: the renderer fills the same templates from a reloaded plan
+    reloaded = plan_module.Plan.model_validate_json(plan.model_dump_json())
+    assert reloaded.infra == infra and render_terraform(reloaded) == render_terraform(plan)

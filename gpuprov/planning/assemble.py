@@ -130,7 +130,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         health=_health(inst, fabric, best.nodes),
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=_alternatives(spec, result, best) + bringup_plan.purchase_alternatives(spec, best),
-        notes=recipe_notes(spec, best.steps, best.batch_tokens) + _notes(spec, arch, best, mem, pool, get_gpu)
+        notes=recipe_notes(spec, best.steps, best.batch_tokens, best.dp) + _notes(spec, arch, best, mem, pool, get_gpu)
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
         + unknown_host_notes(inst, best.nodes)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]

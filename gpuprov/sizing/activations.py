@@ -203,6 +203,9 @@ def _cross_entropy(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> int:
         return tokens * elem * V // chunks  # fused per-chunk loss: one chunk's gradient at a time
     if s.chunked_cross_entropy:
         return tokens * elem * V + tokens * elem * V * 2 // chunks
+    if int(getattr(s, "tp", 1) or 1) > 1 and elem == 4:
+        # loss_parallel(): torch's vocab-sharded nll + log-softmax backward (the caller divides by tp)
+        return tokens * elem * V * ce["fp32_buffers_loss_parallel"]
     if loss_compiled(s):
         # the loss is inside the compiled graph: inductor saves the logits and the logsumexp and writes
         # the logits' gradient in one fused kernel (softmax - one-hot), no log-softmax buffer
