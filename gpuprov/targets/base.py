@@ -105,6 +105,10 @@ class Target:
         `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
         return None
 
+    def plan_fabric(self, fabric: Any, unknown: tuple[str, ...] | list[str], nodes: int) -> Any:
+        """The fabric the plan records for these nodes (a cloud's catalog entry is a fact: as is)."""
+        return fabric
+
     def fabric_role(self, fabric: str) -> str | None:
         """The Ansible role that sets up `fabric` on this target's hosts (None: nothing beyond Ethernet)."""
         if fabric == "efa":
