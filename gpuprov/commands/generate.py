@@ -23,7 +23,8 @@ def make_plan(spec):
 def portable_model(spec, output: str | None):
     """A config.json model as a path relative to the bundle, so the lock, plan.json and README hold
     no path of this machine and `check` passes in another checkout (it rebuilds from plan.json's
-    config). Returns (spec, pin for pinned_model) or (spec, None) for presets, HF ids and tar output."""
+    config). A tar (-o -) unpacks as TAR_PREFIX/ in the current directory: relative to that.
+    Returns (spec, pin for pinned_model) or (spec, None) for presets and HF ids."""
     import os
     from pathlib import Path
 
@@ -89,7 +90,10 @@ def generate(spec, output: str | None, force: bool) -> None:
 
     from gpuprov.catalog.models import pinned_model
 
-    spec, pin = portable_model(spec, None if output == "-" else output)
+    from gpuprov.preflight import locate_reservation
+
+    spec = locate_reservation(spec)  # a reservation's zone and region, when the cloud CLI can say
+    spec, pin = portable_model(spec, bundle.TAR_PREFIX if output == "-" else output)
     with pinned_model(**pin) if pin else contextlib.nullcontext():
         plan = make_plan(spec)
         files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing

@@ -14,8 +14,9 @@ from gpuprov.render.explain import render_explain
 
 def _plan(spec):
     from gpuprov.planner import make_plan
+    from gpuprov.preflight import locate_reservation
 
-    return make_plan(spec)
+    return make_plan(locate_reservation(spec))
 
 
 def _money(x: float | None) -> str:
