@@ -94,6 +94,9 @@ class FabricInfo(_Strict):
     nccl_net: str | None = None  # regex of the network NCCL must log using ("IB", "gIB"...); None: sockets
     nccl_conf_managed_by_image: bool = False  # the image rewrites /etc/nccl.conf (Azure)
     rdma_ipv4_by: Literal["oci-rdma-configure"] | None = None  # image service numbering the RDMA NICs
+    # the fabric nobody stated (on-prem hosts file): the time model assumes `name`, the bring-up
+    # configures none (no subnet manager, no RDMA role) and says how to learn it
+    probe: str | None = None
 
 
 class Cluster(_Strict):

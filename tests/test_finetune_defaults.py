@@ -81,7 +81,7 @@ def test_recipes_cite_a_source_and_date_for_every_task():
     data = load_data("recipes.yaml")
     for name, tasks in data["recipes"].items():
         assert set(tasks) == {"full", "lora", "qlora"}, name
-        for task, r in tasks.items():
+        for r in tasks.values():
             assert r["source"] and r["date"] and r["learning_rate"] > 0
             assert r["batch_size"] > 0 and r["gradient_accumulation_steps"] > 0 and r["devices"] > 0
             assert r.get("single_device", {}).get("source", "x")

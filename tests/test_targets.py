@@ -107,7 +107,9 @@ def test_the_plan_records_the_targets_decisions(name, tmp_path):
                                      {"model": "70b", "cloud": name, "tokens": "20B"}))
     p = plan.provisioning
     assert p is not None and p.target == name and p.provisioner == TARGETS[name].provisioner
-    assert p.fabric_role == TARGETS[name].fabric_role(plan.fabric.name)
+    # a fabric the hosts file does not state (plan.fabric.probe) gets no role
+    assert p.fabric_role == (None if plan.fabric.probe else TARGETS[name].fabric_role(plan.fabric.name))
+    assert (plan.fabric.probe is not None) == (name == "onprem")
     assert p.checkpoint_root == ("/shared" if plan.cluster.nodes > 1 else plan.storage.mount_point)
     import yaml
 

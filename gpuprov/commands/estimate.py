@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from gpuprov.catalog.gpus import get_gpu, list_gpus
+from gpuprov.catalog.gpus import accelerator_name, get_gpu, list_gpus
 from gpuprov.catalog.models import get_model
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.frameworks import names, title
@@ -74,6 +74,19 @@ def run_precise(arch, setup, gpu_memory_bytes):
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers"):
             raise GpuprovError(PRECISE_HINT) from None
         raise
+
+
+def _gpu_count_from_name(ctx: click.Context, gpu_slug: str) -> dict:
+    """`--gpu H100:8` names the GPU count too (SkyPilot's form): it is --gpus, and a different
+    explicit --gpus is a conflict, refused in one line."""
+    params = dict(ctx.params)
+    named = accelerator_name(gpu_slug)
+    if named is None or named[1] is None:
+        return params
+    if ctx.get_parameter_source("gpus") == click.core.ParameterSource.COMMANDLINE and params["gpus"] != named[1]:
+        raise GpuprovError(f"--gpu {gpu_slug} asks for {named[1]} GPUs but --gpus {params['gpus']}; give one count")
+    params["gpus"] = named[1]
+    return params
 
 
 def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
@@ -283,7 +296,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
     """
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
-    params = click.get_current_context().params
+    params = _gpu_count_from_name(click.get_current_context(), gpu_slug)
     setup, explicit, shape, applied = setup_from_options(params)
     if precise and tp * cp * pp > 1:
         raise GpuprovError("--precise simulates FSDP on one rank; it does not model --tp/--cp/--pp yet (drop --precise)")
@@ -375,7 +388,8 @@ def command_words(model_name, gpu_slug, framework, shape: dict, grad_accumulatio
                   explicit: dict) -> list[tuple[str, str | None]]:
     """The user's run as (flag, value) pairs: shape, preset, and the stack flags they gave."""
     words: list[tuple[str, str | None]] = [
-        ("--model", model_name), ("--gpu", gpu_slug), ("--task", shape["task"]), ("--seq-len", str(shape["seq_len"])),
+        ("--model", model_name), ("--gpu", str(gpu_slug).partition(":")[0]), ("--task", shape["task"]),
+        ("--seq-len", str(shape["seq_len"])),
         ("--micro-batch", str(shape["micro_batch"])), ("--gpus", str(shape["gpus"]))]
     if shape["gpus_per_node"] is not None:
         words.append(("--gpus-per-node", str(shape["gpus_per_node"])))

@@ -29,7 +29,8 @@ def make_plan(spec):
 def portable_model(spec, output: str | None):
     """A config.json model as a path relative to the bundle, so the lock, plan.json and README hold
     no path of this machine and `check` passes in another checkout (it rebuilds from plan.json's
-    config). Returns (spec, pin for pinned_model) or (spec, None) for presets, HF ids and tar output."""
+    config). A tar (-o -) unpacks as TAR_PREFIX/ in the current directory: relative to that.
+    Returns (spec, pin for pinned_model) or (spec, None) for presets and HF ids."""
     model = spec.model
     if output is None or not os.path.isabs(model) or not Path(model).exists():
         return spec, None
@@ -88,7 +89,10 @@ def generate(spec, output: str | None, force: bool) -> None:
     if output != "-":
         _check_output_path(output)
 
-    spec, pin = portable_model(spec, None if output == "-" else output)
+    from gpuprov.preflight import locate_reservation, shared_storage_rule  # lazy: init and schema skip it (9 ms)
+
+    spec = locate_reservation(spec)  # a reservation's zone and region, when the cloud CLI can say
+    spec, pin = portable_model(spec, bundle.TAR_PREFIX if output == "-" else output)
     with pinned_model(**pin) if pin else contextlib.nullcontext():
         plan = make_plan(spec)
         files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
@@ -105,8 +109,6 @@ def generate(spec, output: str | None, force: bool) -> None:
         click.echo(f"note: removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left", err=True)
     if result.leftover:
         click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
-    from gpuprov.preflight import shared_storage_rule  # lazy: only after a bundle is written
-
     storage = shared_storage_rule(plan, Path(output))  # validate's rule, said before validate fails on it
     if storage.status == "fail":
         click.echo(f"note: {storage.detail}", err=True)

@@ -11,15 +11,15 @@ from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
 from gpuprov.host import hosts_left_out
 from gpuprov.planner import make_plan
+from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.spot import stale
 from gpuprov.units import GiB, TB, gib
 
 
-
 def _plan(spec):
-    return make_plan(spec)
+    return make_plan(locate_reservation(spec))
 
 
 def _money(x: float | None) -> str:

@@ -44,6 +44,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "budget_usd": (("--budget",), float, "Spend at most this many USD"),
     "cloud": (("--cloud",), click.Choice(_CLOUDS), "Where to run; 'any' compares all clouds"),
     "region": (("--region",), str, "Cloud region"),
+    "zone": (("--zone",), str, "Zone of the nodes (AWS, GCP): the reservation's (looked up when the CLI is "
+             "signed in)"),
     "gpus": (("--gpu",), str, "Allowed GPU type (repeat or comma-separate)"),
     "gpu_count": (("--gpus",), click.IntRange(min=1), "Exactly this many GPUs in total (the GPUs you have)"),
     "max_nodes": (("--max-nodes",), click.IntRange(min=1), "Largest node count to consider"),

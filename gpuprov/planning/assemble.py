@@ -28,6 +28,7 @@ from gpuprov.sizing.memory import estimate_memory
 from gpuprov.spot import notes as spot_notes
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.sizing.throughput import utilisation as util_of
+from gpuprov.targets import get_target
 from gpuprov.targets.decide import decided
 from gpuprov.units import GiB
 
@@ -108,6 +109,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
     if best.nodes > 1:
         # the instance catalog knows this machine's own share of the fabric
         fabric = fabric.model_copy(update={"gbps_per_gpu": inst.fabric_gbps_per_gpu})
+    fabric = get_target(inst.cloud).plan_fabric(fabric, tuple(getattr(inst, "unknown", ())), best.nodes)
     glob, _glob_src = nvme_device_glob(inst.cloud)
     bringup = bringup_plan.bringup_fields(spec, best.instance, best.nodes, needs)
     return Plan(

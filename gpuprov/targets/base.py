@@ -92,6 +92,10 @@ class Target:
         (None: the templates find the zone themselves)."""
         return None
 
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        """The zone reservation `held` lives in, asked of the signed-in CLI through `run` (None: unknown)."""
+        return None
+
     def held_note(self, option: str, held: str | None) -> str | None:
         """What the plan's note says about launching into a held reservation (None: nothing to add)."""
         return None
@@ -100,6 +104,10 @@ class Target:
         """Why Ansible could not reach this target's nodes with these Terraform values (None: it can).
         `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
         return None
+
+    def plan_fabric(self, fabric: Any, unknown: tuple[str, ...] | list[str], nodes: int) -> Any:
+        """The fabric the plan records for these nodes (a cloud's catalog entry is a fact: as is)."""
+        return fabric
 
     def fabric_role(self, fabric: str) -> str | None:
         """The Ansible role that sets up `fabric` on this target's hosts (None: nothing beyond Ethernet)."""

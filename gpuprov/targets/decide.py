@@ -23,7 +23,8 @@ def provisioning_for(plan: Plan) -> Provisioning:
     target = get_target(plan.instance.cloud)
     return Provisioning(
         target=plan.instance.cloud, provisioner=target.provisioner,
-        fabric_role=target.fabric_role(plan.fabric.name),
+        # a fabric nobody stated (plan.fabric.probe) gets no role: the bring-up skips it and says why
+        fabric_role=None if plan.fabric.probe else target.fabric_role(plan.fabric.name),
         # cuFile needs a local filesystem to serve: GDS only where the plan has the RAID
         gds=bool(plan.software.gds and plan.storage.devices > 0),
         checkpoint_root=checkpoint_root(plan))
