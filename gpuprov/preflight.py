@@ -166,6 +166,8 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
         return Check("ok", "quota", f"request {need} vCPUs of {quota_code} ({code['name']}) in {s['region']}",
                      f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
                      f"{q(quota_code)} --desired-value {need} --region {q(s['region'])}")
+    if entry["unit"] in ("family-vcpus", "shape-gpus"):
+        return _family_quota_rule(entry, inst, s)
     metric = entry["metrics"].get(get_target(plan.cluster.cloud).quota_family(inst.name))
     need = s["nodes"] * inst.gpus
     if metric is None:
@@ -173,6 +175,23 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
     metric = (entry["preemptible_prefix"] if spot else "") + metric
     return Check("ok", "quota", f"request {need} of {metric} in {s['region']}",
                  f"gcloud compute regions describe {q(s['region'])} --format=json  (quotas: {metric})")
+
+
+def _family_quota_rule(entry: dict, inst: Any, s: dict) -> Check:
+    """Azure (vCPUs per VM family and region; Spot: one regional quota) and OCI (GPUs per shape
+    family and availability domain): which quota to request, and how many."""
+    vcpus = entry["unit"] == "family-vcpus"
+    need = s["nodes"] * ((inst.vcpus or 0) if vcpus else inst.gpus)
+    unit = "vCPUs" if vcpus else "GPUs"
+    family = entry["families"].get(inst.name)
+    if family is None:
+        return Check("skip", "quota", f"no quota name for {inst.name} in the catalog: request {need} {unit}")
+    if s["purchase"] == "spot" and entry.get("spot"):
+        family = entry["spot"]
+    where = s["region"] if vcpus else f"the nodes' availability domain in {s['region']}"
+    fix = entry["fix"].format(code=family["code"], region=q(s["region"]), need=need,
+                              kind="lowPriority" if family is entry.get("spot") else "dedicated")
+    return Check("ok", "quota", f"request {need} {unit} of {family['code']} ({family['name']}) in {where}", fix)
 
 
 # ---------------------------------------------------------------- live checks
