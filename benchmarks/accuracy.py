@@ -78,7 +78,7 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 # row states as its measured configuration (sharding, AC, precision, compile, chunked loss, offload) stays.
 STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
                      "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
-                     "compile_loss", "defer_grad_sync", "fp32_logits")
+                     "compile_loss", "defer_grad_sync", "fp32_logits", "kbit_fp32_casts")
 
 
 def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
@@ -188,6 +188,9 @@ def setup_for(row: dict[str, Any], stack: bool = True):
         chunked_cross_entropy=bool(row.get("chunked_cross_entropy", False)),
         activation_offloading=bool(row.get("activation_offloading", False)),
         grad_accum=int(row.get("gradient_accumulation_steps", 1)),
+        # torchtitan's 2-D/3-D/4-D layouts (tensor, context, pipeline parallel) and float8 linears
+        tp=int(row.get("tp", 1)), cp=int(row.get("cp", 1)), pp=int(row.get("pp", 1)),
+        float8=bool(row.get("float8", False)),
         **stack_fields,
     )
 

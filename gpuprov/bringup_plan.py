@@ -177,10 +177,9 @@ def purchase_notes(spec: Any, plan_purchase: Any, inst: Any, time_hours: float, 
     if plan_purchase.max_run_hours and time_hours > plan_purchase.max_run_hours:
         notes.append(f"The run takes {time_hours:,.0f} h, longer than one {plan_purchase.option} lease of "
                      f"{plan_purchase.max_run_hours:g} h: re-apply to get new VMs and resume from the last checkpoint")
-    if inst.cloud == "aws" and plan_purchase.option in ("reservation", "capacity-block"):
-        other = "capacity-block" if plan_purchase.option == "reservation" else "reservation"
-        notes.append(f"Launching into {plan_purchase.held} as a {plan_purchase.option}; if it is a "
-                     f"{other}, pass --purchase {other}")
+    held = get_target(inst.cloud).held_note(plan_purchase.option, plan_purchase.held)
+    if held:
+        notes.append(held)
     if nodes > 1 and shared is None:
         notes.append(f"No managed shared filesystem is rendered for {inst.cloud}: mount one at /shared "
                      "before training, or checkpoints stay on node-local disks")

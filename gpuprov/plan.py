@@ -7,7 +7,7 @@ reads it back. Bytes are integers; bandwidths say their unit in the field name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,6 +94,9 @@ class FabricInfo(_Strict):
     nccl_net: str | None = None  # regex of the network NCCL must log using ("IB", "gIB"...); None: sockets
     nccl_conf_managed_by_image: bool = False  # the image rewrites /etc/nccl.conf (Azure)
     rdma_ipv4_by: Literal["oci-rdma-configure"] | None = None  # image service numbering the RDMA NICs
+    # the fabric nobody stated (on-prem hosts file): the time model assumes `name`, the bring-up
+    # configures none (no subnet manager, no RDMA role) and says how to learn it
+    probe: str | None = None
 
 
 class Cluster(_Strict):
@@ -364,6 +367,14 @@ class Provisioning(_Strict):
     checkpoint_root: str  # several nodes: the shared filesystem; one node: its own NVMe array
 
 
+class Infra(_Strict):
+    """What the target decided for its Terraform templates (gpuprov/targets/<name>.py `terraform_inputs`):
+    the Terraform renderer fills templates from it, never computes it. Empty for an inventory target."""
+
+    target: CloudName
+    inputs: dict[str, Any] = Field(default_factory=dict)  # template variable -> value (JSON scalars, lists, maps)
+
+
 class Plan(_Strict):
     schema_version: int = PLAN_SCHEMA_VERSION
     gpuprov_version: str
@@ -396,3 +407,4 @@ class Plan(_Strict):
     stack: Stack | None = None  # None only in plans written before the stack was recorded
     scheduler: Scheduler = Field(default_factory=Scheduler)  # none in plans written before it was decided
     provisioning: Provisioning | None = None  # None only in plans written before targets decided it
+    infra: Infra | None = None  # None only in plans written before targets decided it

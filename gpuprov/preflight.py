@@ -10,43 +10,20 @@ tests answer with recorded CLI JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from pydantic import ValidationError
 
 from gpuprov.catalog import bringup as cat
 from gpuprov.catalog.instances import get_instance
 from gpuprov.errors import GpuprovError
 from gpuprov.targets import get_target
-
-Runner = Callable[[list[str]], tuple[int, str]]
-
-
-@dataclass(frozen=True)
-class Check:
-    status: str  # ok | fail | skip
-    name: str
-    detail: str
-    fix: str = ""
-
-
-def _q(value: Any) -> str:
-    """One shell word: a fix line is pasted into a shell, and tfvars values are the user's text."""
-    return shlex.quote(str(value))
-
-
-INSTALL_FIX = {
-    "aws": "install the AWS CLI v2: https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
-    "gcp": "install the gcloud CLI: https://cloud.google.com/sdk/docs/install",
-}
-LOGIN_FIX = {"aws": "aws sso login (or aws configure)", "gcp": "gcloud auth login"}
-
+from gpuprov.targets.live import Check, Runner, q
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
     """(exit code, stdout) of a cloud CLI; 127 when it is not on PATH."""
@@ -100,7 +77,7 @@ def settings(plan: Any, root: Path) -> dict[str, Any]:
         "nodes": _node_count(given.get("node_count", plan.cluster.nodes)),
         "purchase": given.get("purchase_option", plan.purchase.option),
         "held": given.get(keys.held, plan.purchase.held),
-        "zone": given.get(keys.zone),
+        "zone": given.get(keys.zone, plan.spec.zone),
         "project": given.get("project_id"),
         "subnet": given.get(keys.subnet) if keys.subnet else None,
     }
@@ -137,7 +114,7 @@ def _region_rule(plan: Any, inst: Any, s: dict) -> Check:
     if s["region"] == inst.region:
         return Check("ok", "region", f"{inst.name} is offered in {s['region']} (catalog: {inst.price_source})")
     return Check("skip", "region", f"the catalog knows {inst.name} in {inst.region} only; {s['region']} "
-                 "is checked live", _offerings_command(plan.cluster.cloud, inst.name, s["region"]))
+                 "is checked live", get_target(plan.cluster.cloud).offerings_command(inst.name, s["region"]))
 
 
 def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
@@ -146,13 +123,15 @@ def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
     if not s["held"]:
         return Check("fail", "reservation", f"purchase option {s['purchase']} names no reservation",
                      "set capacity_reservation_id / reservation_name in terraform/terraform.tfvars")
-    if plan.cluster.cloud == "aws" and not s["zone"]:
-        return Check("fail", "reservation zone", f"{s['held']} lives in one availability zone: "
-                     "availability_zone is not set", "aws ec2 describe-capacity-reservations --capacity-reservation-ids "
-                     f"{_q(s['held'])} --query 'CapacityReservations[0].AvailabilityZone'")
-    return Check("skip", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} as terraform.tfvars "
-                 "states it: unchecked offline (the live check compares it with the reservation)",
-                 LOGIN_FIX.get(plan.cluster.cloud, ""))
+    target = get_target(plan.cluster.cloud)
+    zone_fix = target.reservation_zone_fix(s["held"])
+    if zone_fix and not s["zone"]:
+        return Check("fail", "reservation zone", f"{s['held']} lives in one zone: "
+                     f"{target.tfvars.zone if target.tfvars else 'zone'} is not set", zone_fix)
+    return Check("skip", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} as the bundle "
+                 "states it (plan or terraform.tfvars): unchecked offline (the live check compares it with the "
+                 "reservation)",
+                 target.live.login_fix if target.live else "")
 
 
 def _provider_support_rule(plan: Any, s: dict) -> Check | None:
@@ -170,12 +149,6 @@ def _provider_support_rule(plan: Any, s: dict) -> Check | None:
                  "raise the hashicorp/google pin in terraform/versions.tf to a release that carries it")
 
 
-def _family(cloud: str, name: str) -> str:
-    if cloud == "aws":
-        return name[:1]  # EC2 quotas are per family letter: p5en -> p, g6e -> g
-    return name.rsplit("-", 1)[0] if cloud == "gcp" else name
-
-
 def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
     entry = cat.quota(plan.cluster.cloud)
     spot = s["purchase"] in ("spot", "flex-start")
@@ -183,7 +156,7 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
         return Check("skip", "quota", f"no quota names for {plan.cluster.cloud} in the catalog: "
                      f"request {s['nodes'] * inst.gpus} GPUs ({s['nodes']} x {inst.name})")
     if entry["unit"] == "vcpus":
-        code = entry["codes"].get(_family("aws", inst.name))
+        code = entry["codes"].get(get_target(plan.cluster.cloud).quota_family(inst.name))
         need = s["nodes"] * (inst.vcpus or 0)
         if code is None:
             return Check("skip", "quota", f"no quota code for {inst.name}: request {need} vCPUs")
@@ -192,23 +165,33 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
             return Check("ok", "quota", f"{s['purchase']}: the reservation's capacity counts, not {quota_code}")
         return Check("ok", "quota", f"request {need} vCPUs of {quota_code} ({code['name']}) in {s['region']}",
                      f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
-                     f"{_q(quota_code)} --desired-value {need} --region {_q(s['region'])}")
-    metric = entry["metrics"].get(_family("gcp", inst.name))
+                     f"{q(quota_code)} --desired-value {need} --region {q(s['region'])}")
+    if entry["unit"] in ("family-vcpus", "shape-gpus"):
+        return _family_quota_rule(entry, inst, s)
+    metric = entry["metrics"].get(get_target(plan.cluster.cloud).quota_family(inst.name))
     need = s["nodes"] * inst.gpus
     if metric is None:
         return Check("skip", "quota", f"no quota metric for {inst.name}: request {need} GPUs")
     metric = (entry["preemptible_prefix"] if spot else "") + metric
     return Check("ok", "quota", f"request {need} of {metric} in {s['region']}",
-                 f"gcloud compute regions describe {_q(s['region'])} --format=json  (quotas: {metric})")
+                 f"gcloud compute regions describe {q(s['region'])} --format=json  (quotas: {metric})")
 
 
-def _offerings_command(cloud: str, name: str, region: str) -> str:
-    if cloud == "aws":
-        return (f"aws ec2 describe-instance-type-offerings --location-type availability-zone "
-                f"--filters {_q('Name=instance-type,Values=' + name)} --region {_q(region)}")
-    if cloud == "gcp":
-        return f"gcloud compute machine-types list {_q('--filter=name=' + name)} --format=json"
-    return ""
+def _family_quota_rule(entry: dict, inst: Any, s: dict) -> Check:
+    """Azure (vCPUs per VM family and region; Spot: one regional quota) and OCI (GPUs per shape
+    family and availability domain): which quota to request, and how many."""
+    vcpus = entry["unit"] == "family-vcpus"
+    need = s["nodes"] * ((inst.vcpus or 0) if vcpus else inst.gpus)
+    unit = "vCPUs" if vcpus else "GPUs"
+    family = entry["families"].get(inst.name)
+    if family is None:
+        return Check("skip", "quota", f"no quota name for {inst.name} in the catalog: request {need} {unit}")
+    if s["purchase"] == "spot" and entry.get("spot"):
+        family = entry["spot"]
+    where = s["region"] if vcpus else f"the nodes' availability domain in {s['region']}"
+    fix = entry["fix"].format(code=family["code"], region=q(s["region"]), need=need,
+                              kind="lowPriority" if family is entry.get("spot") else "dedicated")
+    return Check("ok", "quota", f"request {need} {unit} of {family['code']} ({family['name']}) in {where}", fix)
 
 
 # ---------------------------------------------------------------- live checks
@@ -216,205 +199,43 @@ def _offerings_command(cloud: str, name: str, region: str) -> str:
 
 def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
     cloud = plan.cluster.cloud
-    if not get_target(cloud).live_checks:
+    target = get_target(cloud)
+    cli = target.live
+    if cli is None:
         return [Check("skip", "live checks", f"gpuprov has no live checks for {cloud}: offerings and quota "
                       "are unchecked until `terraform plan`", "validate --offline runs the offline rules only")]
     s = settings(plan, root)
-    login = ["aws", "sts", "get-caller-identity", "--output", "json"] if cloud == "aws" else \
-        ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=json"]
-    code, out = run(login)
+    code, out = run(list(cli.login))
     if code == 127:
-        return [Check("skip", "live checks", f"{login[0]} is not on PATH: offerings, reservation, quota and "
-                      "subnet routes are unchecked", INSTALL_FIX[cloud])]
-    if code != 0 or not _logged_in(cloud, out):
-        return [Check("skip", "live checks", f"{login[0]} is not logged in: offerings, reservation, quota and "
-                      "subnet routes are unchecked", LOGIN_FIX[cloud])]
-    checks = [_aws_offerings if cloud == "aws" else _gcp_offerings]
-    if s["purchase"] in ("reservation", "capacity-block") and s["held"]:
-        checks.append(_aws_reservation if cloud == "aws" else _gcp_reservation)
-    if cloud == "aws" and s["subnet"]:
-        checks.append(_aws_subnet_routes)
-    checks.append(_aws_quota if cloud == "aws" else _gcp_quota)
-    return [check(plan, s, run) for check in checks]
+        return [Check("skip", "live checks", f"{cli.login[0]} is not on PATH: offerings, reservation, quota and "
+                      "subnet routes are unchecked", cli.install_fix)]
+    if code != 0 or not cli.logged_in(out):
+        return [Check("skip", "live checks", f"{cli.login[0]} is not logged in: offerings, reservation, quota and "
+                      "subnet routes are unchecked", cli.login_fix)]
+    return [check(plan, s, run) for check in target.live_checks(s)]
 
 
-def _logged_in(cloud: str, out: str) -> bool:
+def locate_reservation(spec: Any, run: Runner = run_cli) -> Any:
+    """The spec with the zone (and so the region) of the reservation it names, asked of the cloud's
+    CLI when it is signed in; unchanged when the user gave the zone (--zone: no CLI call), or the
+    CLI cannot say (then the user states the zone, and validate reports it unchecked)."""
+    from gpuprov.targets import CHOICES
+
+    if spec.zone is not None or spec.cloud not in CHOICES or spec.cloud == "any":
+        return spec
+    target = get_target(spec.cloud)
+    held = target.held_id(spec, "reservation") if target.tfvars and target.tfvars.held else None
+    if not held or target.live is None:
+        return spec
+    zone = target.held_zone(held, spec.region, run)  # one CLI call: fails fast when not signed in
+    if zone is None:
+        return spec
+    data = spec.model_dump(exclude_none=True) | {"zone": zone}
     try:
-        data = json.loads(out or "null")
-    except ValueError:
-        return False
-    return bool(data.get("Account")) if cloud == "aws" and isinstance(data, dict) else bool(data)
-
-
-def _json(run: Runner, argv: list[str]) -> Any:
-    code, out = run(argv)
-    if code != 0:
-        return None
-    try:
-        return json.loads(out)
-    except ValueError:
-        return None
-
-
-def _aws_offerings(plan: Any, s: dict, run: Runner) -> Check:
-    argv = ["aws", "ec2", "describe-instance-type-offerings", "--location-type", "availability-zone",
-            "--filters", f"Name=instance-type,Values={s['instance']}", "--region", s["region"], "--output", "json"]
-    data = _json(run, argv)
-    if data is None:
-        return Check("fail", "offered (live)", "describe-instance-type-offerings failed", shlex.join(argv))
-    zones = sorted(o["Location"] for o in data.get("InstanceTypeOfferings", []))
-    return _offered_in(s, zones, "instance type", "set availability_zone and a subnet_id in one of those zones")
-
-
-def _offered_in(s: dict, zones: list[str], kind: str, zone_hint: str) -> Check:
-    """The live offering check from the zones the cloud lists for the plan's machine type."""
-    if not zones:
-        return Check("fail", "offered (live)", f"{s['instance']} is not offered in {s['region']}",
-                     f"pick another region (--region) or {kind}")
-    if s["zone"] and s["zone"] not in zones:
-        return Check("fail", "offered (live)", f"{s['instance']} is offered in {', '.join(zones)}, not {s['zone']}",
-                     zone_hint)
-    return Check("ok", "offered (live)", f"{s['instance']} in {', '.join(zones)}")
-
-
-def _aws_reservation(plan: Any, s: dict, run: Runner) -> Check:
-    argv = ["aws", "ec2", "describe-capacity-reservations", "--capacity-reservation-ids", s["held"],
-            "--region", s["region"], "--output", "json"]
-    data = _json(run, argv)
-    found = (data or {}).get("CapacityReservations") or []
-    if not found:
-        return Check("fail", "reservation (live)", f"{s['held']} not found in {s['region']}", shlex.join(argv))
-    r = found[0]
-    problems = []
-    if r.get("State") not in ("active", "scheduled"):
-        problems.append(f"state {r.get('State')}")
-    if r.get("InstanceType") != s["instance"]:
-        problems.append(f"it holds {r.get('InstanceType')}, not {s['instance']}")
-    if int(r.get("AvailableInstanceCount", 0)) < s["nodes"]:
-        problems.append(f"{r.get('AvailableInstanceCount', 0)} instances free, the plan needs {s['nodes']}")
-    if s["zone"] and r.get("AvailabilityZone") != s["zone"]:
-        problems.append(f"it is in {r.get('AvailabilityZone')}, availability_zone is {s['zone']}")
-    if problems:
-        return Check("fail", "reservation (live)", f"{s['held']}: " + "; ".join(problems),
-                     f"set availability_zone = \"{r.get('AvailabilityZone')}\" and node_count, or another reservation")
-    return Check("ok", "reservation (live)", f"{s['held']}: {r['AvailableInstanceCount']} x {s['instance']} free "
-                 f"in {r['AvailabilityZone']} ({r['State']})")
-
-
-SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")  # what Session Manager needs without a NAT route
-
-
-def _aws_subnet_routes(plan: Any, s: dict, run: Runner) -> Check:
-    """A subnet the user names: the nodes (no public address) need a NAT route (or another egress)
-    for SSM, apt and pip; a route to an internet gateway gives private nodes nothing."""
-    aws = ["--region", s["region"], "--output", "json"]
-    subnets = (_json(run, ["aws", "ec2", "describe-subnets", "--subnet-ids", s["subnet"], *aws]) or {}).get("Subnets")
-    if not subnets:
-        return Check("fail", "subnet (live)", f"{s['subnet']} not found in {s['region']}",
-                     "leave subnet_id unset: the bundle creates a VPC with a private subnet and a NAT gateway")
-    subnet = subnets[0]
-    if s["zone"] and subnet.get("AvailabilityZone") != s["zone"]:
-        return Check("fail", "subnet (live)", f"{s['subnet']} is in {subnet.get('AvailabilityZone')}, "
-                     f"availability_zone is {s['zone']}", "name a subnet in that zone, or leave subnet_id unset")
-    tables = (_json(run, ["aws", "ec2", "describe-route-tables", "--filters",
-                          f"Name=association.subnet-id,Values={s['subnet']}", *aws]) or {}).get("RouteTables")
-    if not tables:  # no explicit association: the VPC's main route table applies
-        tables = (_json(run, ["aws", "ec2", "describe-route-tables", "--filters", f"Name=vpc-id,Values={subnet['VpcId']}",
-                              "Name=association.main,Values=true", *aws]) or {}).get("RouteTables") or []
-    routes = [r for t in tables[:1] for r in t.get("Routes", []) if r.get("DestinationCidrBlock") == "0.0.0.0/0"]
-    default = routes[0] if routes else None
-    fix = "leave subnet_id unset (the bundle creates a private subnet with a NAT gateway), or add a NAT route"
-    if default is not None and default.get("State") == "blackhole":
-        return Check("fail", "subnet (live)", f"{s['subnet']}: its default route is a blackhole", fix)
-    target = default and next((default[k] for k in ("NatGatewayId", "TransitGatewayId", "NetworkInterfaceId",
-                                                     "InstanceId") if default.get(k)), None)
-    if target:
-        return Check("ok", "subnet (live)", f"{s['subnet']} ({subnet.get('AvailabilityZone')}): egress through {target}")
-    if default is not None and str(default.get("GatewayId", "")).startswith("igw-"):
-        return Check("fail", "subnet (live)", f"{s['subnet']} is public (0.0.0.0/0 -> {default['GatewayId']}): nodes "
-                     "without a public address get no egress there, SSM never registers, apt and pip fail", fix)
-    endpoints = (_json(run, ["aws", "ec2", "describe-vpc-endpoints", "--filters",
-                             f"Name=vpc-id,Values={subnet['VpcId']}", *aws]) or {}).get("VpcEndpoints") or []
-    have = {e.get("ServiceName", "").rsplit(".", 1)[-1] for e in endpoints if e.get("State", "available") == "available"}
-    missing = [name for name in SSM_ENDPOINTS if name not in have]
-    if missing:
-        return Check("fail", "subnet (live)", f"{s['subnet']} has no route out and its VPC lacks the "
-                     f"{', '.join(missing)} endpoint(s): SSM cannot reach the nodes", fix)
-    return Check("fail", "subnet (live)", f"{s['subnet']}: SSM endpoints carry the sessions, but with no route out "
-                 "apt, pip and the EFA installer cannot download", fix)
-
-
-def _aws_quota(plan: Any, s: dict, run: Runner) -> Check:
-    inst = get_instance(s["instance"])
-    entry = (cat.quota("aws") or {}).get("codes", {}).get(_family("aws", inst.name))
-    if entry is None or s["purchase"] in ("reservation", "capacity-block"):
-        return Check("skip", "quota (live)", "no vCPU quota applies" if entry else f"no quota code for {inst.name}")
-    code = entry["spot" if s["purchase"] == "spot" else "on-demand"]
-    argv = ["aws", "service-quotas", "get-service-quota", "--service-code", "ec2", "--quota-code", code,
-            "--region", s["region"], "--output", "json"]
-    data = _json(run, argv)
-    if data is None:
-        return Check("fail", "quota (live)", f"get-service-quota {code} failed", shlex.join(argv))
-    have, need = float(data["Quota"]["Value"]), s["nodes"] * (inst.vcpus or 0)
-    if have < need:
-        return Check("fail", "quota (live)", f"{code}: {have:.0f} vCPUs allowed, the plan needs {need}",
-                     f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-                     f"--desired-value {need} --region {_q(s['region'])}")
-    return Check("ok", "quota (live)", f"{code}: {have:.0f} vCPUs allowed >= {need} needed")
-
-
-def _gcp_offerings(plan: Any, s: dict, run: Runner) -> Check:
-    argv = ["gcloud", "compute", "machine-types", "list", f"--filter=name={s['instance']}", "--format=json"]
-    if s["project"]:
-        argv.append(f"--project={s['project']}")
-    data = _json(run, argv)
-    if data is None:
-        return Check("fail", "offered (live)", "machine-types list failed", shlex.join(argv))
-    zones = sorted(m["zone"].rsplit("/", 1)[-1] for m in data if m["zone"].rsplit("/", 1)[-1].startswith(s["region"] + "-"))
-    return _offered_in(s, zones, "machine type", "set zone in terraform/terraform.tfvars to one of them")
-
-
-def _gcp_reservation(plan: Any, s: dict, run: Runner) -> Check:
-    name = s["held"].rsplit("/", 1)[-1]
-    argv = ["gcloud", "compute", "reservations", "describe", name, f"--zone={s['zone']}", "--format=json"]
-    data = _json(run, argv)
-    if not data:
-        return Check("fail", "reservation (live)", f"reservation {name} not found in {s['zone']}", shlex.join(argv))
-    spec = data.get("specificReservation", {})
-    free = int(spec.get("count", 0)) - int(spec.get("inUseCount", 0))
-    machine = spec.get("instanceProperties", {}).get("machineType")
-    problems = []
-    if data.get("status") != "READY":
-        problems.append(f"status {data.get('status')}")
-    if machine and machine != s["instance"]:
-        problems.append(f"it holds {machine}, not {s['instance']}")
-    if free < s["nodes"]:
-        problems.append(f"{free} VMs free, the plan needs {s['nodes']}")
-    if problems:
-        return Check("fail", "reservation (live)", f"{name}: " + "; ".join(problems), shlex.join(argv))
-    return Check("ok", "reservation (live)", f"{name}: {free} x {s['instance']} free in {s['zone']}")
-
-
-def _gcp_quota(plan: Any, s: dict, run: Runner) -> Check:
-    inst = get_instance(s["instance"])
-    entry = cat.quota("gcp") or {"metrics": {}}
-    metric = entry["metrics"].get(_family("gcp", inst.name))
-    if metric is None:
-        return Check("skip", "quota (live)", f"no quota metric for {inst.name}")
-    if s["purchase"] in ("spot", "flex-start"):
-        metric = entry["preemptible_prefix"] + metric
-    argv = ["gcloud", "compute", "regions", "describe", s["region"], "--format=json"]
-    data = _json(run, argv)
-    if data is None:
-        return Check("fail", "quota (live)", "regions describe failed", shlex.join(argv))
-    row = next((q for q in data.get("quotas", []) if q.get("metric") == metric), None)
-    need = s["nodes"] * inst.gpus
-    if row is None or float(row["limit"]) - float(row.get("usage", 0)) < need:
-        have = 0 if row is None else float(row["limit"]) - float(row.get("usage", 0))
-        return Check("fail", "quota (live)", f"{metric}: {have:.0f} GPUs free in {s['region']}, the plan needs {need}",
-                     "request more at https://console.cloud.google.com/iam-admin/quotas "
-                     f"(metric {metric}, region {s['region']})")
-    return Check("ok", "quota (live)", f"{metric}: {float(row['limit']) - float(row.get('usage', 0)):.0f} free >= {need}")
+        return type(spec).model_validate(data)
+    except ValidationError as exc:  # e.g. --region names another region than the reservation's
+        why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise GpuprovError(f"reservation {held} is in zone {zone}: {why}") from None
 
 
 NFS_EXAMPLE = '{fstype: nfs, source: "nfs-server:/export/gpu", mount_point: "/shared", options: "rw,hard,noatime"}'
@@ -459,7 +280,7 @@ def _inventory_vars(root: Path) -> dict:
 
 
 def preflight(plan: Any, root: Path, *, live: bool = True, run: Runner = run_cli) -> list[Check]:
-    if plan.cluster.cloud == "onprem":
+    if get_target(plan.cluster.cloud).provisioner == "inventory":  # no Terraform values to check
         return [shared_storage_rule(plan, root)]
     return (offline_checks(plan, root) + [shared_storage_rule(plan, root)]
             + (live_checks(plan, root, run) if live else []))

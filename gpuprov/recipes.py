@@ -96,20 +96,45 @@ def _meta_tokens(path: Path, shown: str) -> int:
     return tokens
 
 
+def batch_sequences(name: str | None, task: str, dp: int) -> tuple[int, str]:
+    """(global batch in sequences, its source) of the recipe run on `dp` data-parallel ranks.
+
+    The recipes' batch is per device: batch_size x accumulation x devices. One rank takes the
+    single-device recipe where one is published; up to the launch line's device count the recipe as
+    launched on dp ranks; beyond it the launch line's global batch (the largest any recipe publishes
+    at its learning rate), split over more ranks."""
+    r = recipe(name, task)
+    single = r.get("single_device")
+    if dp == 1 and single:
+        return int(single["batch_size"]) * int(single["gradient_accumulation_steps"]), str(single["source"])
+    per_device = int(r["batch_size"]) * int(r["gradient_accumulation_steps"])
+    return per_device * min(max(1, dp), int(r["devices"])), str(r["source"])
+
+
+def global_batch_tokens(spec: Any, dp: int) -> int:
+    """The spec's batch in tokens on `dp` data-parallel ranks: the one it states, else its recipe's."""
+    stated = getattr(spec, "global_batch_tokens", None)
+    if stated is not None:
+        return int(stated)
+    return batch_sequences(getattr(spec, "recipe", None), spec.task, dp)[0] * spec.seq_len
+
+
 def fill_budget(*, task: str, init: str, recipe_name: str | None, seq_len: int, tokens: int | None,
                 global_batch_tokens: int | None, global_batch: int | None, dataset_tokens: int | None,
-                epochs: float | None) -> tuple[int, int, list[str]]:
+                epochs: float | None) -> tuple[int, int | None, list[str]]:
     """(tokens, global batch tokens, what was assumed) for a spec that may leave either out.
 
-    Fine-tuning: the recipe's global batch in sequences of seq_len, its epochs over --dataset, or the
-    assumed token count when no data size is given. From scratch: the pre-training defaults."""
+    Fine-tuning: the batch stays None unless stated (the recipe's depends on the data-parallel degree
+    the plan picks: `global_batch_tokens`), its epochs over --dataset, or the assumed token count when
+    no data size is given. From scratch: the pre-training defaults."""
     assumed: list[str] = []
+    batch_default: int | None
     if init == "random":
         base = pretrain()
         batch_default, tokens_default, epochs_default = int(base["global_batch_tokens"]), int(base["tokens"]), 1.0
     else:
         r = recipe(recipe_name, task)
-        batch_default = int(r["global_batch_sequences"]) * seq_len
+        batch_default = None
         tokens_default, epochs_default = assumed_finetune_tokens(), float(r["epochs"])
     if global_batch is not None:
         if global_batch_tokens is not None and global_batch_tokens != global_batch * seq_len:
@@ -151,9 +176,9 @@ def schedule(spec: Any, params: int, steps: int) -> dict[str, Any]:
     return dict(learning_rate=float(r["learning_rate"]), warmup_steps=warmup, weight_decay=float(r["weight_decay"]))
 
 
-def notes(spec: Any, steps: int, batch_tokens: int) -> list[str]:
+def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
     """plan's Notes on the training budget: the recipe, and any size gpuprov assumed."""
-    out = [describe(spec, steps, batch_tokens)]
+    out = [describe(spec, steps, batch_tokens, dp)]
     # decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)
     if (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
             and spec.tokens == assumed_finetune_tokens()):
@@ -166,12 +191,21 @@ def notes(spec: Any, steps: int, batch_tokens: int) -> list[str]:
     return out
 
 
-def describe(spec: Any, steps: int, batch_tokens: int) -> str:
+def describe(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> str:
     """One line: where the batch and schedule came from (for plan's Notes)."""
     if getattr(spec, "init", "pretrained") == "random":
         return (f"From scratch (init: random): pre-training defaults, {pretrain()['source']}")
     r = recipe(getattr(spec, "recipe", None), spec.task)
     seqs = batch_tokens // spec.seq_len
+    if getattr(spec, "global_batch_tokens", None) is not None:
+        how = "as stated"
+    else:
+        _n, source = batch_sequences(getattr(spec, "recipe", None), spec.task, dp)
+        how = f"the recipe's for {dp} data-parallel rank{'s' if dp > 1 else ''}" + \
+            (f", {source}" if source != r["source"] else "")
+        seq_note = _data().get("sequences", {}).get(r["name"])
+        if seq_note:
+            how += f"; {seq_note}"
     return (f"Fine-tuning the pretrained weights with the {r['name']} {spec.task} recipe: global batch {seqs:,} "
-            f"sequences of {spec.seq_len} tokens, learning rate {r['learning_rate']:g}, {steps:,} optimizer steps "
-            f"({r['source']}, read {r['date']})")
+            f"sequences of {spec.seq_len} tokens ({how}), learning rate {r['learning_rate']:g}, {steps:,} "
+            f"optimizer steps ({r['source']}, read {r['date']})")

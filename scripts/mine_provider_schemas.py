@@ -54,8 +54,9 @@ RESOURCES = {
     "google": {
         "resource": ["google_compute_network", "google_compute_subnetwork", "google_compute_router",
                      "google_compute_router_nat", "google_compute_firewall", "google_compute_resource_policy",
-                     "google_compute_instance", "google_filestore_instance"],
-        "data": ["google_compute_image"],
+                     "google_compute_instance", "google_filestore_instance", "google_compute_instance_template",
+                     "google_compute_instance_group_manager", "google_compute_resize_request"],
+        "data": ["google_compute_image", "google_compute_instance_group", "google_compute_instance"],
     },
     "azurerm": {
         "resource": ["azurerm_resource_group", "azurerm_virtual_network", "azurerm_subnet",

@@ -175,10 +175,18 @@ def test_tcpxo_outside_gcp_is_rejected():
         decided(plan)
 
 
-def test_renderers_refuse_a_plan_without_provisioning_decisions():
-    plan = sample_plan("aws").model_copy(update={"provisioning": None})
-    with pytest.raises(GpuprovError, match="run `gpuprov plan` again"):
-        render_ansible(plan)
+@pytest.mark.parametrize("missing", ["provisioning", "infra"])
+def test_renderers_refuse_a_plan_without_the_targets_decisions(missing):
+    """A plan.json written before the target recorded its decisions: every renderer that reads them
+    refuses it with one line, none recomputes them."""
+    from gpuprov.render.launch import render_launch
+    from gpuprov.render.terraform import render_terraform
+
+    plan = sample_plan("aws").model_copy(update={missing: None})
+    renderers = {"provisioning": (render_ansible, render_launch, render_terraform), "infra": (render_terraform,)}
+    for render in renderers[missing]:
+        with pytest.raises(GpuprovError, match="run `gpuprov plan` again"):
+            render(plan)
 
 
 def test_values_with_yaml_specials_stay_strings():

@@ -275,3 +275,26 @@ def test_each_suggestion_sizes_what_its_command_sizes(args) -> None:
     for s in d["suggestions"]:
         again = json.loads(run(*shlex.split(s["command"])[1:], "--json").stdout)
         assert again["fits"] and again["per_gpu_bytes"] == s["per_gpu_bytes"], s
+
+
+def test_kbit_fp32_casts_flag_reaches_the_setup_and_the_notes() -> None:
+    base = ("estimate", "--model", "8b", "--task", "qlora", "--gpus", "1", "--gpu", "rtx-4090-24gb", "--precision",
+            "bf16", "--json")
+    plain, cast = run(*base), run(*base, "--kbit-fp32-casts")
+    assert plain.returncode == 0 and cast.returncode == 0, cast.stderr
+    p, c = json.loads(plain.stdout), json.loads(cast.stdout)
+    assert c["setup"]["kbit_fp32_casts"] is True and p["setup"]["kbit_fp32_casts"] is False
+    assert c["per_gpu_bytes"] > p["per_gpu_bytes"]
+    assert any("prepare_model_for_kbit_training" in a for a in c["assumptions"])
+
+
+def test_skypilot_gpu_count_is_the_gpu_count_and_a_conflict_is_one_line() -> None:
+    named = run("estimate", "--model", "8b", "--gpu", "H100:4", "--json")
+    assert named.returncode == 0, named.stderr
+    setup = json.loads(named.stdout)["setup"]
+    assert setup["gpus"] == 4 and json.loads(named.stdout)["gpu"]["slug"] == "h100-80gb"
+    same = run("estimate", "--model", "8b", "--gpu", "H100:8", "--gpus", "8", "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["setup"]["gpus"] == 8
+    clash = run("estimate", "--model", "8b", "--gpu", "H100:4", "--gpus", "8")
+    assert clash.returncode == 2 and len(clash.stderr.strip().splitlines()) == 1
+    assert "--gpu H100:4" in clash.stderr and "--gpus 8" in clash.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import GpuprovError
-from gpuprov.recipes import dataset_tokens, recipe
+from gpuprov.recipes import batch_sequences, dataset_tokens, global_batch_tokens, recipe
 from gpuprov.spec import TrainingSpec
 
 
@@ -26,24 +26,52 @@ def plan_json(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_8b_lora_on_100m_tokens_plans_hundreds_of_steps_with_a_finetuning_batch():
+def _dp(cluster: dict) -> int:
+    return cluster["total_gpus"] // (cluster.get("tp", 1) * cluster.get("cp", 1))
+
+
+def test_8b_lora_on_100m_tokens_plans_the_recipes_batch_for_its_gpu_count():
     p = plan_json("--model", "8b", "--task", "lora", "--tokens", "100M")
     r = recipe(None, "lora")
     c, t = p["cluster"], p["training"]
-    assert c["global_batch_tokens"] == r["global_batch_sequences"] * c["seq_len"] <= 2**20
-    assert 100 <= t["steps"] < 1000 and t["steps"] == -(-100_000_000 // c["global_batch_tokens"])
+    seqs, source = batch_sequences(None, "lora", _dp(c))
+    assert c["global_batch_tokens"] == seqs * c["seq_len"] and c["seq_len"] == 4096
+    assert t["steps"] == -(-100_000_000 // c["global_batch_tokens"]) and t["steps"] >= 100
     assert t["learning_rate"] == pytest.approx(r["learning_rate"]) and t["warmup_steps"] <= t["steps"] // 2
     assert p["spec"]["init"] == "pretrained"
+    if _dp(c) == 1:  # one GPU: torchtune's single-device recipe, 2 per device x 8 accumulation
+        assert (seqs, t["steps"]) == (16, 1526) and "8B_lora_single_device.yaml" in source
+    assert any(source in n for n in p["notes"])
+
+
+@pytest.mark.parametrize("task,dp,seqs,file", [
+    ("lora", 1, 16, "8B_lora_single_device.yaml"), ("lora", 2, 32, "8B_lora.yaml"), ("lora", 8, 32, "8B_lora.yaml"),
+    ("full", 1, 2, "8B_full_single_device.yaml"), ("full", 3, 6, "8B_full.yaml"), ("full", 16, 8, "8B_full.yaml"),
+    ("qlora", 1, 16, "8B_qlora_single_device.yaml"), ("qlora", 4, 16, "8B_qlora_single_device.yaml")])
+def test_torchtune_batch_is_per_device_up_to_the_launch_line(task, dp, seqs, file):
+    """torchtune's batch_size is per device: global = batch_size x accumulation x ranks, the single-device
+    recipe on one rank, the launch line's global batch beyond its --nproc_per_node."""
+    n, source = batch_sequences("torchtune", task, dp)
+    assert n == seqs and f"llama3_1/{file} @ " in source
+
+
+def test_plan_on_two_gpus_takes_the_distributed_recipes_batch():
+    p = plan_json("--model", "8b", "--task", "lora", "--tokens", "100M", "--gpu", "l4-24gb", "--gpus", "2", "--cloud", "gcp")
+    c = p["cluster"]
+    assert c["total_gpus"] == 2 and c["global_batch_tokens"] == 32 * 4096
+    assert p["training"]["steps"] == -(-100_000_000 // (32 * 4096))
 
 
 def test_each_task_takes_its_recipe_and_from_scratch_takes_pretraining():
     lora, full = TrainingSpec(task="lora"), TrainingSpec(task="full")
-    assert lora.global_batch_tokens == recipe(None, "lora")["global_batch_sequences"] * 4096
-    assert full.global_batch_tokens == recipe(None, "full")["global_batch_sequences"] * 4096
+    # a fine-tune's batch is the recipe's for the data-parallel ranks the plan picks
+    assert lora.global_batch_tokens is None and full.global_batch_tokens is None
+    assert global_batch_tokens(lora, 1) == 16 * 4096 and global_batch_tokens(full, 4) == 8 * 4096
     scratch = TrainingSpec(init="random")
     assert scratch.global_batch_tokens == 4 * 2**20 and scratch.tokens == 10**10
-    assert TrainingSpec(task="qlora", recipe="axolotl").global_batch_tokens == 8 * 4096
+    assert global_batch_tokens(TrainingSpec(task="qlora", recipe="axolotl"), 8) == 8 * 4096
     assert TrainingSpec(global_batch=64, seq_len=2048).global_batch_tokens == 64 * 2048
+    assert global_batch_tokens(TrainingSpec(global_batch=64, seq_len=2048), 1) == 64 * 2048
     assert TrainingSpec().model == "llama-3.1-8b"  # a current default model, not Llama 2
 
 
@@ -53,8 +81,10 @@ def test_recipes_cite_a_source_and_date_for_every_task():
     data = load_data("recipes.yaml")
     for name, tasks in data["recipes"].items():
         assert set(tasks) == {"full", "lora", "qlora"}, name
-        for task, r in tasks.items():
-            assert r["source"] and r["date"] and r["learning_rate"] > 0 and r["global_batch_sequences"] > 0
+        for r in tasks.values():
+            assert r["source"] and r["date"] and r["learning_rate"] > 0
+            assert r["batch_size"] > 0 and r["gradient_accumulation_steps"] > 0 and r["devices"] > 0
+            assert r.get("single_device", {}).get("source", "x")
     assert {"torchtune", "axolotl", "trl"} <= set(data["recipes"])
 
 

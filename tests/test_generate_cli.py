@@ -184,7 +184,10 @@ def test_init_writes_a_valid_commented_spec_and_refuses_to_overwrite(tmp_path: P
     assert buffer.getvalue() == text  # round-trip safe: comments and layout survive a load/dump
     spec = load_spec(tmp_path / "gpuprov.yaml")
     # fine-tuning by default: the recipe's batch in sequences of seq_len, not a pre-training 4M batch
-    assert spec.model == "70b" and spec.init == "pretrained" and spec.global_batch_tokens == 8 * spec.seq_len
+    from gpuprov.recipes import global_batch_tokens
+
+    assert spec.model == "70b" and spec.init == "pretrained" and spec.global_batch_tokens is None
+    assert global_batch_tokens(spec, 4) == 8 * spec.seq_len
     assert "deadline_hours: 7d" not in text  # a key named hours holds hours
     before = (tmp_path / "gpuprov.yaml").read_bytes()
     assert "exists" in one_line_error(run("init", cwd=tmp_path))

@@ -98,3 +98,25 @@ def test_lock_guards_the_gpuprov_version(tmp_path: Path):
     assert r.returncode == 2 and "gpuprov 0.0.1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     anyway = run("check", str(tmp_path / "b"), "--any-version")
     assert anyway.returncode == 1 and "made by gpuprov 0.0.1" in anyway.stdout  # the lock itself differs
+
+
+def test_tar_output_stores_the_config_path_relative_to_where_it_unpacks(tmp_path: Path):
+    import io
+    import tarfile
+
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    (repo / "models" / "config.json").write_text(json.dumps(QWEN))
+    full = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", "--model", str(repo / "models" / "config.json"),
+                           "--task", "lora", "--cloud", "aws", "-o", "-"], capture_output=True, timeout=180, env=full,
+                          cwd=repo)
+    assert made.returncode == 0, made.stderr
+    assert str(tmp_path).encode() not in made.stdout  # no path of this machine in the tar
+    with tarfile.open(fileobj=io.BytesIO(made.stdout)) as tar:
+        tar.extractall(repo, filter="data")  # unpacks as infra/
+    lock = json.loads((repo / "infra" / "gpuprov.lock").read_text())
+    assert lock["spec"]["model"] == "../models/config.json"
+    (repo / "models" / "config.json").unlink()
+    checked = run("check", str(repo / "infra"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -31,8 +31,8 @@ from terraform_support import load_module, plans, render_to, source_text
 REPO = Path(__file__).resolve().parent.parent
 OUTPUTS = Path(__file__).resolve().parent / "data" / "terraform_output"
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"
-CLOUDS = ("aws", "gcp", "azure", "oci")
-MODULE_PLAN = {"aws": "aws-p5-2", "gcp": "gcp-a3mega-2", "azure": "azure-2", "oci": "oci-2"}
+MODULE_PLAN = {"aws": "aws-p5-2", "gcp": "gcp-a3mega-2", "azure": "azure-2", "oci": "oci-2",
+               "gcp-flex": "gcp-a3ultra-4"}
 
 
 # ---- the shape of an output, from Terraform's loader ------------------------------------------
@@ -134,9 +134,9 @@ def tf_type(value: object) -> object:
 @pytest.fixture(scope="module")
 def modules(tmp_path_factory) -> dict:
     loaded = {}
-    for cloud in CLOUDS:
-        directory = render_to(tmp_path_factory.mktemp(cloud) / cloud, plans()[MODULE_PLAN[cloud]])
-        loaded[cloud] = (directory, load_module(directory))
+    for kind, plan in MODULE_PLAN.items():
+        directory = render_to(tmp_path_factory.mktemp(kind) / kind, plans()[plan])
+        loaded[kind] = (directory, load_module(directory))
     return loaded
 
 
@@ -146,7 +146,7 @@ def _fixture(name: str) -> dict:
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in OUTPUTS.glob("*.json")))
 def test_recorded_output_matches_the_module_it_stands_for(name, modules):
-    directory, module = modules[name.split("-")[0]]
+    directory, module = modules[name.rsplit("-", 1)[0]]  # gcp-flex-2: the flex-start module
     outputs = _fixture(name)
     declared = module["Outputs"]
     assert set(outputs) <= set(declared), f"outputs the module does not declare: {set(outputs) - set(declared)}"
@@ -236,9 +236,10 @@ def _fill_tfvars(root: Path, cloud: str, option: str | None) -> None:
     (tf / "terraform.tfvars").write_text(text)
 
 
-def _inventory_from_output(root: Path, cloud: str, nodes: int) -> None:
+def _inventory_from_output(root: Path, cloud: str, nodes: int, option: str | None) -> None:
     """`up`'s inventory step, given what `terraform output -json ansible_inventory` prints for this bundle."""
-    value = _fixture(f"{cloud}-{nodes}")["ansible_inventory"]["value"]
+    name = f"{cloud}-flex-{nodes}" if option == "flex-start" else f"{cloud}-{nodes}"
+    value = _fixture(name)["ansible_inventory"]["value"]
     assert write_inventory(root, json.dumps(value)) == nodes
 
 
@@ -269,6 +270,30 @@ def _connection(hostvars: dict, name: str, onprem: bool = False) -> str:
     return "direct"
 
 
+def gcp_node_requests(root: Path, workdir: Path) -> dict:
+    """How the bundle asks GCP for its nodes, as Terraform evaluates the module's own count,
+    resize_by and target_size expressions with the user's terraform.tfvars."""
+    from terraform_support import evaluate
+
+    tf = root / "terraform"
+    module = load_module(tf)
+    resources = module["ManagedResources"]
+
+    def attr(address: str, name: str) -> str:
+        return source_text(tf, resources[address]["Config"]["Attributes"][name]["Expr"])
+
+    outputs = {"instances": attr("google_compute_instance.node", "count"),
+               "groups": attr("google_compute_instance_group_manager.flex", "count"),
+               "group_size": attr("google_compute_instance_group_manager.flex", "target_size"),
+               "requests": attr("google_compute_resize_request.flex", "count"),
+               "resize_by": attr("google_compute_resize_request.flex", "resize_by")}
+    flex = source_text(tf, module["Locals"]["flex_group"]["Expr"])
+    code, values, error = evaluate(workdir, tf, outputs, (tf / "terraform.tfvars").read_text(),
+                                   locals_={"flex_group": flex})
+    assert code == 0, error
+    return values
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cloud, nodes, option", _cases(), ids=[f"{c}-{n}-{o or 'hosts'}" for c, n, o in _cases()])
 def test_journey(cloud, nodes, option, tmp_path):
@@ -283,7 +308,13 @@ def test_journey(cloud, nodes, option, tmp_path):
     assert "note:" not in dry.stdout, dry.stdout  # no missing value, no missing connection path
     if cloud != "onprem":
         assert "terraform apply" in dry.stdout
-        _inventory_from_output(root, cloud, nodes)
+        _inventory_from_output(root, cloud, nodes, option)
+    if cloud == "gcp":  # flex-start capacity: one all-or-nothing request for every node, no lone VMs
+        asked = gcp_node_requests(root, tmp_path / "eval")
+        if option == "flex-start":
+            assert asked == {"instances": 0, "groups": 1, "group_size": 0, "requests": 1, "resize_by": nodes}
+        else:
+            assert (asked["instances"], asked["groups"], asked["requests"]) == (nodes, 0, 0)
     listed = _ansible_inventory(root)
     hosts = listed["gpu_nodes"]["hosts"]
     assert len(hosts) == nodes

@@ -73,3 +73,38 @@ def test_nothing_fits_without_offload_so_plan_offloads(tmp_path: Path):
     # the user's explicit choice is kept: no offload means nothing fits, one line, exit 2
     refused = run("plan", "--model", "70b", "--task", "qlora", "--hosts", hosts, "--offload", "none")
     assert refused.returncode == 2 and refused.stderr.startswith("gpuprov: error: nothing fits")
+
+
+def _bundle(tmp_path: Path, rows: list[str]) -> tuple[dict, str, str]:
+    hosts = hosts_file(tmp_path, rows)
+    out = tmp_path / "infra"
+    r = run("generate", "--model", "70b", "--task", "lora", "--hosts", hosts, "--gpus", "16", "--shared-nfs",
+            "10.0.0.9:/export", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    return plan, (out / "ansible" / "group_vars" / "all.yml").read_text(), (out / "ansible" / "site.yml").read_text()
+
+
+def test_an_unknown_fabric_renders_no_infiniband_and_no_opensm(tmp_path: Path):
+    """The hosts file states no fabric: the on-prem target records it unknown in the Plan; the bundle
+    installs no RDMA stack and starts no subnet manager, and the play says how to learn the fabric."""
+    from ruamel.yaml import YAML
+
+    plan, group_vars, site = _bundle(tmp_path, GPU_ONLY)
+    assert plan["fabric"]["probe"].startswith("unknown: run `gpuprov hosts probe")
+    assert plan["fabric"]["subnet_manager"] == "none" and plan["provisioning"]["fabric_role"] is None
+    gv = YAML(typ="safe").load(group_vars)
+    assert "infiniband_subnet_manager" not in gv and gv["gpuprov_fabric_probe"] == plan["fabric"]["probe"]
+    assert gv["healthcheck_nccl_net"] == ""  # no transport demanded of a fabric nobody named
+    plays = YAML(typ="safe").load(site)
+    roles = [r["role"] if isinstance(r, dict) else r for p in plays for r in p.get("roles", [])]
+    assert "infiniband" not in roles
+    skip = [t for p in plays for t in p.get("tasks", []) if "ansible.builtin.debug" in t]
+    assert skip and "hosts probe" in skip[0]["ansible.builtin.debug"]["msg"]
+
+
+def test_a_stated_infiniband_fabric_still_gets_its_role_and_subnet_manager(tmp_path: Path):
+    rows = [r + ", fabric: infiniband, nic_gbps: 3200" for r in GPU_ONLY]
+    plan, group_vars, _site = _bundle(tmp_path, rows)
+    assert plan["fabric"]["probe"] is None and plan["provisioning"]["fabric_role"] == "infiniband"
+    assert "infiniband_subnet_manager: \"opensm\"" in group_vars

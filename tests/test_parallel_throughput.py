@@ -79,6 +79,27 @@ def test_cp_ring_hides_under_compute_when_it_can() -> None:
     st = layout_step_estimate(shape=shape, tp=1, cp=8, layer=LAYER, ac="full", **_kw("full", 131072))
     ring = st.terms["cp_ring_per_micro_batch_s"]
     assert ring > 0
-    overlap = assumptions().overlap
-    assert st.terms["cp_exposed_per_micro_batch_s"] == pytest.approx(
-        max(0.0, ring - overlap * st.terms["compute_per_micro_batch_s"]))
+    # at 128K the all-gathers hide behind one SDPA chunk each; the last fp32 dK/dV hop of every layer's
+    # backward is waited for after the loop (torch's _templated_ring_attention_backward): exposed always
+    exposed = st.terms["cp_exposed_per_micro_batch_s"]
+    hop = 2.0 * LAYER.kv_width * 131072 / 8 * 4.0 / (_kw()["intra_gbytes"] * 1e9) + assumptions().lat_intra
+    assert exposed == pytest.approx(LAYER.num_layers * hop, rel=1e-6)
+    assert 0 < exposed < ring
+
+
+def test_cp_exposure_follows_torch_ring_attention() -> None:
+    from gpuprov.sizing.throughput import cp_exposed_seconds
+
+    kw = dict(tokens=4096.0, layer=LAYER, tp=1, cp=8, gbytes=100.0, latency=0.0, recompute=False)
+    # no attention time to hide behind: every transfer is exposed (one all-gather forward, one backward,
+    # cp fp32 dK/dV hops)
+    kv = 2.0 * LAYER.kv_width * 4096
+    bare = cp_exposed_seconds(attn_fwd_s=0.0, attn_bwd_s=0.0, **kw)
+    gather, hop = 7 * kv * 2 / 100e9, kv * 4 / 100e9
+    assert bare == pytest.approx(LAYER.num_layers * (2 * gather + 8 * hop))
+    # full AC runs the forward (and its all-gather) twice
+    assert cp_exposed_seconds(attn_fwd_s=0.0, attn_bwd_s=0.0, **{**kw, "recompute": True}) == pytest.approx(
+        bare + LAYER.num_layers * gather)
+    # long attention hides all but the last hop; CP 1 has no ring
+    assert cp_exposed_seconds(attn_fwd_s=10.0, attn_bwd_s=20.0, **kw) == pytest.approx(LAYER.num_layers * hop)
+    assert cp_exposed_seconds(attn_fwd_s=0.0, attn_bwd_s=0.0, **{**kw, "cp": 1}) == 0.0

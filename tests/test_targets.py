@@ -107,7 +107,9 @@ def test_the_plan_records_the_targets_decisions(name, tmp_path):
                                      {"model": "70b", "cloud": name, "tokens": "20B"}))
     p = plan.provisioning
     assert p is not None and p.target == name and p.provisioner == TARGETS[name].provisioner
-    assert p.fabric_role == TARGETS[name].fabric_role(plan.fabric.name)
+    # a fabric the hosts file does not state (plan.fabric.probe) gets no role
+    assert p.fabric_role == (None if plan.fabric.probe else TARGETS[name].fabric_role(plan.fabric.name))
+    assert (plan.fabric.probe is not None) == (name == "onprem")
     assert p.checkpoint_root == ("/shared" if plan.cluster.nodes > 1 else plan.storage.mount_point)
     import yaml
 
@@ -117,3 +119,9 @@ def test_the_plan_records_the_targets_decisions(name, tmp_path):
     train = yaml.safe_load(render_launch(plan)["train.yaml"])
     assert train["checkpoint"]["dir"].startswith(p.checkpoint_root + "/checkpoints/")
     assert bool(render_terraform(plan)) == (p.provisioner == "terraform")
+    infra = plan.infra
+    assert infra is not None and infra.target == name
+    assert infra.inputs == (TARGETS[name].terraform_inputs(plan) if p.provisioner == "terraform" else {})
+    # what Terraform reads survives plan.json: the renderer fills the same templates from a reloaded plan
+    reloaded = plan_module.Plan.model_validate_json(plan.model_dump_json())
+    assert reloaded.infra == infra and render_terraform(reloaded) == render_terraform(plan)

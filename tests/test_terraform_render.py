@@ -21,7 +21,7 @@ MODULE_FILES = {"versions.tf", "main.tf", "network.tf", "variables.tf", "outputs
                 "storage.tf"}
 NO_STORAGE_FILE: set[str] = set()  # every cloud renders its shared filesystem
 # The network a bundle brings (vpc.tf, vcn.tf) and the head, the SSH jump host (head.tf).
-EXTRA_FILES = {"aws": {"vpc.tf"}, "gcp": set(), "azure": {"head.tf"}, "oci": {"vcn.tf", "head.tf"}}
+EXTRA_FILES = {"aws": {"vpc.tf"}, "gcp": {"flex.tf"}, "azure": {"head.tf"}, "oci": {"vcn.tf", "head.tf"}}
 PROVIDER_SOURCE = {"aws": "hashicorp/aws", "gcp": "hashicorp/google", "azure": "hashicorp/azurerm", "oci": "oracle/oci"}
 # Variables that carry the plan's instance type, per cloud.
 INSTANCE_VARIABLE = {"aws": "instance_type", "gcp": "machine_type", "azure": "vm_size", "oci": "shape"}
@@ -213,9 +213,8 @@ INVENTORY_VARS_SSH = {"ansible_port": 22, "ansible_ssh_common_args": ""}
      '{ id = "i-0b", tags = { Name = "n-01" }, private_ip = "10.0.0.6" }]',
      {"n-00": {"ansible_host": "i-0a", "private_ip": "10.0.0.5"},
       "n-01": {"ansible_host": "i-0b", "private_ip": "10.0.0.6"}}),
-    ("gcp-a3mega-2", "google_compute_instance.node",
-     '[{ name = "n-00", network_interface = [{ network_ip = "10.0.0.5" }] }, '
-     '{ name = "n-01", network_interface = [{ network_ip = "10.0.0.6" }] }]',
+    ("gcp-a3mega-2", "local.vms",
+     '[{ name = "n-00", ip = "10.0.0.5", id = "1" }, { name = "n-01", ip = "10.0.0.6", id = "2" }]',
      {"n-00": {"ansible_host": "n-00", "private_ip": "10.0.0.5"},
       "n-01": {"ansible_host": "n-01", "private_ip": "10.0.0.6"}}),
     ("azure-2", "data.azurerm_virtual_machine_scale_set.nodes.instances",
@@ -257,6 +256,25 @@ def test_ansible_inventory_output_shape(name, resource, fake, hosts, loaded, tmp
     got_vars = values["inventory"]["all"]["vars"]
     want_vars = INVENTORY_VARS_SSH if name.endswith("-ssh") else INVENTORY_VARS[cloud]
     assert {k: got_vars[k] for k in want_vars} == want_vars
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gcp-a3mega-2", "gcp-a3ultra-4"])
+def test_gcp_nodes_are_the_vms_or_the_flex_groups_vms(name, loaded, tmp_path):
+    """local.vms (what every output reads) lists the VMs of whichever path the module took: the
+    instances (reservation) or the VMs the flex-start group request created, in the same shape."""
+    directory, module = loaded(name)
+    vms = source_text(directory, module["Locals"]["vms"]["Expr"])
+    vm = '{{ name = "{0}", instance_id = "{1}", network_interface = [{{ network_ip = "10.0.0.{1}" }}] }}'
+    fakes = {"google_compute_instance.node": "[]", "data.google_compute_instance.flex": "[]"}
+    source = "data.google_compute_instance.flex" if name == "gcp-a3ultra-4" else "google_compute_instance.node"
+    fakes[source] = "[" + ", ".join(vm.format(f"n-{i:02d}", i + 5) for i in range(2)) + "]"
+    for ref, fake in fakes.items():
+        assert vms.count(ref) == 1, vms
+        vms = vms.replace(ref, fake)
+    code, values, error = evaluate(tmp_path, directory, {"vms": vms}, REQUIRED_INPUTS["gcp"])
+    assert code == 0, error
+    assert values["vms"] == [{"name": "n-00", "ip": "10.0.0.5", "id": "5"}, {"name": "n-01", "ip": "10.0.0.6", "id": "6"}]
 
 
 def _name_prefix(directory) -> str:

@@ -28,6 +28,7 @@ from gpuprov.sizing.memory import estimate_memory
 from gpuprov.spot import notes as spot_notes
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.sizing.throughput import utilisation as util_of
+from gpuprov.targets import get_target
 from gpuprov.targets.decide import decided
 from gpuprov.units import GiB
 
@@ -108,6 +109,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
     if best.nodes > 1:
         # the instance catalog knows this machine's own share of the fabric
         fabric = fabric.model_copy(update={"gbps_per_gpu": inst.fabric_gbps_per_gpu})
+    fabric = get_target(inst.cloud).plan_fabric(fabric, tuple(getattr(inst, "unknown", ())), best.nodes)
     glob, _glob_src = nvme_device_glob(inst.cloud)
     bringup = bringup_plan.bringup_fields(spec, best.instance, best.nodes, needs)
     return Plan(
@@ -130,7 +132,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         health=_health(inst, fabric, best.nodes),
         hosts=list(spec.hosts[: best.nodes]) if inst.onprem and spec.hosts else None,
         alternatives=_alternatives(spec, result, best) + bringup_plan.purchase_alternatives(spec, best),
-        notes=recipe_notes(spec, best.steps, best.batch_tokens) + _notes(spec, arch, best, mem, pool, get_gpu)
+        notes=recipe_notes(spec, best.steps, best.batch_tokens, best.dp) + _notes(spec, arch, best, mem, pool, get_gpu)
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
         + unknown_host_notes(inst, best.nodes)
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]

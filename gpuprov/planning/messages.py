@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable
 
 from gpuprov.catalog.gpus import list_gpus
 from gpuprov.host import rules
+from gpuprov.recipes import global_batch_tokens
 from gpuprov.planning.space import (
     Candidate, Estimator, Miss, SearchResult, _lora_targets, stack_for,
 )
@@ -177,11 +178,12 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
     notes.extend(why_notes(spec.task, best.activation_checkpointing, dict(mem.breakdown)))
     if getattr(spec, "float8", False):
         notes.append(_float8_note(spec, arch, best))
-    if best.batch_tokens != spec.global_batch_tokens:
+    wanted = global_batch_tokens(spec, best.dp)
+    if best.batch_tokens != wanted:
         notes.append(f"Global batch is {best.batch_tokens:,} tokens ({best.micro_batch} x {spec.seq_len} x "
-                     f"{best.total_gpus} GPUs x {best.grad_accum} accumulation), "
-                     f"{(best.batch_tokens - spec.global_batch_tokens) / spec.global_batch_tokens:+.1%} from the "
-                     f"requested {spec.global_batch_tokens:,}")
+                     f"{best.dp} data-parallel ranks x {best.grad_accum} accumulation), "
+                     f"{(best.batch_tokens - wanted) / wanted:+.1%} from the "
+                     f"requested {wanted:,}")
     if best.instance.onprem and not spec.gpus and not any(h.gpu for h in spec.hosts or []):
         notes.append("On-prem: this server template was chosen among all templates by GPU-hours; give each host "
                      "gpu: and gpus: in the hosts file (`gpuprov hosts probe` fills them) or pass --gpu, so the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gpuprov.planning.search import search
+from gpuprov.recipes import global_batch_tokens
 from gpuprov.planning.space import Candidate, Estimator, SearchResult, _group
 
 # Leaving an on-prem host idle must save at least this share of the objective's measure (GPU-hours
@@ -84,9 +85,10 @@ def hosts_note(spec: Any, arch: Any, best: Candidate, estimator: Estimator,
               "gpus": "GPU count"}[spec.objective]
     if other is None:
         total = every * best.instance.gpus
-        why = (f"on {every} hosts ({total} GPUs) the global batch of {spec.global_batch_tokens:,} tokens "
+        batch = global_batch_tokens(spec, total)
+        why = (f"on {every} hosts ({total} GPUs) the global batch of {batch:,} tokens "
                f"cannot be formed at seq-len {spec.seq_len} (one sequence per GPU is already more)"
-               if spec.seq_len * total > spec.global_batch_tokens else
+               if spec.seq_len * total > batch else
                f"no configuration on {every} hosts fits memory and the deadline/budget")
     else:
         label = f"all {every} hosts" if every == len(hosts) else f"{every} hosts (--max-nodes {spec.max_nodes})"

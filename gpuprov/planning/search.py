@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from gpuprov.errors import GpuprovError
+from gpuprov.recipes import global_batch_tokens
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
     _mp_degrees, _pool, objective_key, stack_for,
@@ -60,9 +61,13 @@ class _Search:
         self.targets = _lora_targets(spec) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
         self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
             if self.task != "full" else arch.params
-        self.seq, self.gbt, self.tokens = spec.seq_len, spec.global_batch_tokens, spec.tokens
-        if self.seq > self.gbt:
-            raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt} tokens")
+        self.seq, self.tokens = spec.seq_len, spec.tokens
+        # the batch a fine-tuning recipe publishes depends on the data-parallel ranks (gpuprov/recipes.py);
+        # it never shrinks as ranks grow, so the widest batch bounds every walk
+        self.gbt_cache: dict[int, int] = {}
+        self.gbt = self.gbt_at(1 << 20)
+        if self.seq > self.gbt_at(1):
+            raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt_at(1)} tokens")
         self.objective = spec.objective
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
@@ -190,20 +195,26 @@ class _Search:
         return nodes * inst.gpus > inc.total_gpus
 
     # ---------------------------------------------------------------- shapes
+    def gbt_at(self, dp: int) -> int:
+        out = self.gbt_cache.get(dp)
+        if out is None:
+            out = self.gbt_cache[dp] = global_batch_tokens(self.spec, dp)
+        return out
+
     def batch_shapes(self, dp: int) -> list[tuple[int, int, int]]:
         """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
 
         `dp` counts data-parallel ranks: the GPUs over tp x cp (one sample spans a TP x CP group)."""
         out = self.shape_cache.get(dp)
         if out is None:
-            out = []
+            out, gbt = [], self.gbt_at(dp)
             for mb in MICRO_BATCHES:
                 per_step_tokens = mb * self.seq * dp
-                ga = max(1, round(self.gbt / per_step_tokens))
+                ga = max(1, round(gbt / per_step_tokens))
                 batch = ga * per_step_tokens
-                if abs(batch - self.gbt) <= self.tol * self.gbt:
+                if abs(batch - gbt) <= self.tol * gbt:
                     out.append((mb, ga, batch))
-                elif per_step_tokens > self.gbt:
+                elif per_step_tokens > gbt:
                     break
             self.shape_cache[dp] = out
         return out

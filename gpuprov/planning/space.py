@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple
 
+from gpuprov.catalog import load_data
 from gpuprov.catalog.regions import check_region
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.arch import resolve_lora_targets
@@ -45,6 +46,11 @@ class Candidate:
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.instance.gpus
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: the GPUs over one TP x CP group (one sample spans the group)."""
+        return self.total_gpus // (self.tp * self.cp)
 
     def key(self) -> tuple:
         return (self.instance.cloud, self.instance.name, self.nodes, self.sharding, self.shard_group,
@@ -125,7 +131,9 @@ def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tupl
 
     fixed_tp, fixed_cp = getattr(spec, "tp", None), getattr(spec, "cp", None)
     if (getattr(spec, "pp", None) or 1) > 1:
-        raise GpuprovError("--pp is sized by `gpuprov estimate --pp`; plans and the trainer do not run pipeline stages yet")
+        pp = load_data("trainer.yaml")["pipeline"]
+        raise GpuprovError(f"--pp is refused by plan: {pp['why']} [source: {pp['source'].split(' (')[0]}];"
+                           " size a PP layout with `gpuprov estimate --pp`")
     if spec.task != "full":
         if (fixed_tp or 1) * (fixed_cp or 1) > 1:
             raise GpuprovError("--tp/--cp apply to --task full (LoRA/QLoRA adapters train data-parallel)")

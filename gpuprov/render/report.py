@@ -175,7 +175,8 @@ def _stack(plan) -> list[str]:
         f"- Training environment: {s.python_env_path} ({', '.join(s.python_requirements) or 'no pins'})",
         f"- {_fabric_words(plan).replace('fabric ', 'Fabric: ', 1) if plan.cluster.nodes > 1 else 'Fabric: none (one node)'}"
         + (f", subnet manager {f.subnet_manager}" if f.subnet_manager != "none" else "")
-        + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else ""),
+        + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else "")
+        + (f"; not configured: {f.probe}" if f.probe else ""),
         f"- Storage: RAID0 of {st.devices} local NVMe drives ({tb(st.expected_bytes)}) as "
         f"/dev/md/{st.raid_name}, {st.filesystem} on {st.mount_point}",
     ] + _bringup(plan)

@@ -1,8 +1,8 @@
 """Render the Terraform root module for a plan: templates/terraform/<cloud>/ filled with plan values.
 
-Plan-decided values (instance type, node count, fabric interfaces) become variable defaults in
-variables.tf and the example tfvars; the target module (gpuprov/targets/<cloud>.py) says which
-inputs its templates read; every other file of the module is static Terraform. Files
+Plan values (instance type, node count) and the target's recorded decisions (`plan.infra`, decided
+by gpuprov/targets/<cloud>.py when the plan was made: fabric interfaces, disks, image) become
+variable defaults in variables.tf and the example tfvars; every other file of the module is static Terraform. Files
 ending in `.j2` are Jinja2 templates (the suffix is dropped), the rest are copied as they are.
 On-prem plans get no Terraform: the inventory comes from the user's host list.
 """
@@ -77,9 +77,11 @@ def _head(access) -> dict:
 def render_terraform(plan: Plan) -> RenderedFiles:
     """{path relative to the bundle's terraform/: file text}; {} for on-prem plans."""
     cloud = plan.instance.cloud
-    target = get_target(cloud)
-    if target.provisioner != "terraform":
+    if plan.infra is None or plan.provisioning is None:
+        raise GpuprovError("the plan records no infrastructure decisions: run `gpuprov plan` again")
+    if plan.provisioning.provisioner != "terraform":
         return {}
+    get_target(cloud).check_nodes(plan.cluster.nodes)  # a hand-edited plan.json past the target's limit
     import jinja2  # lazy: `gpuprov plan` must start fast
 
     source = templates_dir() / "terraform" / cloud
@@ -87,7 +89,7 @@ def render_terraform(plan: Plan) -> RenderedFiles:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              autoescape=False)
     env.filters.update(FILTERS)
-    context = {**_common(plan), **target.terraform_inputs(plan)}
+    context = {**_common(plan), **plan.infra.inputs}
     files: RenderedFiles = {}
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         rel = path.relative_to(source).as_posix()

@@ -43,7 +43,7 @@ _PARAM_TERMS = ("parameters", "gradients", "optimizer_states", "fp32_master", "c
                 "autocast_weight_cache", "optimizer_step_transient")
 # Per-token activation terms: split over the sequence (CP) and over TP (+SP).
 _ACT_TERMS = ("activations", "activation_transient", "logits", "cross_entropy")
-PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "cp_ring_buffers")
+PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "tp_backward_buffers", "cp_ring_buffers")
 
 
 @dataclass(frozen=True)
@@ -198,13 +198,29 @@ def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: in
 
 
 def _gathered_inputs(arch: Any, setup: Any, lay: Layout, st: Stage, tokens: int, a: int, phase: str) -> int:
-    """DTensor ColwiseParallel saves the all-gathered (full sequence) input of attention and MLP."""
+    """DTensor ColwiseParallel saves the all-gathered (full sequence) input of attention and MLP; the
+    output head (ColwiseParallel, input_layouts Shard(1)) saves the gathered final-norm output until
+    its backward, which comes right after the loss's."""
     if lay.tp == 1:
         return 0
-    per_block = (tokens / lay.cp) * 2 * a * arch.hidden_size * (1 - 1 / lay.tp)
+    full = (tokens / lay.cp) * a * arch.hidden_size * (1 - 1 / lay.tp)  # one full-sequence hidden tensor
+    head = int(full) if (st.head and phase == "a") else 0
     if setup.activation_checkpointing == "none":
-        return int(per_block * st.layers * st.in_flight)
-    return int(per_block) if phase == "b" else 0  # the block being recomputed
+        return int(2 * full * st.layers * st.in_flight) + head
+    return int(2 * full) if phase == "b" else head  # the block being recomputed
+
+
+def tp_backward_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
+    """Full-sequence gradients of the block running backward under TP + SP. The backward of the
+    rowwise reduce-scatter (Partial -> Shard(1)) all-gathers the output gradient to the full sequence,
+    and the colwise matmuls' input gradient is a full-sequence Partial until its reduce-scatter; where
+    two matmuls share the gathered input (q/k/v, w1/w3) autograd adds their two full-sequence gradients
+    (torch/distributed/tensor/_redistribute.py Redistribute.backward; torch/csrc/autograd InputBuffer):
+    three such tensors at once."""
+    lay = layout(setup)
+    if lay.tp == 1:
+        return 0
+    return int(3 * (tokens / lay.cp) * a * arch.hidden_size * (1 - 1 / lay.tp))
 
 
 def ring_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
@@ -227,11 +243,13 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
     out = []
     layer_params = arch.layer_params()
     ring = ring_buffers(arch, setup, tokens, a)
+    tp_grads = tp_backward_buffers(arch, setup, tokens, a)
     keep = lay.pp > 1 and setup.sharding in ("fsdp", "hsdp")  # memory_weights.pipeline_keeps_stage
     for st in stages(arch, setup, lay):
         for tag, ph in zip("abc", phases):
             terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params, whole_stage=keep)
             terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
+            terms["tp_backward_buffers"] = tp_grads if tag == "b" else 0
             terms["cp_ring_buffers"] = ring if tag == "b" else 0
             name = f"{ph.name}, {st.name}" if st.name else ph.name
             out.append(replace(ph, name=name, terms=terms))
@@ -247,7 +265,10 @@ def assumptions(arch: Any, setup: Any) -> list[str]:
         out.append(
             f"TP {lay.tp} + sequence parallelism (torchtitan plan): linears, embedding and head split {lay.tp} ways, RMSNorm"
             " weights replicated; block activations split tp ways (Korthikanti et al. 2022, Table 2) except the"
-            " all-gathered attention/MLP inputs DTensor saves at full sequence; loss parallel keeps logits vocab-sharded"
+            " all-gathered attention/MLP inputs DTensor saves at full sequence (and the head's, until its backward);"
+            " loss parallel keeps logits vocab-sharded, its backward holding four fp32 vocab-shard copies"
+            " (torch loss.py _nll_loss_and_log_softmax_backward); a block's backward holds three full-sequence"
+            " gradients (the all-gathered output gradient, the colwise inputs' partial gradients and their sum)"
         )
     if lay.cp > 1:
         out.append(

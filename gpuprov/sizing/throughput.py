@@ -449,6 +449,28 @@ def cp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbyte
     return layer.num_layers * (volume / (gbytes * 1e9) + 3 * (cp - 1) * latency)
 
 
+def cp_exposed_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbytes: float, latency: float,
+                       attn_fwd_s: float, attn_bwd_s: float, recompute: bool) -> float:
+    """Per micro-batch: the part of ring attention's exchange its own SDPA calls cannot hide, as torch runs it
+    (torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py).
+
+    Forward (`_templated_ring_attention`, default rotate method ALL_GATHER): one all-gather of every rank's
+    K/V is launched before the first (local) chunk's SDPA and waited for before the second, so only that
+    chunk (1/cp of the layer's attention) hides it; full AC runs the forward again. Backward
+    (`_templated_ring_attention_backward`): the K/V all-gather again behind the first chunk, then each
+    step sends its fp32 dK/dV to the next rank (ALL_TO_ALL permute) and waits for it after the next step's
+    SDPA backward, so cp - 1 hops hide behind one chunk each and the last is waited for after the loop.
+    `attn_fwd_s` / `attn_bwd_s`: the layer's attention forward / backward time on this rank."""
+    if cp == 1:
+        return 0.0
+    kv = 2.0 * layer.kv_width / tp * tokens  # local K and V elements
+    gather = (cp - 1) * kv * 2.0 / (gbytes * 1e9) + (cp - 1) * latency  # bf16, ring all-gather
+    hop = kv * 4.0 / (gbytes * 1e9) + latency  # fp32 dK/dV to the next rank
+    fwd = max(0.0, gather - attn_fwd_s / cp) * (2 if recompute else 1)
+    bwd = max(0.0, gather - attn_bwd_s / cp) + (cp - 1) * max(0.0, hop - attn_bwd_s / cp) + hop
+    return layer.num_layers * (fwd + bwd)
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """Pipeline parallelism of one layout: stages (the PP degree), micro-batches per step and model chunks
@@ -466,6 +488,20 @@ class Pipeline:
         return (self.stages - 1) / (max(1, self.stages_per_rank) * max(1, self.micro_batches))
 
 
+def _cp_exposed(kw: dict[str, Any], compute_mb: float, tokens: float, layer: LayerShape, tp: int, cp: int, ac: str,
+                gbytes: float, latency: float) -> float:
+    """cp_exposed_seconds with the layer's attention time split out of the micro-batch's compute time
+    (attention stays bf16 under float8; backward is twice the forward's FLOPs)."""
+    if cp == 1:
+        return 0.0
+    fl: Flops = kw["flops"]
+    attn = attention_executed(fl)
+    work = (fl.executed - attn) / float(kw.get("float8_gain", 1.0)) + attn
+    fwd = compute_mb * (fl.attention / 3.0) / work / layer.num_layers
+    return cp_exposed_seconds(tokens=tokens, layer=layer, tp=tp, cp=cp, gbytes=gbytes, latency=latency,
+                              attn_fwd_s=fwd, attn_bwd_s=2.0 * fwd, recompute=ac == "full")
+
+
 def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, ac: str, peak_tflops: float,
                          intra_gbytes: float, inter_gbytes: float, params: int, trainable: int,
                          pipeline: Pipeline | None = None, async_tp: bool = False, **kw: Any) -> StepEstimate:
@@ -474,7 +510,7 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     A TP x PP group acts as one data-parallel rank with tp x pp the FLOPs and 1/(tp pp) of the parameters
     to gather and reduce (FSDP shards the TP shards of its stage); a CP rank sees seq/cp tokens per sample.
     FSDP's collectives then run over the dp x cp ranks, gpus_per_node / tp of them per node; TP's
-    per-layer collectives (NVLink, exposed) and CP's ring (overlapped with compute) are added per
+    per-layer collectives (NVLink, exposed) and what CP's ring exposes past its own SDPA chunks are added per
     micro-batch; async TP (torchtitan enable_async_tensor_parallel: the matmuls are split so each collective
     runs under the matmul of the previous chunk) hides them as FSDP's are hidden. With PP, FSDP keeps the
     stage unsharded through the step (torchtitan turns reshard_after_forward off), so the data-parallel
@@ -499,7 +535,8 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     cp_s = cp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,
                            latency=a.lat_intra if ring_intra else a.lat_inter)
     compute_mb = base.terms["compute_per_micro_batch_s"]
-    cp_exposed = max(0.0, cp_s - a.overlap * compute_mb)
+    cp_exposed = _cp_exposed(kw, compute_mb, tokens, stage_layer, tp, cp, ac, cp_bw,
+                             a.lat_intra if ring_intra else a.lat_inter)
     tp_exposed = max(0.0, tp_s - a.overlap * compute_mb) if async_tp else tp_s
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
     bubble = pipeline.bubble() * (base.compute_time_s + tp_exposed * shape.grad_accum) if pipeline else 0.0

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.targets.base import Target, TfvarsKeys
+from gpuprov.targets.live import LiveCheck, LiveCli, q
 
 if TYPE_CHECKING:
     from gpuprov.plan import Plan
@@ -16,11 +17,42 @@ class Aws(Target):
     image_ref_keys = ("ssm_parameter",)
     tfvars = TfvarsKeys(instance="instance_type", held="capacity_reservation_id", zone="availability_zone",
                         subnet="subnet_id", shared="shared_storage_gib")
-    live_checks = True
+    live = LiveCli(login=("aws", "sts", "get-caller-identity", "--output", "json"), identity_key="Account",
+                   install_fix="install the AWS CLI v2: "
+                               "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
+                   login_fix="aws sso login (or aws configure)")
     held_flag = "--capacity-reservation-id"
 
     def held_id(self, spec: Any, option: str) -> str | None:
         return spec.capacity_reservation_id  # one id names an ODCR or a Capacity Block
+
+    def live_checks(self, s: dict[str, Any]) -> list[LiveCheck]:
+        from gpuprov.targets import aws_live  # lazy: it reads the catalog, which imports this registry
+
+        return aws_live.checks(s)
+
+    def quota_family(self, instance: str) -> str:
+        return instance[:1]  # EC2 quotas are per family letter: p5en -> p, g6e -> g
+
+    def offerings_command(self, instance: str, region: str) -> str:
+        return (f"aws ec2 describe-instance-type-offerings --location-type availability-zone "
+                f"--filters {q('Name=instance-type,Values=' + instance)} --region {q(region)}")
+
+    def reservation_zone_fix(self, held: str) -> str | None:
+        # an ODCR or Capacity Block lives in one availability zone; the subnet must be in it
+        return (f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {q(held)} "
+                "--query 'CapacityReservations[0].AvailabilityZone'")
+
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        from gpuprov.targets import aws_live
+
+        return aws_live.held_zone(held, region, run)
+
+    def held_note(self, option: str, held: str | None) -> str | None:
+        if option not in ("reservation", "capacity-block"):
+            return None
+        other = "capacity-block" if option == "reservation" else "reservation"  # one id names either
+        return f"Launching into {held} as a {option}; if it is a {other}, pass --purchase {other}"
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         efa = plan.fabric.name == "efa" and plan.instance.efa_interfaces > 0
@@ -31,6 +63,7 @@ class Aws(Target):
             "efa_enabled": efa,
             "network_cards": max(1, plan.instance.network_cards),
             "capacity_reservation_id": plan.purchase.held,
+            "availability_zone": plan.spec.zone,  # a reservation's zone (given, or looked up at generate)
             "placement_group_name": plan.spec.placement_group,
             "ami_ssm_parameter": plan.image.ref["ssm_parameter"] if plan.image else "",
             "root_volume_size_gib": 512,

@@ -27,7 +27,6 @@ class Azure(Target):
         return head_connection_problem(plan, value)
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
-        self.check_nodes(plan.cluster.nodes)
         shared = plan.shared_storage
         return {"vm_size": plan.instance.name, "os_disk_size_gb": 512,
                 "image_ref": dict(plan.image.ref) if plan.image else {},

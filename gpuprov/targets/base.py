@@ -4,7 +4,7 @@ A target is a cloud, an on-prem host list, or later a Kubernetes cluster. Its mo
 which catalog entries it serves (`serves`), the limits the planner obeys (`limits`), how nodes come
 to exist (`provisioner`: Terraform templates/terraform/<name>/ or the user's inventory), the
 Terraform inputs its templates read (`terraform_inputs`), the image reference keys and tfvars keys
-the pre-flight reads, the fabric role that sets up its fabric, and whether live checks exist.
+the pre-flight reads, the fabric role that sets up its fabric, and its live checks (`live`, `live_checks`).
 Renderers, the planner and the pre-flight ask the target; none of them branches on a cloud name.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprov.errors import GpuprovError
+from gpuprov.targets.live import LiveCheck, LiveCli
 
 if TYPE_CHECKING:  # the Plan model imports pydantic; targets stay cheap to import (catalog, click choices)
     from gpuprov.plan import Plan
@@ -49,7 +50,7 @@ class Target:
     limits: Limits = Limits()
     image_ref_keys: tuple[str, ...] = ()  # keys of its bringup.yaml image entry the templates read
     tfvars: TfvarsKeys | None = None
-    live_checks: bool = False  # validate's live checks exist for this target's CLI
+    live: LiveCli | None = None  # validate's live checks reach this target's CLI (None: it has none)
     held_flag: str = "--reservation"  # the flag that names a reservation the user holds here
 
     def serves(self, instance: Any) -> bool:
@@ -74,10 +75,39 @@ class Target:
         """The variables this target's Terraform templates read beyond the common ones."""
         return {}
 
+    def live_checks(self, s: dict[str, Any]) -> list[LiveCheck]:
+        """validate's live checks for these settings (terraform.tfvars over the plan); `live` says how to log in."""
+        return []
+
+    def quota_family(self, instance: str) -> str:
+        """The name the cloud's quota for `instance` is kept under (the catalog's quota entry is keyed by it)."""
+        return instance
+
+    def offerings_command(self, instance: str, region: str) -> str:
+        """A command that lists where `instance` is offered in `region` ("": none to suggest)."""
+        return ""
+
+    def reservation_zone_fix(self, held: str) -> str | None:
+        """A command that prints the zone of reservation `held`, where the tfvars must name that zone
+        (None: the templates find the zone themselves)."""
+        return None
+
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        """The zone reservation `held` lives in, asked of the signed-in CLI through `run` (None: unknown)."""
+        return None
+
+    def held_note(self, option: str, held: str | None) -> str | None:
+        """What the plan's note says about launching into a held reservation (None: nothing to add)."""
+        return None
+
     def connection_problem(self, plan: Plan, value: Any) -> str | None:
         """Why Ansible could not reach this target's nodes with these Terraform values (None: it can).
         `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
         return None
+
+    def plan_fabric(self, fabric: Any, unknown: tuple[str, ...] | list[str], nodes: int) -> Any:
+        """The fabric the plan records for these nodes (a cloud's catalog entry is a fact: as is)."""
+        return fabric
 
     def fabric_role(self, fabric: str) -> str | None:
         """The Ansible role that sets up `fabric` on this target's hosts (None: nothing beyond Ethernet)."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.targets.base import Target, TfvarsKeys
+from gpuprov.targets.live import LiveCheck, LiveCli, q
 
 if TYPE_CHECKING:
     from gpuprov.plan import Plan
@@ -43,10 +44,28 @@ class Gcp(Target):
     name, title = "gcp", "GCP"
     image_ref_keys = ("image",)
     tfvars = TfvarsKeys(instance="machine_type", held="reservation_name", shared="shared_storage_gib")
-    live_checks = True
+    live = LiveCli(login=("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=json"),
+                   install_fix="install the gcloud CLI: https://cloud.google.com/sdk/docs/install",
+                   login_fix="gcloud auth login")
+
+    def live_checks(self, s: dict[str, Any]) -> list[LiveCheck]:
+        from gpuprov.targets import gcp_live  # lazy: it reads the catalog, which imports this registry
+
+        return gcp_live.checks(s)
+
+    def quota_family(self, instance: str) -> str:
+        return instance.rsplit("-", 1)[0]  # a3-megagpu-8g -> a3-megagpu: the catalog's quota metrics
+
+    def offerings_command(self, instance: str, region: str) -> str:
+        return f"gcloud compute machine-types list {q('--filter=name=' + instance)} --format=json"
 
     def held_id(self, spec: Any, option: str) -> str | None:
         return spec.reservation if option == "reservation" else None
+
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        from gpuprov.targets import gcp_live
+
+        return gcp_live.held_zone(held, run)
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         machine = plan.instance.name
@@ -58,6 +77,7 @@ class Gcp(Target):
             "rdma_nic_count": rdma,
             "gpu_network_mtu": plan.fabric.mtu or 8896,
             "reservation_name": plan.purchase.held,
+            "zone": plan.spec.zone,  # a reservation's zone (given, or looked up at generate)
             "reservation_bound": plan.purchase.reservation_bound,
             "max_run_hours": min(168, plan.purchase.max_run_hours or 168),
             "compact_placement_supported": machine.startswith(COMPACT_FAMILIES),
@@ -68,6 +88,7 @@ class Gcp(Target):
             "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
             "boot_disk_size_gb": 500,
             "create_timeout": create_timeout(plan.purchase.option),
+            "resize_request_state_command": flex_request_state_command(),
         }
 
     def fabric_role(self, fabric: str) -> str | None:
@@ -83,6 +104,13 @@ def create_timeout(option: str | None) -> str:
     if option != "flex-start":
         return "20m"
     return f"{int(cat.load_flex_start('gcp')['queue_minutes']) + 10}m"
+
+
+def flex_request_state_command() -> str:
+    """The CLI call that reads a MIG resize request's state: the module polls it until the VMs exist."""
+    from gpuprov.catalog import bringup as cat
+
+    return str(cat.load_flex_start("gcp")["request_state_command"])
 
 
 TARGET = Gcp()

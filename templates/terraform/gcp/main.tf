@@ -1,6 +1,7 @@
 # GPU nodes for the gpuprov plan: one Compute Engine VM per node, bought with the plan's provisioning
-# model (standard, spot, flex-start or a reservation), a NIC per fabric network (network.tf), no
-# external IPs, host maintenance stops the VM (GPUs cannot migrate).
+# model (standard, spot or a reservation), a NIC per fabric network (network.tf), no external IPs,
+# host maintenance stops the VM (GPUs cannot migrate). Flex-start nodes come from one all-or-nothing
+# group request instead (flex.tf).
 
 provider "google" {
   project        = var.project_id
@@ -57,6 +58,16 @@ locals {
   compact_placement = var.compact_placement_supported && var.node_count > 1 && var.reservation_name == null
 
   ssh_proxy = "${var.ssh_proxy_command} --project=${var.project_id} --zone=${var.zone}"
+
+  # Flex-start capacity is allotted per request: N separate VMs could start (and bill) while others
+  # still queue, so flex-start nodes are one resize request on a managed instance group (flex.tf).
+  flex_group = var.purchase_option == "flex-start"
+
+  # The nodes as the outputs read them, whichever way they were created.
+  vms = concat(
+    [for vm in google_compute_instance.node : { name = vm.name, ip = vm.network_interface[0].network_ip, id = vm.instance_id }],
+    [for vm in data.google_compute_instance.flex : { name = vm.name, ip = vm.network_interface[0].network_ip, id = vm.instance_id }],
+  )
 }
 
 ################################################################################
@@ -82,7 +93,7 @@ resource "google_compute_resource_policy" "placement" {
 
 resource "google_compute_instance" "node" {
   #checkov:skip=CKV_GCP_38:Customer-supplied keys would have to sit in the Terraform state and be resent on every disk operation; boot disks hold only the OS and drivers and keep Google-managed encryption at rest (set kms_key_self_link for CMEK).
-  count = var.node_count
+  count = local.flex_group ? 0 : var.node_count
 
   name              = local.node_names[count.index]
   machine_type      = var.machine_type

@@ -1,16 +1,16 @@
 output "node_names" {
   description = "VM names, in node order"
-  value       = google_compute_instance.node[*].name
+  value       = local.vms[*].name
 }
 
 output "private_ips" {
   description = "Primary (nic0) internal IPv4 address of each node"
-  value       = google_compute_instance.node[*].network_interface[0].network_ip
+  value       = local.vms[*].ip
 }
 
 output "instance_ids" {
   description = "Compute Engine instance ids, in node order"
-  value       = google_compute_instance.node[*].instance_id
+  value       = local.vms[*].id
 }
 
 output "placement_policy" {
@@ -36,7 +36,7 @@ output "ansible_inventory" {
       children = {
         gpu_nodes = {
           # IAP tunnels by VM name; private_ip is kept for NCCL and the rendezvous.
-          hosts = { for vm in google_compute_instance.node : vm.name => { ansible_host = vm.name, private_ip = vm.network_interface[0].network_ip } }
+          hosts = { for vm in local.vms : vm.name => { ansible_host = vm.name, private_ip = vm.ip } }
         }
       }
     }
