@@ -3,7 +3,9 @@
 Pure emulation (TCG): /dev/kvm on these machines is a nested paravirtual KVM on which a stock
 guest kernel crawls. Networking is user-mode with SSH forwarded on 127.0.0.1 only. Each Guest
 gets its own qcow2 overlay on the cached base image, its own NVMe drive files and its own SSH key
-(passed to the guest on the kernel command line), so runs never share state.
+(passed to the guest on the kernel command line), so runs never share state. A guest without raw
+drives can be saved and reverted (savevm/loadvm over its monitor socket): tests that share one
+boot start each scenario from the same saved state.
 """
 
 from __future__ import annotations
