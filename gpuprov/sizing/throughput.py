@@ -136,7 +136,7 @@ def float8_refusal(*, task: str, precision: str, compiled: bool, moe: bool, tp: 
     if moe and f["dense_only"]:
         why.append("the measurements are for dense models")
     if tp > int(f["max_tp"]):
-        why.append(f"the layout uses TP {tp} (the trainer converts linears after TP)")
+        why.append(f"the layout uses TP {tp}, beyond the float8 TP runs' {f['max_tp']} (one node)")
     return "; ".join(why) or None
 
 
