@@ -1,28 +1,30 @@
 #!/usr/bin/env python3
-"""The GPU day: gpuprov's trainer and a plain-PyTorch loop side by side on one offline GPU.
+"""The GPU day: gpuprov's trainer and pinned torchtitan side by side on one offline GPU.
 
     python benchmarks/gpu_day.py --prepare CARRY   # here (gpuprov + PyPI): CARRY/ <= 60 MiB
-    python CARRY/gpu_day.py                        # on the GPU machine: offline, torch >= 2.9 + numpy
+    python CARRY/gpu_day.py                        # on the GPU machine: offline, a recent torch + numpy
     python benchmarks/gpu_day.py --dry-run         # CPU, tiny shapes, the same code paths (the suite)
 
 On one GPU, for "1b-full" (llama-3.2-1b, full training) and "8b-lora" (llama-3.1-8b, LoRA): the
 shape gpuprov's planner fits to that GPU (its on-prem plan for one host with that GPU: micro-batch,
 seq_len, activation checkpointing, compile, chunked loss), run for a few steps on synthetic tokens
 with fresh weights (speed and memory do not depend on the values) by
-  gpuprov    the bundle's launch/train.py under torchrun (train.yaml from the plan);
-  reference  a plain PyTorch loop in this file: the same transformers model, AdamW (fused on CUDA),
-             bf16 autocast over fp32 weights, clipping, compile per block and AC as the plan says.
+  gpuprov     the bundle's launch/train.py under torchrun (train.yaml from the plan);
+  torchtitan  pinned torchtitan 0.3.0's own llama3 model ("1B" ties embeddings as llama-3.2-1b does),
+              LoRA / float8 converters, parallelize_llama (AC, per-block compile, FSDP2 mixed
+              precision), loss, AdamW and clipping, driven by gpu_day_titan.py (which says exactly
+              what of torchtitan runs and what it supplies), with the same AC, compile, chunked
+              loss, float8, precision, optimizer and LoRA settings as gpuprov's side.
 Printed per side: tokens/s (median after two warm-up steps), MFU against the measured GPU's
-catalog bf16 peak and against a bf16 matmul measured here, peak reserved and allocated memory;
-gpuprov's predicted peak and tokens/s beside them; the float8/bf16 tokens/s ratio where torchao is
-installed (its kernels must match the installed torch, so it is not carried).
-
-torchtitan is not carried: torchtitan 0.3.0 imports torchdata and datasets (pyarrow alone is a
-~40 MiB wheel per Python version), reads a tokenizer from the Hub or a path, and needs torchao for
-float8: over the 60 MiB a lent machine may carry, and its llama3 flavours do not tie embeddings
-as llama-3.2-1b does. The plain loop stands in as the reference with identical settings.
---prepare carries: the trainer's files, the plans' numbers (cases.json), and wheels of
-transformers, peft, safetensors, PyYAML and their dependencies (--no-deps on torch / numpy).
+catalog bf16 peak and against a bf16 matmul measured here (the same FLOPs per token on both
+sides), peak reserved and allocated memory; gpuprov's predicted peak and tokens/s beside them; the
+float8/bf16 tokens/s ratio per side where torchao is installed (its kernels must match the
+installed torch, so it is not carried; torchtitan 0.3.0 offers only rowwise float8 recipes,
+gpuprov's trainer uses tensorwise). torchtitan 0.3.0 needs torch >= 2.11 (its spmd_types pin);
+on an older torch its rows say the import error.
+--prepare carries: the trainer's files, the plans' numbers (cases.json), torchtitan and the four
+pure-Python packages its training path imports (titan/), and wheels of transformers, peft,
+safetensors, PyYAML and their dependencies (--no-deps on torch / numpy).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ NO_DEPS = ("peft", "accelerate", "psutil")  # peft's own requirements would pull
 MACHINE_HAS = ("numpy", "torch")
 CARRY_LIMIT = 60 * MiB
 HERE = Path(__file__).resolve().parent
+# torchtitan's wheels for the dry run and --prepare (.ci/setup.d fills it; else pip downloads them once)
+CACHE = Path(os.environ.get("GPU_DAY_CACHE", HERE.parent / ".cache" / "gpu-day"))
 
 
 # ------------------------------------------------------------------------------ prepare (here)
@@ -75,6 +79,24 @@ def plan_cases() -> dict:
     return out
 
 
+def fetch_titan() -> list[Path]:
+    """Pinned torchtitan and the pure-Python packages its training path imports, from the cache (PyPI once)."""
+    from gpu_day_titan import PINS
+
+    names = {p.split("==")[0].replace("-", "_").lower() for p in PINS}
+    pinned = lambda: [w for w in CACHE.glob("*.whl") if w.name.split("-")[0].lower() in names]  # noqa: E731
+    if len(pinned()) < len(PINS):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                        "-d", str(CACHE), *PINS], check=True)
+    return pinned()
+
+
+def titan_wheels(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for wheel in fetch_titan():
+        shutil.copy(wheel, dest / wheel.name)
+
+
 def prepare(carry: Path, wheels: bool, python_versions: list[str]) -> None:
     carry.mkdir(parents=True, exist_ok=True)
     (carry / "cases.json").write_text(json.dumps(plan_cases(), indent=1))
@@ -83,8 +105,11 @@ def prepare(carry: Path, wheels: bool, python_versions: list[str]) -> None:
     for f in (HERE.parent / "templates" / "launch").glob("*.py"):
         shutil.copy(f, launch / f.name)
     shutil.copy(__file__, carry / "gpu_day.py")
+    shutil.copy(HERE / "gpu_day_titan.py", carry / "gpu_day_titan.py")
     if wheels:
         from importlib.metadata import version
+
+        titan_wheels(carry / "titan")
 
         for py in python_versions:
             common = ["--quiet", "--only-binary=:all:", "--python-version", py, "--platform", "manylinux2014_x86_64",
@@ -186,72 +211,38 @@ def run_gpuprov(carry: Path, cfg: dict, env: dict, work: Path, timeout: float) -
             "reserved": end["peak_memory_reserved_bytes"], "allocated": end["peak_memory_allocated_bytes"]}
 
 
-def run_reference(cfg_path: Path) -> dict:
-    """The plain PyTorch loop: the same model, shape, optimizer, precision, AC and compile."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoConfig, AutoModelForCausalLM
+def titan_site(carry: Path, work: Path) -> Path:
+    """The carried torchtitan wheels unpacked (pure-Python wheels: unzipping is installing them)."""
+    import zipfile
 
-    cfg = json.loads(cfg_path.read_text())
-    dev = torch.device("cuda" if cfg["runtime"]["device"] != "cpu" and torch.cuda.is_available() else "cpu")
-    hf = dict(cfg["model"]["hf_config"])
-    config = AutoConfig.for_model(hf.pop("model_type"), **hf)
-    config.use_cache = False
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg["model"]["attn_implementation"])
-    model = model.to(dev, torch.float32)
-    if cfg["task"]["kind"] == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lora = cfg["task"]["lora"]
-        model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                                 target_modules=lora["targets"], task_type="CAUSAL_LM"))
-        for p in model.parameters():
-            if not p.requires_grad:
-                p.data = p.data.to(torch.bfloat16)
-    layers = model.get_base_model().model.layers if hasattr(model, "get_base_model") else model.model.layers
-    if cfg["parallel"]["activation_checkpointing"] != "none":
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        for i, block in enumerate(layers):
-            layers[i] = checkpoint_wrapper(block)
-    if cfg["efficiency"]["compile"] and dev.type == "cuda":
-        for i, block in enumerate(layers):
-            layers[i] = torch.compile(block)
-    opt = cfg["optimizer"]
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
-                                  weight_decay=opt["weight_decay"], **({"fused": True} if dev.type == "cuda" else {}))
-    b, amp_dtype = cfg["batch"], getattr(torch, cfg["precision"]["param_dtype"])
-    tokens = torch.randint(0, config.vocab_size, (b["micro_batch"], b["seq_len"] + 1), device=dev)
-    times = []
-    for _ in range(cfg["schedule"]["steps"]):
-        t = time.perf_counter()
-        with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
-            logits = model(input_ids=tokens[:, :-1]).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-        del logits
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, opt["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    cuda = dev.type == "cuda"
-    return {"tokens_per_s": median_after_warmup([b["micro_batch"] * b["seq_len"] / t for t in times]),
-            "reserved": torch.cuda.max_memory_reserved() if cuda else None,
-            "allocated": torch.cuda.max_memory_allocated() if cuda else None}
+    site = work / "titan-site"
+    if not site.is_dir():
+        for wheel in sorted((carry / "titan").glob("*.whl")):
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(site)
+    return site
 
 
-def reference_subprocess(cfg: dict, env: dict, work: Path, timeout: float) -> dict:
+def run_titan(carry: Path, cfg: dict, env: dict, work: Path, site: Path, timeout: float) -> dict:
+    """gpu_day_titan.py in one process (rank 0 of 1): pinned torchtitan's components on the same shape."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / "reference.json").write_text(json.dumps(cfg))
-    out = subprocess.run([sys.executable, __file__, "--reference", str(work / "reference.json")], env=env,
+    (work / "titan.json").write_text(json.dumps(cfg))
+    port = free_port()
+    child = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([str(site), env.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(carry / "gpu_day_titan.py"), str(work / "titan.json")], env=child,
                          capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         return {"error": failure(out.stdout + out.stderr)}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def measured_matmul_tflops() -> float | None:
@@ -296,7 +287,45 @@ def row(side: str, case: str, cfg: dict, r: dict, entry: dict, peak: float | Non
     gib = lambda v: f"{v / GiB:7.2f}" if v else "    n/a"  # noqa: E731
     return (f"{side:<10} {case:<8} mb {b['micro_batch']} x seq {b['seq_len']:<5} AC {cfg['parallel']['activation_checkpointing']:<9} "
             f"{tps:>10,.0f} tok/s  MFU {100 * mfu:5.1f}% (catalog) {mfu_meas} (measured)  "
-            f"peak {gib(r['reserved'])} / {gib(r['allocated'])} GiB reserved / allocated")
+            f"peak {gib(r['reserved'])} / {gib(r['allocated'])} GiB reserved / allocated"
+            + (f"  (llama3 {r['flavour']})" if r.get("flavour") else ""))
+
+
+def float8_line(case: str, reason: str | None, pairs: list[tuple[str, dict, dict | None]]) -> str:
+    """float8/bf16 tokens/s per side, or why not."""
+    if reason:
+        return f"float8/bf16 {case}: n/a ({reason})"
+    parts = []
+    for side, bf16, fp8 in pairs:
+        bad = (fp8 or {}).get("error") or bf16.get("error")
+        ratio = None if bad or not fp8 else fp8["tokens_per_s"] / bf16["tokens_per_s"]
+        parts.append(f"{side} n/a ({bad})" if ratio is None else f"{side} {ratio:.2f}x")
+    return f"float8/bf16 {case}: " + "; ".join(parts) + " tokens/s"
+
+
+def run_case(carry: Path, case: str, entry: dict, dry: bool, steps: int, env: dict, peak: float | None,
+             deadline: float) -> list[str]:
+    """One case: gpuprov's trainer and torchtitan on the same shape (and in float8 where it can run)."""
+    left = lambda: max(30.0, min(190.0, deadline - time.perf_counter()))  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        site = titan_site(carry, work)
+        cfg = shaped(entry, dry, steps, work / "ours")
+        ours = run_gpuprov(carry, cfg, env, work / "ours", left())
+        titan = run_titan(carry, cfg, env, work / "titan", site, left())
+        reason = "dry run (CPU)" if dry else float8_reason()
+        pairs = [("gpuprov", ours, None), ("torchtitan", titan, None)]
+        if reason is None:
+            cfg8 = shaped(entry, dry, steps, work / "fp8", True)
+            pairs = [("gpuprov", ours, run_gpuprov(carry, cfg8, env, work / "fp8", left())),
+                     ("torchtitan", titan, run_titan(carry, cfg8, env, work / "titan8", site, left()))]
+    where = "cpu (dry run, tiny shape)" if dry else entry["gpu_name"]
+    return [f"{case} on {where}:",
+            row("gpuprov", case, cfg, ours, entry, peak),
+            row("torchtitan", case, cfg, titan, entry, peak),
+            f"predicted  {case:<8} {entry['predicted_tokens_per_s']:>10,.0f} tok/s  peak "
+            f"{entry['predicted_peak_bytes'] / GiB:7.2f} GiB (gpuprov's plan for the full shape)",
+            float8_line(case, reason, pairs)]
 
 
 def run(carry: Path, dry: bool, steps: int) -> int:
@@ -304,28 +333,10 @@ def run(carry: Path, dry: bool, steps: int) -> int:
     cases = json.loads((carry / "cases.json").read_text())
     peak = None if dry else measured_matmul_tflops()
     t0 = time.perf_counter()
-    lines, budget = [], 190.0 if not dry else 240.0  # per run; the whole day stays under 8 minutes
+    deadline = t0 + 450.0  # the whole day stays under 8 minutes
+    lines = []
     for case, entries in cases.items():
-        gpu = pick_gpu(entries, dry)
-        entry = entries[gpu]
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = shaped(entry, dry, steps, Path(tmp) / "ours")
-            ours = run_gpuprov(carry, cfg, env, Path(tmp) / "ours", budget)
-            ref = reference_subprocess(cfg, env, Path(tmp) / "ref", budget)
-            reason = "dry run (CPU)" if dry else float8_reason()
-            fp8 = None
-            if reason is None:
-                fp8 = run_gpuprov(carry, shaped(entry, dry, steps, Path(tmp) / "fp8", True), env, Path(tmp) / "fp8", budget)
-        lines.append(f"{case} on {entry['gpu_name'] if not dry else 'cpu (dry run, tiny shape)'}:")
-        lines.append(row("gpuprov", case, cfg, ours, entry, peak))
-        lines.append(row("reference", case, cfg, ref, entry, peak))
-        pred = (f"predicted  {case:<8} {entry['predicted_tokens_per_s']:>10,.0f} tok/s  peak "
-                f"{entry['predicted_peak_bytes'] / GiB:7.2f} GiB (gpuprov's plan for the full shape)")
-        lines.append(pred)
-        if fp8 and "error" not in fp8 and "error" not in ours:
-            lines.append(f"float8/bf16 {case}: {fp8['tokens_per_s'] / ours['tokens_per_s']:.2f}x tokens/s")
-        else:
-            lines.append(f"float8/bf16 {case}: n/a ({reason or fp8.get('error')})")
+        lines += run_case(carry, case, entries[pick_gpu(entries, dry)], dry, steps, env, peak, deadline)
     print("\n".join(lines))
     print(f"measured bf16 matmul peak: {f'{peak:.0f} TFLOP/s' if peak else 'n/a'}; "
           f"wall {time.perf_counter() - t0:.0f} s")
@@ -340,11 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", action="append", default=None, help="target Python versions for wheels (3.12)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: both sides, the same code paths")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; dry run 4)")
-    ap.add_argument("--reference", metavar="CONFIG_JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.reference:
-        print(json.dumps(run_reference(Path(args.reference))))
-        return 0
     if args.prepare:
         prepare(Path(args.prepare), not args.no_wheels, args.python or ["3.12"])
         return 0
@@ -353,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run and not (HERE / "cases.json").is_file():
         with tempfile.TemporaryDirectory() as tmp:
             prepare(Path(tmp), wheels=False, python_versions=[])
+            titan_wheels(Path(tmp) / "titan")
             return run(Path(tmp), True, steps)
     return run(carry, args.dry_run, steps)
 

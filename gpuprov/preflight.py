@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuprov.catalog import bringup as cat
 from gpuprov.catalog.instances import get_instance
 from gpuprov.errors import GpuprovError
@@ -75,7 +77,7 @@ def settings(plan: Any, root: Path) -> dict[str, Any]:
         "nodes": _node_count(given.get("node_count", plan.cluster.nodes)),
         "purchase": given.get("purchase_option", plan.purchase.option),
         "held": given.get(keys.held, plan.purchase.held),
-        "zone": given.get(keys.zone),
+        "zone": given.get(keys.zone, plan.spec.zone),
         "project": given.get("project_id"),
         "subnet": given.get(keys.subnet) if keys.subnet else None,
     }
@@ -126,8 +128,9 @@ def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
     if zone_fix and not s["zone"]:
         return Check("fail", "reservation zone", f"{s['held']} lives in one zone: "
                      f"{target.tfvars.zone if target.tfvars else 'zone'} is not set", zone_fix)
-    return Check("skip", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} as terraform.tfvars "
-                 "states it: unchecked offline (the live check compares it with the reservation)",
+    return Check("skip", "reservation zone", f"{s['held']} in {s['zone'] or 'the VMs zone'} as the bundle "
+                 "states it (plan or terraform.tfvars): unchecked offline (the live check compares it with the "
+                 "reservation)",
                  target.live.login_fix if target.live else "")
 
 
@@ -163,6 +166,8 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
         return Check("ok", "quota", f"request {need} vCPUs of {quota_code} ({code['name']}) in {s['region']}",
                      f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
                      f"{q(quota_code)} --desired-value {need} --region {q(s['region'])}")
+    if entry["unit"] in ("family-vcpus", "shape-gpus"):
+        return _family_quota_rule(entry, inst, s)
     metric = entry["metrics"].get(get_target(plan.cluster.cloud).quota_family(inst.name))
     need = s["nodes"] * inst.gpus
     if metric is None:
@@ -170,6 +175,23 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
     metric = (entry["preemptible_prefix"] if spot else "") + metric
     return Check("ok", "quota", f"request {need} of {metric} in {s['region']}",
                  f"gcloud compute regions describe {q(s['region'])} --format=json  (quotas: {metric})")
+
+
+def _family_quota_rule(entry: dict, inst: Any, s: dict) -> Check:
+    """Azure (vCPUs per VM family and region; Spot: one regional quota) and OCI (GPUs per shape
+    family and availability domain): which quota to request, and how many."""
+    vcpus = entry["unit"] == "family-vcpus"
+    need = s["nodes"] * ((inst.vcpus or 0) if vcpus else inst.gpus)
+    unit = "vCPUs" if vcpus else "GPUs"
+    family = entry["families"].get(inst.name)
+    if family is None:
+        return Check("skip", "quota", f"no quota name for {inst.name} in the catalog: request {need} {unit}")
+    if s["purchase"] == "spot" and entry.get("spot"):
+        family = entry["spot"]
+    where = s["region"] if vcpus else f"the nodes' availability domain in {s['region']}"
+    fix = entry["fix"].format(code=family["code"], region=q(s["region"]), need=need,
+                              kind="lowPriority" if family is entry.get("spot") else "dedicated")
+    return Check("ok", "quota", f"request {need} {unit} of {family['code']} ({family['name']}) in {where}", fix)
 
 
 # ---------------------------------------------------------------- live checks
@@ -191,6 +213,29 @@ def live_checks(plan: Any, root: Path, run: Runner = run_cli) -> list[Check]:
         return [Check("skip", "live checks", f"{cli.login[0]} is not logged in: offerings, reservation, quota and "
                       "subnet routes are unchecked", cli.login_fix)]
     return [check(plan, s, run) for check in target.live_checks(s)]
+
+
+def locate_reservation(spec: Any, run: Runner = run_cli) -> Any:
+    """The spec with the zone (and so the region) of the reservation it names, asked of the cloud's
+    CLI when it is signed in; unchanged when the user gave the zone (--zone: no CLI call), or the
+    CLI cannot say (then the user states the zone, and validate reports it unchecked)."""
+    from gpuprov.targets import CHOICES
+
+    if spec.zone is not None or spec.cloud not in CHOICES or spec.cloud == "any":
+        return spec
+    target = get_target(spec.cloud)
+    held = target.held_id(spec, "reservation") if target.tfvars and target.tfvars.held else None
+    if not held or target.live is None:
+        return spec
+    zone = target.held_zone(held, spec.region, run)  # one CLI call: fails fast when not signed in
+    if zone is None:
+        return spec
+    data = spec.model_dump(exclude_none=True) | {"zone": zone}
+    try:
+        return type(spec).model_validate(data)
+    except ValidationError as exc:  # e.g. --region names another region than the reservation's
+        why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise GpuprovError(f"reservation {held} is in zone {zone}: {why}") from None
 
 
 NFS_EXAMPLE = '{fstype: nfs, source: "nfs-server:/export/gpu", mount_point: "/shared", options: "rw,hard,noatime"}'

@@ -116,7 +116,10 @@ class TrainingSpec(BaseModel):
     deadline_hours: float | None = Field(None, gt=0, le=v.MAX_HOURS, description="Finish within this many hours")
     budget_usd: float | None = Field(None, gt=0, le=v.MAX_USD, description="Spend at most this much")
     cloud: Cloud = Field("any", description="Where to run; 'any' compares all clouds")
-    region: Region | None = Field(None, description="Cloud region (default: the catalog's priced region)")
+    region: Region | None = Field(None, description="Cloud region (default: the catalog's priced region; "
+                                  "with a zone: the zone's region)")
+    zone: Region | None = Field(None, description="Zone of the nodes (AWS, GCP): a reservation's zone; looked up "
+                                "from the reservation when the cloud CLI is signed in")
     gpus: list[Slug] | None = Field(None, max_length=64, description="Allowed GPU types (slugs); default all")
     max_nodes: PositiveInt = Field(32, le=v.MAX_NODES, description="Largest node count to consider")
     objective: Objective = Field("cost", description="Rank by cost to train, time, or GPU count")
@@ -149,7 +152,7 @@ class TrainingSpec(BaseModel):
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
-                         "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
+                         "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
@@ -228,6 +231,19 @@ class TrainingSpec(BaseModel):
         if problem:
             raise ValueError(problem)
         return region
+
+    @model_validator(mode="after")
+    def _zone_in_region(self) -> "TrainingSpec":
+        """A zone fixes the region (a reservation lives in one zone: the nodes must be there)."""
+        if self.zone is None:
+            return self
+        region, problem = v.zone_for(self.cloud, self.zone)
+        if problem:
+            raise ValueError(problem)
+        if self.region is not None and self.region != region:
+            raise ValueError(f"zone {self.zone} is in {region}, not in region {self.region}")
+        self.region = region
+        return self
 
     @field_validator("framework")
     @classmethod

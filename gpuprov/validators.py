@@ -161,6 +161,16 @@ def region_for(cloud: str, value: str) -> str | None:
     return f"region {_show(value)} is not {'an' if cloud[0] in 'aeio' else 'a'} {cloud} region name (e.g. {entry['example']})"
 
 
+def zone_for(cloud: str, value: str) -> tuple[str | None, str | None]:
+    """(region of zone `value` on `cloud`, None) or (None, why it is not a zone there)."""
+    entry = (patterns().get("zones") or {}).get(cloud)
+    if entry is None:
+        return None, f"zone: {cloud} takes no zone (only AWS and GCP reservations live in one)"
+    if not _fullmatch(entry["pattern"], value):
+        return None, f"zone {_show(value)} is not {'an' if cloud[0] in 'aeio' else 'a'} {cloud} zone name (e.g. {entry['example']})"
+    return re.sub(entry["region_suffix"] + "$", "", value), None
+
+
 def cidr(value: str) -> str:
     """An IPv4/IPv6 network; host bits set is an error (the cloud would reject or widen it)."""
     if "%" in value:  # ipaddress takes any text as an IPv6 zone id; a firewall rule has none

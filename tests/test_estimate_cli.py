@@ -277,6 +277,17 @@ def test_each_suggestion_sizes_what_its_command_sizes(args) -> None:
         assert again["fits"] and again["per_gpu_bytes"] == s["per_gpu_bytes"], s
 
 
+def test_kbit_fp32_casts_flag_reaches_the_setup_and_the_notes() -> None:
+    base = ("estimate", "--model", "8b", "--task", "qlora", "--gpus", "1", "--gpu", "rtx-4090-24gb", "--precision",
+            "bf16", "--json")
+    plain, cast = run(*base), run(*base, "--kbit-fp32-casts")
+    assert plain.returncode == 0 and cast.returncode == 0, cast.stderr
+    p, c = json.loads(plain.stdout), json.loads(cast.stdout)
+    assert c["setup"]["kbit_fp32_casts"] is True and p["setup"]["kbit_fp32_casts"] is False
+    assert c["per_gpu_bytes"] > p["per_gpu_bytes"]
+    assert any("prepare_model_for_kbit_training" in a for a in c["assumptions"])
+
+
 def test_skypilot_gpu_count_is_the_gpu_count_and_a_conflict_is_one_line() -> None:
     named = run("estimate", "--model", "8b", "--gpu", "H100:4", "--json")
     assert named.returncode == 0, named.stderr

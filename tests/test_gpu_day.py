@@ -1,7 +1,9 @@
 """benchmarks/gpu_day.py --dry-run: the GPU day's code paths on CPU with tiny shapes.
 
-Both sides (the bundle's trainer under torchrun, the plain PyTorch reference loop) must print a
-measured row for each case, beside gpuprov's predictions for the full shape.
+Both sides (the bundle's trainer under torchrun; pinned torchtitan's llama3 model, parallelize_llama,
+loss and optimizer builders) must print a measured row for each case, beside gpuprov's predictions
+for the full shape. torchtitan's wheels come from .cache/gpu-day (.ci/setup.d fetches them; else
+the dry run downloads them from PyPI once).
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ def test_dry_run_measures_both_sides_for_each_case():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {}
     for line in out.stdout.splitlines():
-        m = re.match(r"^(gpuprov|reference|predicted)\s+(1b-full|8b-lora)\s.*?([\d,]+) tok/s", line)
+        m = re.match(r"^(gpuprov|torchtitan|predicted)\s+(1b-full|8b-lora)\s.*?([\d,]+) tok/s", line)
         if m:
             rows[(m.group(1), m.group(2))] = float(m.group(3).replace(",", ""))
     for case in ("1b-full", "8b-lora"):
-        for side in ("gpuprov", "reference", "predicted"):
+        for side in ("gpuprov", "torchtitan", "predicted"):
             assert rows.get((side, case), 0) > 0, (side, case, out.stdout)
     assert "error" not in out.stdout
     assert out.stdout.count("float8/bf16") == 2
+    assert out.stdout.count("(llama3 shape)") == 2  # torchtitan's model at gpuprov's tiny shape
 
 
 def test_carry_folder_is_small_and_holds_the_trainer(tmp_path):
@@ -52,4 +55,4 @@ def test_carry_folder_is_small_and_holds_the_trainer(tmp_path):
             assert e["train_yaml"]["parallel"]["sharding"] == "none"  # one GPU: no FSDP on a 1-rank mesh
     shipped = {p.name for p in (tmp_path / "launch").iterdir()}
     assert {"train.py", "train_config.py", "train_model.py", "parallel.py"} <= shipped
-    assert (tmp_path / "gpu_day.py").is_file()
+    assert (tmp_path / "gpu_day.py").is_file() and (tmp_path / "gpu_day_titan.py").is_file()

@@ -357,3 +357,45 @@ def test_fsdp1_mixed_precision_casts_a_low_precision_shard_first() -> None:
         xest(L8B, **kw, fsdp_version=3)
     with pytest.raises(GpuprovError, match="--compile-scope"):
         xest(L8B, **kw, compile_scope="graph")
+
+
+def test_kbit_fp32_casts_follow_peft_and_bitsandbytes() -> None:
+    """peft's prepare_model_for_kbit_training casts every non-4-bit parameter to fp32; bitsandbytes'
+    Linear4bit then returns fp32 outputs, the residual stream is fp32, and without autocast the head
+    writes fp32 logits."""
+    from gpuprov.sizing.activations import kbit_extra_bytes_per_token
+
+    kw = dict(task="qlora", gpus=1, sharding="none", seq_len=2048, micro_batch=4, activation_checkpointing="full",
+              precision="bf16", lora_rank=16)
+    plain = estimate_memory(L8B, TrainSetup(**kw)).breakdown
+    cast = estimate_memory(L8B, TrainSetup(**kw, kbit_fp32_casts=True)).breakdown
+    quantized = L8B.num_layers * L8B.layer_linear_params()
+    # the non-4-bit parameters (embeddings, head, norms) go from 2 to 4 bytes; adapters from bf16 to fp32
+    from gpuprov.sizing.arch import resolve_lora_targets
+
+    adapters = L8B.lora_params(16, resolve_lora_targets(TrainSetup().lora_targets))
+    assert cast["parameters"] - plain["parameters"] == pytest.approx(2 * (L8B.params - quantized) + 2 * adapters, rel=1e-6)
+    tokens = 2048 * 4
+    assert cast["logits"] == 2 * plain["logits"] == tokens * 4 * L8B.vocab_size  # fp32 head, no autocast
+    assert cast["activations"] > plain["activations"] + tokens * 2 * L8B.hidden_size * (L8B.num_layers - 1)
+    # under autocast SDPA saves bf16 copies: only the MLP's fp32 tensors are extra; the flag is QLoRA's alone
+    assert kbit_extra_bytes_per_token(L8B, autocast=True) == 6 * L8B.intermediate_size
+    assert kbit_extra_bytes_per_token(L8B, autocast=False) > kbit_extra_bytes_per_token(L8B, autocast=True)
+    lora = dict(kw, task="lora")
+    assert estimate_memory(L8B, TrainSetup(**lora, kbit_fp32_casts=True)).breakdown == \
+        estimate_memory(L8B, TrainSetup(**lora)).breakdown
+
+
+def test_fsdp1_gradient_buffers_follow_flat_parameter_views() -> None:
+    """FSDP1: a unit's view gradients and the flat gradient SplitWithSizesBackward cats from them coexist;
+    with autocast over fp32 parameters (no MixedPrecision policy) the reduce dtype is fp32, so no cast."""
+    from gpuprov.sizing.memory import _fsdp1_grad_buffers
+
+    unit = L7B.layer_params()
+    assert _fsdp1_grad_buffers(unit, 4, 4, 8) == unit * 8 + unit * 4 // 8
+    assert _fsdp1_grad_buffers(unit, 4, 2, 8) == unit * 10 + unit * 2 // 8  # + the bf16 reduce copy
+    kw = dict(gpus=16, sharding="fsdp", seq_len=4096, activation_checkpointing="full", fsdp_version=1)
+    auto = estimate_memory(L7B, TrainSetup(**kw, autocast_fp32_params=True)).breakdown
+    assert auto["reduce_scatter_buffers"] == _fsdp1_grad_buffers(unit, 4, 4, 16)  # the peak is in backward
+    mp = estimate_memory(L7B, TrainSetup(**kw)).breakdown  # accelerate's MixedPrecision: bf16 grads, bf16 reduce
+    assert mp["reduce_scatter_buffers"] == _fsdp1_grad_buffers(unit, 2, 2, 16)

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 
 import click
 
+from gpuprov.catalog.gpus import accelerator_name, get_gpu, list_gpus
+from gpuprov.catalog.models import get_model
 from gpuprov.errors import GpuprovError
+from gpuprov.sizing.frameworks import names, title
+from gpuprov.sizing.memory import allocator_bytes, estimate_memory
 from gpuprov.sizing.setup import setup_from_options
-from gpuprov.sizing.why import notes as why_notes
+from gpuprov.sizing.suggest import flags_of
+from gpuprov.sizing.suggest import suggest as find
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
 )
+from gpuprov.sizing.why import notes as why_notes
 from gpuprov.units import GiB as GIB
 
 PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch transformers peft "
@@ -20,8 +28,6 @@ PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch tra
 
 def _progress(stage: str, fraction: float) -> None:
     """Plain lines when stderr is a file or pipe; on a terminal one line that rewrites itself."""
-    import sys
-
     line = f"[{fraction:4.0%}] {stage}"
     if not sys.stderr.isatty():
         click.echo(line, err=True)
@@ -73,8 +79,6 @@ def run_precise(arch, setup, gpu_memory_bytes):
 def _gpu_count_from_name(ctx: click.Context, gpu_slug: str) -> dict:
     """`--gpu H100:8` names the GPU count too (SkyPilot's form): it is --gpus, and a different
     explicit --gpus is a conflict, refused in one line."""
-    from gpuprov.catalog.gpus import accelerator_name
-
     params = dict(ctx.params)
     named = accelerator_name(gpu_slug)
     if named is None or named[1] is None:
@@ -86,8 +90,6 @@ def _gpu_count_from_name(ctx: click.Context, gpu_slug: str) -> dict:
 
 
 def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
-    from gpuprov.sizing.memory import allocator_bytes
-
     return {
         "per_gpu_bytes": est.per_gpu_bytes,
         "breakdown": dict(est.breakdown),
@@ -122,7 +124,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "compile_scope": setup.compile_scope, "loss_upcast": setup.loss_upcast,
             "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
             "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
-            "fp32_logits": setup.fp32_logits,
+            "fp32_logits": setup.fp32_logits, "kbit_fp32_casts": setup.kbit_fp32_casts,
             "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
         },
         "estimator": estimator,
@@ -133,8 +135,6 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
 
 def _what_would_fit(d: dict) -> str:
     """A pointer, not a search: GPUs that hold this peak, and the knob most likely to shrink it."""
-    from gpuprov.catalog.gpus import list_gpus
-
     s = d["setup"]
     bigger = [g.slug for g in sorted(list_gpus(), key=lambda g: g.memory_bytes) if g.memory_bytes >= d["per_gpu_bytes"]]
     bits = [f"GPUs that hold {d['per_gpu_bytes'] / GIB:,.1f} GiB: {', '.join(bigger[:4])}" if bigger
@@ -194,7 +194,6 @@ class _FrameworkChoice(click.Choice):
 
     @property
     def choices(self):  # type: ignore[override]
-        from gpuprov.sizing.frameworks import names
 
         return names()
 
@@ -264,6 +263,9 @@ class _FrameworkChoice(click.Choice):
                    "accelerate's accumulate(), Lightning): the full unsharded gradients stay between micro-batches.  [default: no]")
 @click.option("--fp32-logits/--no-fp32-logits", default=None,
               help="The model returns fp32 logits (torchtune's unembed .float(); transformers < 4.45).  [default: no]")
+@click.option("--kbit-fp32-casts/--no-kbit-fp32-casts", default=None,
+              help="QLoRA prepared by peft's prepare_model_for_kbit_training: embeddings, norms and head cast to "
+                   "fp32, so the residual stream and the 4-bit linears' outputs are fp32.  [default: no]")
 @click.option("--float8/--no-float8", default=None,
               help="torchao float8 linears with FSDP2 float8 all-gather (full training): the blocks' linear "
                    "weights are gathered at 1 byte per parameter.  [default: no]")
@@ -280,7 +282,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, float8, tp, cp, pp,
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, kbit_fp32_casts, float8,
+             tp, cp, pp,
              suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
@@ -295,10 +298,6 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
       gpuprov estimate --model 70b --gpus 64 --tp 8                    # TP 8 x FSDP 8
       gpuprov estimate --model 8b --gpus 8 --cp 4 --seq-len 131072     # context parallel 4
     """
-    from gpuprov.catalog.gpus import get_gpu
-    from gpuprov.catalog.models import get_model
-    from gpuprov.sizing.memory import estimate_memory
-
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
     params = _gpu_count_from_name(click.get_current_context(), gpu_slug)
@@ -314,8 +313,6 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
     d["framework"] = framework_dict(framework, applied)
     fits = d["fits"]
     if suggest or not fits:
-        from gpuprov.sizing.suggest import suggest as find
-
         base_cmd = command_words(model_name, gpu_slug, framework, shape, grad_accumulation, explicit)
         found = find(arch, gpu, setup, estimate_memory, gpu.memory_bytes,
                      rebuild=lambda flags: setup_from_options(params_with_flags(params, flags))[0])
@@ -369,7 +366,7 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
     "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
     "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
-    "float8": ("--float8", "bool"),
+    "float8": ("--float8", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
 }
 
 
@@ -385,7 +382,6 @@ def flag_words(field: str, value) -> list[str]:
 def framework_dict(framework, applied: dict) -> dict | None:
     if not framework:
         return None
-    from gpuprov.sizing.frameworks import title
 
     return {"name": framework, "title": title(framework),
             "set": {f: {"value": st.value, "flag": " ".join(flag_words(f, st.value)), "source": st.source}
@@ -425,8 +421,6 @@ def _key(flag: str) -> str:
 
 def with_flags(words: list[tuple[str, str | None]], flags: dict[str, str]) -> str:
     """The command with each changed flag's value replaced or the flag added (bool pairs: one of them)."""
-    import shlex
-
     changed = {_key(f): (f, v or None) for f, v in flags.items()}
     kept = [(f, v) for f, v in words if _key(f) not in changed]
     out = ["gpuprov", "estimate"]
@@ -447,8 +441,6 @@ def params_with_flags(params: dict, flags: dict[str, str]) -> dict:
 
 
 def suggestion_dict(x, base_cmd: list[tuple[str, str | None]]) -> dict:
-    from gpuprov.sizing.suggest import flags_of
-
     flags = flags_of(x.changes)
     return {
         "change": x.summary,
@@ -467,8 +459,6 @@ def render_stack(d: dict) -> str:
         lines += [f"  sets {item['flag']:<34} ({item['source']})" for item in fw["set"].values()] or \
             ["  (every setting overridden by your flags)"]
     else:
-        from gpuprov.sizing.frameworks import names
-
         # The largest errors on measured runs come from a stack the estimate was not told.
         lines += ["", "no --framework: the stack flags not given are generic defaults (listed above); "
                   f"--framework {{{','.join(names())}}} sizes the stack that framework's code runs"]

@@ -6,16 +6,20 @@ import json
 
 import click
 
+from gpuprov.candidates import TABLE_ROWS, layout_label
+from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
-from gpuprov.units import GiB, TB, gib
+from gpuprov.host import hosts_left_out
+from gpuprov.planner import make_plan
+from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
-
+from gpuprov.sizing.throughput import assumptions, flops_per_token
+from gpuprov.spot import stale
+from gpuprov.units import GiB, TB, gib
 
 
 def _plan(spec):
-    from gpuprov.planner import make_plan
-
-    return make_plan(spec)
+    return make_plan(locate_reservation(spec))
 
 
 def _money(x: float | None) -> str:
@@ -30,8 +34,6 @@ def _hours(h: float | None) -> str:
 
 def _host_lines(plan) -> list[str]:
     """Which of the user's on-prem hosts run the plan and which are left out (the Notes say why)."""
-    from gpuprov.host import hosts_left_out
-
     left = hosts_left_out(plan)
     if not plan.hosts and not left:
         return []
@@ -53,9 +55,6 @@ def _fabric_text(plan) -> str:
 
 def _mfu_text(plan) -> str:
     """MFU and where it comes from: the class's assumed utilisation, less recompute and exposed communication."""
-    from gpuprov.sizing.throughput import flops_per_token
-    from gpuprov.catalog.models import get_model
-
     t, c = plan.throughput, plan.cluster
     fl = flops_per_token(get_model(plan.spec.model), c.seq_len, plan.task, plan.model.trainable_params,
                          c.activation_checkpointing)
@@ -86,8 +85,6 @@ def _token_count(n: int) -> str:
 
 def cost_line(plan) -> str:
     """Steps x step time + start-up (+ preemption on spot) = the hours the cost is computed from."""
-    from gpuprov.sizing.throughput import assumptions
-
     overhead = float(assumptions().raw["run"]["overhead_hours"])
     train_h = plan.training.steps * plan.throughput.step_time_s / 3600.0
     run = plan.run
@@ -113,8 +110,6 @@ def _part(hours: float) -> str:
 def price_warnings(plan, today=None) -> list[str]:
     """A price older than the limit (or undated) is flagged where the user reads it (CLI output only:
     the bundle must not change with the calendar)."""
-    from gpuprov.spot import stale
-
     from gpuprov.storage_cost import undated_prices
 
     if plan.instance.cloud == "onprem" or plan.instance.price_per_hour_usd is None:
@@ -138,8 +133,6 @@ def _gpus_x_nodes(r) -> str:
 
 def candidates_table(plan) -> list[str]:
     """The compact table: the best layout per GPU type on each cloud, ranked by the objective."""
-    from gpuprov.candidates import TABLE_ROWS
-
     rows = plan.candidates
     if not rows:
         return []
@@ -177,7 +170,6 @@ def render_plan(plan) -> str:
     out.append("")
     where = f"{i.cloud}" + (f" {c.region}" if c.region else "") + (f", {plan.purchase.option}" if i.cloud != "onprem" else "")
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
-    from gpuprov.candidates import layout_label
 
     # one name for the layout everywhere (the table, generate's summary, README, topology.svg)
     layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.arch import ModelArch, resolve_lora_targets
-from gpuprov.sizing.memory_weights import autocast_fp32, constants, loss_compiled
+from gpuprov.sizing.memory_weights import autocast_fp32, constants, kbit_fp32, loss_compiled
 from gpuprov.sizing.types import TrainSetup
 
 # The software stack around the loss, a stated assumption (the estimate cannot see the user's code):
@@ -117,6 +117,20 @@ def autocast_extra_bytes_per_token(arch: ModelArch, lora_targets: tuple[str, ...
     return 2 * h * norms + 2 * h * extra_casts
 
 
+def kbit_extra_bytes_per_token(arch: ModelArch, autocast: bool) -> int:
+    """Extra bytes per token and block of a QLoRA model whose residual stream is fp32 (peft's casts).
+
+    bitsandbytes Linear4bit.forward casts its input to the compute dtype and returns `out.to(inp_dtype)`
+    (bitsandbytes 0.45.0 bitsandbytes/nn/modules.py Linear4bit.forward), so with fp32
+    inputs gate_proj and up_proj hand fp32 outputs to SiLU and the product, which save them (and SiLU's
+    output) in fp32: 2 B x intermediate more for each of the three than a bf16 block. Under autocast SDPA
+    casts q, k, v to bf16 and saves those; without it attention runs (and saves q, k, v and its output) fp32."""
+    extra = 2 * 3 * arch.intermediate_size
+    if not autocast:
+        extra += 2 * (arch.q_dim + 2 * _kv_as_attended(arch) + arch.q_dim)
+    return extra
+
+
 def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
     """Activation gradients alive while one block runs backward (MLP-wide plus residual)."""
     k = arch.experts_per_token if arch.is_moe else 1
@@ -138,9 +152,11 @@ def _per_layer(arch: ModelArch, s: TrainSetup, a: int) -> tuple[int, int]:
     adapted = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
     lora_rank_sum = s.lora_rank * len(adapted)
     full_layer = layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
-    fp32_autocast = autocast_fp32(s)
+    fp32_autocast = autocast_fp32(s) or kbit_fp32(s)
     if fp32_autocast:
         full_layer += autocast_extra_bytes_per_token(arch, adapted)
+    if kbit_fp32(s):
+        full_layer += kbit_extra_bytes_per_token(arch, autocast=s.precision == "bf16-mixed")
     resid = 4 if fp32_autocast else a  # the residual stream (a block's input) dtype
     if s.task != "full" and float(getattr(s, "lora_dropout", 0.0) or 0.0) > 0:
         full_layer += lora_dropout_bytes_per_token(arch, a, adapted)
@@ -160,7 +176,7 @@ def activations(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> Activati
     h = arch.hidden_size
     # the final RMSNorm runs eager unless the whole model is compiled
     final_norm = 2 * a * h if (s.compile and s.compile_scope == "model") else 4 * h + 2 * a * h
-    if autocast_fp32(s):
+    if autocast_fp32(s) or kbit_fp32(s):
         final_norm += 2 * h
     if s.activation_offloading:
         # Offloaded activations stream to host; roughly two blocks stay resident (current + in flight).
@@ -186,6 +202,8 @@ def _logits(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> int:
     legacy = s.loss_impl == "hf-legacy" and not s.chunked_cross_entropy
     # fp32 model output: transformers < 4.45, or torchtune's unembed `.float()` (its chunked output stays bf16)
     fp32_out = legacy or (s.fp32_logits and not s.chunked_cross_entropy)
+    # peft's casts leave the output head fp32: without autocast its logits come out fp32
+    fp32_out = fp32_out or (kbit_fp32(s) and s.precision != "bf16-mixed")
     elem = constants()["loss_impl"]["legacy_logits_bytes"] if fp32_out else a
     logits = tokens * elem * arch.vocab_size  # the model output, held by the caller at least until backward
     if arch.model_type == "gemma2":

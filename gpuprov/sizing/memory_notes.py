@@ -89,6 +89,13 @@ def stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
             "FSDP1 (FullyShardedDataParallel, flat parameters; the root unit holds embeddings + head)" if s.fsdp_version == 1
             else "FSDP2 (fully_shard, per-parameter DTensor shards)"
         )
+    if s.task == "qlora" and s.kbit_fp32_casts:
+        out.append(
+            "QLoRA prepared by peft's prepare_model_for_kbit_training: embeddings, norms and head held in fp32"
+            " (fp32 gathers of them under FSDP); fp32 residual stream; bitsandbytes Linear4bit returns its outputs"
+            " in that dtype, so the MLP's gate/up/SiLU tensors are saved fp32; adapters fp32"
+            + ("; fp32 head, so fp32 logits (no autocast)" if s.precision != "bf16-mixed" else "")
+        )
     if autocast_fp32(s):
         out.append(
             "torch.autocast over fp32 parameters (no FSDP mixed-precision policy): fp32 weights"

@@ -34,6 +34,13 @@ def autocast_fp32(s: TrainSetup) -> bool:
     return s.precision == "bf16-mixed" and bool(s.autocast_fp32_params)
 
 
+def kbit_fp32(s: TrainSetup) -> bool:
+    """QLoRA after peft's prepare_model_for_kbit_training (peft 0.13.2 peft/utils/other.py: "cast all non
+    INT8 parameters to fp32", `param.data = param.data.to(torch.float32)` for every fp16/bf16 parameter that
+    is not a Params4bit)."""
+    return s.task == "qlora" and bool(getattr(s, "kbit_fp32_casts", False))
+
+
 def float8_gather(s: TrainSetup) -> bool:
     """torchao float8 with FSDP2 float8 all-gather (full training: the float8 linears are trainable)."""
     return bool(s.float8) and s.task == "full" and s.sharding in ("fsdp", "hsdp") and s.fsdp_version == 2
@@ -62,8 +69,9 @@ def pipeline_keeps_stage(s: TrainSetup) -> bool:
 
 
 def compute_bytes(s: TrainSetup) -> int:
-    """Bytes per element of what FSDP gathers and the frozen base is loaded in (fp32 under autocast)."""
-    return 4 if (s.precision == "fp32" or autocast_fp32(s)) else 2
+    """Bytes per element of what FSDP gathers and the frozen base is loaded in (fp32 under autocast, and
+    the non-4-bit parameters of a QLoRA model peft prepared)."""
+    return 4 if (s.precision == "fp32" or autocast_fp32(s) or kbit_fp32(s)) else 2
 
 
 # ---------------------------------------------------------------------------- per-parameter sizes
@@ -178,7 +186,8 @@ def _adapter_states(arch: ModelArch, s: TrainSetup, d: _Shards) -> Weights:
     trainable = arch.lora_params(s.lora_rank, resolve_lora_targets(s.lora_targets))
     base_elem = compute_bytes(s)
     base, quant_state, layer_compute = _frozen_base(arch, s)
-    ad_elem = 2 if s.precision == "bf16" else 4
+    # adapters train in the run's precision; peft's kbit preparation (and its autocast_adapter_dtype) keeps them fp32
+    ad_elem = 2 if (s.precision == "bf16" and not kbit_fp32(s)) else 4
     layer_trainable = trainable // L
     layer_compute += compute_bytes(s) * layer_trainable
     d_base = 1 if (s.task == "qlora" and getattr(s, "qlora_base_replicated", False)) else d.param

@@ -66,6 +66,10 @@ class TrainSetup:
     # bf16-mixed by torch.autocast over fp32 parameters, with no FSDP mixed-precision policy: FSDP gathers
     # fp32, the frozen base stays fp32, the residual stream, norms and embeddings run in fp32.
     autocast_fp32_params: bool = False
+    # QLoRA prepared by peft's prepare_model_for_kbit_training: every parameter that is not 4-bit (embeddings,
+    # norms, output head) is cast to fp32, so the residual stream runs fp32 and bitsandbytes' Linear4bit
+    # hands its outputs back in that dtype
+    kbit_fp32_casts: bool = False
     compile_scope: CompileScope = "block"  # with compile: per decoder block, or the whole model (+ its loss)
     loss_upcast: bool = True  # the loss casts the logits to fp32 before log-softmax
     fp32_logits: bool = False  # the model returns fp32 logits (torchtune unembed `.float()`)

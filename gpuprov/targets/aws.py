@@ -44,6 +44,11 @@ class Aws(Target):
         return (f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {q(held)} "
                 "--query 'CapacityReservations[0].AvailabilityZone'")
 
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        from gpuprov.targets import aws_live
+
+        return aws_live.held_zone(held, region, run)
+
     def held_note(self, option: str, held: str | None) -> str | None:
         if option not in ("reservation", "capacity-block"):
             return None
@@ -59,6 +64,7 @@ class Aws(Target):
             "efa_enabled": efa,
             "network_cards": max(1, plan.instance.network_cards),
             "capacity_reservation_id": plan.purchase.held,
+            "availability_zone": plan.spec.zone,  # a reservation's zone (given, or looked up at generate)
             "placement_group_name": plan.spec.placement_group,
             "ami_ssm_parameter": plan.image.ref["ssm_parameter"] if plan.image else "",
             "root_volume_size_gib": self.boot_disk_gib,

@@ -24,6 +24,14 @@ def checks(s: dict) -> list[LiveCheck]:
     return [*found, quota]
 
 
+def held_zone(held: str, region: str | None, run: Runner) -> str | None:
+    """The availability zone of ODCR / Capacity Block `held` (None: the CLI does not know it)."""
+    argv = ["aws", "ec2", "describe-capacity-reservations", "--capacity-reservation-ids", held, "--output", "json"]
+    found = (cli_json(run, argv + (["--region", region] if region else [])) or {}).get("CapacityReservations") or []
+    zone = found[0].get("AvailabilityZone") if found and isinstance(found[0], dict) else None
+    return zone if isinstance(zone, str) else None
+
+
 def offerings(plan: Any, s: dict, run: Runner) -> Check:
     argv = ["aws", "ec2", "describe-instance-type-offerings", "--location-type", "availability-zone",
             "--filters", f"Name=instance-type,Values={s['instance']}", "--region", s["region"], "--output", "json"]

@@ -92,6 +92,10 @@ class Target:
         (None: the templates find the zone themselves)."""
         return None
 
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        """The zone reservation `held` lives in, asked of the signed-in CLI through `run` (None: unknown)."""
+        return None
+
     def held_note(self, option: str, held: str | None) -> str | None:
         """What the plan's note says about launching into a held reservation (None: nothing to add)."""
         return None

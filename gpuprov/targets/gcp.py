@@ -63,6 +63,11 @@ class Gcp(Target):
     def held_id(self, spec: Any, option: str) -> str | None:
         return spec.reservation if option == "reservation" else None
 
+    def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
+        from gpuprov.targets import gcp_live
+
+        return gcp_live.held_zone(held, run)
+
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         machine = plan.instance.name
         gvnic, rdma = _nics(plan)
@@ -73,6 +78,7 @@ class Gcp(Target):
             "rdma_nic_count": rdma,
             "gpu_network_mtu": plan.fabric.mtu or 8896,
             "reservation_name": plan.purchase.held,
+            "zone": plan.spec.zone,  # a reservation's zone (given, or looked up at generate)
             "reservation_bound": plan.purchase.reservation_bound,
             "max_run_hours": min(168, plan.purchase.max_run_hours or 168),
             "compact_placement_supported": machine.startswith(COMPACT_FAMILIES),

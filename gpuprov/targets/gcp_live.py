@@ -32,12 +32,34 @@ def offerings(plan: Any, s: dict, run: Runner) -> Check:
     return offered_in(s, zones, "machine type", "set zone in terraform/terraform.tfvars to one of them")
 
 
+def _find_reservation(held: str, run: Runner) -> tuple[dict | None, list[str]]:
+    """The reservation `held` (a name, projects/P/reservations/R, or with /reservationBlocks/B) in
+    whichever zone it lives, as `gcloud compute reservations list` prints it; and the command."""
+    parts = held.split("/")
+    name = parts[3] if held.startswith("projects/") else parts[0]
+    argv = ["gcloud", "compute", "reservations", "list", f"--filter=name={name}", "--format=json"]
+    if held.startswith("projects/"):
+        argv.append(f"--project={parts[1]}")
+    found = [r for r in cli_json(run, argv) or [] if isinstance(r, dict) and r.get("name") == name]
+    return (found[0] if found else None), argv
+
+
+def held_zone(held: str, run: Runner) -> str | None:
+    """The zone reservation `held` lives in (None: the CLI does not know it)."""
+    data, _ = _find_reservation(held, run)
+    zone = data.get("zone") if data else None
+    return zone.rsplit("/", 1)[-1] if isinstance(zone, str) else None
+
+
 def reservation(plan: Any, s: dict, run: Runner) -> Check:
-    name = s["held"].rsplit("/", 1)[-1]
-    argv = ["gcloud", "compute", "reservations", "describe", name, f"--zone={s['zone']}", "--format=json"]
-    data = cli_json(run, argv)
+    data, argv = _find_reservation(s["held"], run)
+    name = data.get("name") if data else s["held"]
     if not data:
-        return Check("fail", "reservation (live)", f"reservation {name} not found in {s['zone']}", shlex.join(argv))
+        return Check("fail", "reservation (live)", f"reservation {name} not found", shlex.join(argv))
+    where = str(data.get("zone", "")).rsplit("/", 1)[-1]
+    if s["zone"] and where != s["zone"]:
+        return Check("fail", "reservation (live)", f"{name} is in {where}, zone is {s['zone']}",
+                     f"set zone = \"{where}\" in terraform/terraform.tfvars (or generate with --zone {where})")
     spec = data.get("specificReservation", {})
     free = int(spec.get("count", 0)) - int(spec.get("inUseCount", 0))
     machine = spec.get("instanceProperties", {}).get("machineType")
@@ -50,7 +72,7 @@ def reservation(plan: Any, s: dict, run: Runner) -> Check:
         problems.append(f"{free} VMs free, the plan needs {s['nodes']}")
     if problems:
         return Check("fail", "reservation (live)", f"{name}: " + "; ".join(problems), shlex.join(argv))
-    return Check("ok", "reservation (live)", f"{name}: {free} x {s['instance']} free in {s['zone']}")
+    return Check("ok", "reservation (live)", f"{name}: {free} x {s['instance']} free in {where}")
 
 
 def quota(plan: Any, s: dict, run: Runner) -> Check:
