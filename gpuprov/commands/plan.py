@@ -15,6 +15,7 @@ from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.spot import stale
+from gpuprov.storage_cost import undated_prices
 from gpuprov.units import GiB, TB, gib
 
 
@@ -110,8 +111,6 @@ def _part(hours: float) -> str:
 def price_warnings(plan, today=None) -> list[str]:
     """A price older than the limit (or undated) is flagged where the user reads it (CLI output only:
     the bundle must not change with the calendar)."""
-    from gpuprov.storage_cost import undated_prices
-
     if plan.instance.cloud == "onprem" or plan.instance.price_per_hour_usd is None:
         return []
     out = []
