@@ -172,7 +172,11 @@ class _Search:
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
         """GPU-seconds per token of the TP collectives a TP layout cannot hide (0 without TP)."""
-        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra) if tp > 1 else 0.0
+        if tp == 1:
+            return 0.0
+        # a bound: float8 linears (where allowed on this GPU) gather in float8, the least TP traffic
+        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra,
+                                        float8=self.gain(slot.gpu) is not None)
 
     def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
         """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
