@@ -384,7 +384,10 @@ def step_estimate(
         # parameters live on the host: every micro-batch brings the shard up twice, grads down
         per_mb_comm += param_shard * float(a.raw["offload"]["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
     exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
-    exposed_sync = max(0.0, comm.per_step_sync - a.overlap * compute_mb * 2.0 / 3.0)  # last backward only
+    # the step's gradient sync hides under the last backward only, in what that micro-batch's own
+    # collectives left of it: one stretch of compute cannot hide two transfers at once
+    left = max(0.0, a.overlap * compute_mb - per_mb_comm)
+    exposed_sync = max(0.0, comm.per_step_sync - min(left, a.overlap * compute_mb * 2.0 / 3.0))
     exposed = exposed_mb * shape.grad_accum + exposed_sync + comm.tail
     opt = _optimizer_seconds(shard, optimizer, offload, hbm_gbytes_per_s, host_gbytes)
 
@@ -417,9 +420,10 @@ class LayerShape:
     kv_width: int  # K/V width as SDPA sees it (GQA repeated to the query heads)
 
 
-def tp_gpu_seconds_per_token(*, layer: LayerShape, tp: int, ac: str, gbytes: float) -> float:
-    """GPU-seconds one token costs in TP collectives (all tp GPUs wait), latency left out: a lower bound."""
-    return tp * tp_comm_seconds(tokens=1.0, layer=layer, tp=tp, ac=ac, gbytes=gbytes, latency=0.0)
+def tp_gpu_seconds_per_token(*, layer: LayerShape, tp: int, ac: str, gbytes: float, float8: bool = False) -> float:
+    """GPU-seconds one token costs in TP collectives (all tp GPUs wait), latency left out: a lower bound
+    (with `float8`, the float8 all-gathers of float8 linears)."""
+    return tp * tp_comm_seconds(tokens=1.0, layer=layer, tp=tp, ac=ac, gbytes=gbytes, latency=0.0, float8=float8)
 
 
 def tp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, gbytes: float, latency: float,
