@@ -251,11 +251,17 @@ def test_ddp_two_processes_bf16_autocast(tmp_path):
     """The plan's ddp sharding: DDP with bf16 autocast and no_sync over the accumulation steps."""
     launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="ddp", ac="full", steps=12,
                           checkpoint_every=0)  # 0: no checkpoints
-    finish(start(launch, "--set", "data.synthetic=true", "--set", "data.synthetic_samples=8", port=free_port()))
+    traces = tmp_path / "traces"
+    finish(start(launch, "--set", "data.synthetic=true", "--set", "data.synthetic_samples=8",
+                 "--set", "runtime.profile_steps=[3, 4]", "--set", f"runtime.trace_dir={traces}", port=free_port()))
     (run,) = runs(launch)
     assert run[0]["mesh"] is None and run[0]["world"] == 2 and run[0]["sharding"] == "ddp"
     loss = losses(run)
     assert loss[12] < loss[1] - 0.5, loss
+    # runtime.profile_steps: one chrome trace per rank of steps 3..4, with the step's matmuls in it
+    for rank in (0, 1):
+        trace = json.loads((traces / f"trace-rank{rank}-steps3-4.json").read_text())
+        assert any("mm" in e.get("name", "") for e in trace["traceEvents"])
 
 
 @pytest.fixture(scope="module")
@@ -757,3 +763,94 @@ def test_residual_outputs_start_depth_scaled(trainer_module):
     assert float(block.self_attn.o_proj.weight.std()) == pytest.approx(want, rel=0.05)
     assert float(block.mlp.down_proj.weight.std()) == pytest.approx(want, rel=0.05)
     assert float(block.self_attn.q_proj.weight.std()) == pytest.approx(0.02, rel=0.05)
+
+
+def test_deterministic_mode_and_diagnostics_config(trainer_module, tmp_path):
+    """runtime.deterministic turns on torch's deterministic algorithms (torchtitan's set_determinism);
+    profile_steps / memory_snapshot_steps are checked and need a trace_dir."""
+    train, yaml_path = trainer_module
+    torch = train.torch
+    was, env = torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        train.configure_backends(train.load_config(str(yaml_path), ["runtime.deterministic=true"]))
+        assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == (env or ":4096:8")
+    finally:
+        torch.use_deterministic_algorithms(was)
+        if env is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    cfg = train.load_config(str(yaml_path), [])
+    assert not cfg.runtime.deterministic and cfg.runtime.profile_steps is None and cfg.runtime.trace_dir
+    for bad, match in ((["runtime.profile_steps=[4, 2]"], "1 <= first <= last"),
+                       (["runtime.profile_steps=[3]"], "first, last"),
+                       (["runtime.memory_snapshot_steps=-1"], "must not be negative"),
+                       (["runtime.profile_steps=[1, 2]", "runtime.trace_dir=null"], "trace_dir: needed")):
+        with pytest.raises(SystemExit, match=match):
+            train.load_config(str(yaml_path), bad)
+
+
+def _lora_losses(train, cfg, model, optimizer, step_fn, steps: int = 10) -> list[float]:
+    torch = train.torch
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for s in range(steps):
+        tokens = torch.randint(0, 97, (4, 33), generator=g)
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr_at(s, cfg)
+        out.append(step_fn(tokens))
+    return out
+
+
+def test_lora_matches_a_peft_loop_and_its_drift_is_the_bf16_base(trainer_module):
+    """LoRA's drift from a peft reference is the frozen base's dtype: with task.frozen_dtype float32
+    the trainer's LoRA steps equal a plain peft + AdamW loop exactly; in bfloat16 (as the plan sizes
+    the base) the base layers round their weights and outputs, a small drift, not scaling or dropout."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    F = torch.nn.functional
+    rt = train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0)
+    hf = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+
+    def base():
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(hf).float()
+        torch.manual_seed(1)  # the adapters' init
+        return model
+
+    def trainer_run(frozen: str) -> list[float]:
+        cfg = train.load_config(str(yaml_path), [
+            "task.kind=lora", "runtime.device=cpu", "precision.param_dtype=float32", "model.init=random",
+            "task.lora.dropout=0.0", "task.lora.targets=[q_proj, v_proj]", "optimizer.grad_clip=1.0",
+            f"task.frozen_dtype={frozen}"])
+        model = train.apply_lora(base(), cfg)
+        train.cast_frozen(model, cfg)
+        opt = train.build_optimizer(model, cfg, rt)
+        step = lambda t: train.train_step(model, opt, [train.Batch(t[:, :-1], t[:, 1:].clone())], cfg, rt).loss  # noqa: E731
+        return _lora_losses(train, cfg, model, opt, step)
+
+    cfg = train.load_config(str(yaml_path), ["task.kind=lora", "model.init=random", "optimizer.grad_clip=1.0"])
+    peft = get_peft_model(base(), LoraConfig(r=cfg.task.lora.rank, lora_alpha=cfg.task.lora.alpha, lora_dropout=0.0,
+                                             target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    params = [p for p in peft.parameters() if p.requires_grad]
+    o = cfg.optimizer
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                            lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+    def peft_step(t):
+        loss = F.cross_entropy(peft(input_ids=t[:, :-1]).logits.flatten(0, 1), t[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    ref = _lora_losses(train, cfg, peft, opt, peft_step)
+    assert trainer_run("float32") == pytest.approx(ref, rel=1e-6, abs=0)
+    bf16 = trainer_run("bfloat16")
+    drift = max(abs(a - b) / b for a, b in zip(bf16, ref))
+    assert 1e-6 < drift < 1e-3, drift
