@@ -77,7 +77,9 @@ def test_70b_plan_fits_and_is_multinode(plan70b):
     c = p.cluster
     assert c.global_batch_tokens == c.micro_batch * c.seq_len * (c.total_gpus // (c.tp * c.cp)) * c.grad_accum
     assert p.training.steps == math.ceil(p.training.tokens / c.global_batch_tokens)
-    assert p.cost_usd == pytest.approx(p.time_hours * c.nodes * p.instance.price_per_hour_usd)
+    # the nodes' price over the run, plus its storage (shared filesystem, boot disks)
+    assert p.run.compute_usd == pytest.approx(p.time_hours * c.nodes * p.instance.price_per_hour_usd)
+    assert p.cost_usd == pytest.approx(p.run.compute_usd + p.run.storage_usd) and p.run.storage_usd > 0
     assert p.fabric.name in ("efa", "infiniband", "roce", "tcpxo")  # multi-node: a GPU fabric, not sockets
 
 

@@ -28,7 +28,8 @@ def test_purchase_spot_plans_and_prices_on_each_cloud(cloud):
     assert p["purchase"]["option"] == "spot" and p["purchase"]["preemptible"]
     recorded = spot.price(p["instance"]["name"], cloud, p["cluster"]["region"])
     assert recorded is not None and p["instance"]["price_per_hour_usd"] == pytest.approx(recorded.usd)
-    assert p["cost_usd"] == pytest.approx(p["time_hours"] * p["cluster"]["nodes"] * recorded.usd, rel=1e-6)
+    assert p["run"]["compute_usd"] == pytest.approx(p["time_hours"] * p["cluster"]["nodes"] * recorded.usd, rel=1e-6)
+    assert p["cost_usd"] == pytest.approx(p["run"]["compute_usd"] + p["run"]["storage_usd"], rel=1e-9)
     # the time includes the expected preemption losses on top of steps x step time + start-up
     train_h = p["training"]["steps"] * p["throughput"]["step_time_s"] / 3600
     assert p["time_hours"] > train_h + 0.25

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 
 import click
 
+from gpuprov.catalog.gpus import accelerator_name, get_gpu, list_gpus
+from gpuprov.catalog.models import get_model
 from gpuprov.errors import GpuprovError
+from gpuprov.sizing.frameworks import names, title
+from gpuprov.sizing.memory import allocator_bytes, estimate_memory
 from gpuprov.sizing.setup import setup_from_options
-from gpuprov.sizing.why import notes as why_notes
+from gpuprov.sizing.suggest import flags_of
+from gpuprov.sizing.suggest import suggest as find
 from gpuprov.sizing.types import (
     AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
 )
+from gpuprov.sizing.why import notes as why_notes
 from gpuprov.units import GiB as GIB
 
 PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch transformers peft "
@@ -20,8 +28,6 @@ PRECISE_HINT = ("--precise needs PyTorch and transformers: pip install torch tra
 
 def _progress(stage: str, fraction: float) -> None:
     """Plain lines when stderr is a file or pipe; on a terminal one line that rewrites itself."""
-    import sys
-
     line = f"[{fraction:4.0%}] {stage}"
     if not sys.stderr.isatty():
         click.echo(line, err=True)
@@ -73,8 +79,6 @@ def run_precise(arch, setup, gpu_memory_bytes):
 def _gpu_count_from_name(ctx: click.Context, gpu_slug: str) -> dict:
     """`--gpu H100:8` names the GPU count too (SkyPilot's form): it is --gpus, and a different
     explicit --gpus is a conflict, refused in one line."""
-    from gpuprov.catalog.gpus import accelerator_name
-
     params = dict(ctx.params)
     named = accelerator_name(gpu_slug)
     if named is None or named[1] is None:
@@ -86,8 +90,6 @@ def _gpu_count_from_name(ctx: click.Context, gpu_slug: str) -> dict:
 
 
 def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
-    from gpuprov.sizing.memory import allocator_bytes
-
     return {
         "per_gpu_bytes": est.per_gpu_bytes,
         "breakdown": dict(est.breakdown),
@@ -133,8 +135,6 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
 
 def _what_would_fit(d: dict) -> str:
     """A pointer, not a search: GPUs that hold this peak, and the knob most likely to shrink it."""
-    from gpuprov.catalog.gpus import list_gpus
-
     s = d["setup"]
     bigger = [g.slug for g in sorted(list_gpus(), key=lambda g: g.memory_bytes) if g.memory_bytes >= d["per_gpu_bytes"]]
     bits = [f"GPUs that hold {d['per_gpu_bytes'] / GIB:,.1f} GiB: {', '.join(bigger[:4])}" if bigger
@@ -194,7 +194,6 @@ class _FrameworkChoice(click.Choice):
 
     @property
     def choices(self):  # type: ignore[override]
-        from gpuprov.sizing.frameworks import names
 
         return names()
 
@@ -299,10 +298,6 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
       gpuprov estimate --model 70b --gpus 64 --tp 8                    # TP 8 x FSDP 8
       gpuprov estimate --model 8b --gpus 8 --cp 4 --seq-len 131072     # context parallel 4
     """
-    from gpuprov.catalog.gpus import get_gpu
-    from gpuprov.catalog.models import get_model
-    from gpuprov.sizing.memory import estimate_memory
-
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
     params = _gpu_count_from_name(click.get_current_context(), gpu_slug)
@@ -318,8 +313,6 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
     d["framework"] = framework_dict(framework, applied)
     fits = d["fits"]
     if suggest or not fits:
-        from gpuprov.sizing.suggest import suggest as find
-
         base_cmd = command_words(model_name, gpu_slug, framework, shape, grad_accumulation, explicit)
         found = find(arch, gpu, setup, estimate_memory, gpu.memory_bytes,
                      rebuild=lambda flags: setup_from_options(params_with_flags(params, flags))[0])
@@ -389,7 +382,6 @@ def flag_words(field: str, value) -> list[str]:
 def framework_dict(framework, applied: dict) -> dict | None:
     if not framework:
         return None
-    from gpuprov.sizing.frameworks import title
 
     return {"name": framework, "title": title(framework),
             "set": {f: {"value": st.value, "flag": " ".join(flag_words(f, st.value)), "source": st.source}
@@ -429,8 +421,6 @@ def _key(flag: str) -> str:
 
 def with_flags(words: list[tuple[str, str | None]], flags: dict[str, str]) -> str:
     """The command with each changed flag's value replaced or the flag added (bool pairs: one of them)."""
-    import shlex
-
     changed = {_key(f): (f, v or None) for f, v in flags.items()}
     kept = [(f, v) for f, v in words if _key(f) not in changed]
     out = ["gpuprov", "estimate"]
@@ -451,8 +441,6 @@ def params_with_flags(params: dict, flags: dict[str, str]) -> dict:
 
 
 def suggestion_dict(x, base_cmd: list[tuple[str, str | None]]) -> dict:
-    from gpuprov.sizing.suggest import flags_of
-
     flags = flags_of(x.changes)
     return {
         "change": x.summary,
@@ -471,8 +459,6 @@ def render_stack(d: dict) -> str:
         lines += [f"  sets {item['flag']:<34} ({item['source']})" for item in fw["set"].values()] or \
             ["  (every setting overridden by your flags)"]
     else:
-        from gpuprov.sizing.frameworks import names
-
         # The largest errors on measured runs come from a stack the estimate was not told.
         lines += ["", "no --framework: the stack flags not given are generic defaults (listed above); "
                   f"--framework {{{','.join(names())}}} sizes the stack that framework's code runs"]

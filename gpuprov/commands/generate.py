@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -11,7 +13,11 @@ import click
 
 from gpuprov.commands.spec_options import spec_options
 from gpuprov.errors import GpuprovError
+from gpuprov.render.escape import shell_word
+from gpuprov.spec import TrainingSpec
+from gpuprov.specfile import UNIT_KEYS, build_spec, load_spec
 from gpuprov.targets import CHOICES
+from gpuprov.validators import safe_text
 
 
 def make_plan(spec):
@@ -25,14 +31,11 @@ def portable_model(spec, output: str | None):
     no path of this machine and `check` passes in another checkout (it rebuilds from plan.json's
     config). A tar (-o -) unpacks as TAR_PREFIX/ in the current directory: relative to that.
     Returns (spec, pin for pinned_model) or (spec, None) for presets and HF ids."""
-    import os
-    from pathlib import Path
-
-    from gpuprov.catalog.models import get_model
-
     model = spec.model
     if output is None or not os.path.isabs(model) or not Path(model).exists():
         return spec, None
+    from gpuprov.catalog.models import get_model  # lazy: init and schema, in this module too, do not need it
+
     arch = get_model(model)
     target = Path(model) if Path(model).is_file() else Path(model) / "config.json"
     rel = Path(os.path.relpath(target, Path(output).absolute())).as_posix()
@@ -42,14 +45,14 @@ def portable_model(spec, output: str | None):
 
 
 def _summary(plan, where: str, files: int) -> str:
-    c = plan.cluster
-    cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
+    # lazy: the planner loads both (70 ms); init and schema, in this module too, need neither
+    from gpuprov.candidates import layout_label
     from gpuprov.host import hosts_left_out
 
+    c = plan.cluster
+    cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
     unused = hosts_left_out(plan) if c.cloud == "onprem" else []
     left_out = f"; hosts left out: {', '.join(h.name for h in unused)} (see README.md)" if unused else ""
-    from gpuprov.candidates import layout_label
-
     layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)  # as plan's table names it
     return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
             f"{layout}, {plan.training.steps:,} optimizer steps, ~{plan.time_hours:,.1f} h{cost}{left_out}")
@@ -58,8 +61,6 @@ def _summary(plan, where: str, files: int) -> str:
 def _check_output_path(output: str) -> None:
     """An empty -o resolved to the current directory; a control character makes a folder no shell
     line or Makefile names cleanly. Both are refused before anything is planned or written."""
-    from gpuprov.validators import safe_text
-
     if not output.strip():
         raise GpuprovError("-o is empty: give the bundle directory (e.g. -o infra/), or - for a tar on stdout")
     try:
@@ -80,17 +81,15 @@ def generate(spec, output: str | None, force: bool) -> None:
     gpuprov generate --model 70b -o infra/
     gpuprov generate -f gpuprov.yaml -o - > infra.tar
     """
-    from gpuprov import bundle
+    from gpuprov import bundle  # lazy, with the next: init and schema write no bundle (25 ms together)
+    from gpuprov.catalog.models import pinned_model
 
     if output is None:  # a tar only when asked for: `generate | head` must not get binary in its pipe
         raise GpuprovError("say where the bundle goes: -o DIR, or -o - for a tar on stdout (-o - > infra.tar)")
     if output != "-":
         _check_output_path(output)
-    import contextlib
 
-    from gpuprov.catalog.models import pinned_model
-
-    from gpuprov.preflight import locate_reservation
+    from gpuprov.preflight import locate_reservation, shared_storage_rule  # lazy: init and schema skip it (9 ms)
 
     spec = locate_reservation(spec)  # a reservation's zone and region, when the cloud CLI can say
     spec, pin = portable_model(spec, bundle.TAR_PREFIX if output == "-" else output)
@@ -110,9 +109,6 @@ def generate(spec, output: str | None, force: bool) -> None:
         click.echo(f"note: removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left", err=True)
     if result.leftover:
         click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
-    from gpuprov.preflight import shared_storage_rule  # lazy: only after a bundle is written
-    from gpuprov.render.escape import shell_word
-
     storage = shared_storage_rule(plan, Path(output))  # validate's rule, said before validate fails on it
     if storage.status == "fail":
         click.echo(f"note: {storage.detail}", err=True)
@@ -156,7 +152,7 @@ precision: {precision}
 optimizer: {optimizer}
 # CPU offload: none, optimizer or full
 offload: {offload}
-# torchao float8 training where a published speed-up covers the GPU (Hopper; full bf16-mixed, no TP)
+# torchao float8 training where a published speed-up covers the GPU (Hopper; full bf16-mixed, TP up to 8)
 float8: {float8}
 # LoRA/QLoRA only
 lora_rank: {lora_rank}
@@ -174,8 +170,6 @@ safety_margin: {safety_margin}
 
 def starter_spec() -> str:
     """The commented starter, filled from TrainingSpec's defaults (so it cannot fall out of date)."""
-    from gpuprov.spec import TrainingSpec
-
     defaults = TrainingSpec()
     targets = defaults.lora_targets if isinstance(defaults.lora_targets, str) else json.dumps(defaults.lora_targets)
     return STARTER.format(model=defaults.model, task=defaults.task, init=defaults.init, seq_len=defaults.seq_len, cloud=defaults.cloud,
@@ -196,11 +190,7 @@ def init(path: str, model: str | None, cloud: str | None) -> None:
     gpuprov init
     gpuprov init my-run.yaml
     """
-    import io
-
-    from ruamel.yaml import YAML
-
-    from gpuprov.specfile import build_spec, load_spec
+    from ruamel.yaml import YAML  # lazy: only init writes commented YAML (7 ms)
 
     target = Path(path)
     if target.exists():
@@ -230,7 +220,6 @@ def init(path: str, model: str | None, cloud: str | None) -> None:
     except GpuprovError:
         target.unlink()  # never leave a starter that does not load
         raise
-    from gpuprov.render.escape import shell_word
 
     click.echo(f"wrote {target}; edit it, then: gpuprov generate -f {shell_word(target)} -o infra/", err=True)
 
@@ -245,9 +234,6 @@ UNIT_PATTERNS = {
 def spec_schema() -> dict:
     """TrainingSpec's JSON Schema, widened where the spec file takes units (`tokens: 20B`,
     `deadline_hours: 30d`), so editors accept what gpuprov accepts (and what `init` writes)."""
-    from gpuprov.spec import TrainingSpec
-    from gpuprov.specfile import UNIT_KEYS
-
     schema = TrainingSpec.model_json_schema()
     for key, kind in UNIT_KEYS.items():
         prop = schema["properties"][key]

@@ -9,6 +9,8 @@ Heavy tools are imported or started only inside the check that needs them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -20,7 +22,16 @@ from typing import Callable
 
 import click
 
+from gpuprov import __version__, bundle
+from gpuprov.bundle import EXECUTABLE_SUFFIXES
+from gpuprov.catalog import catalog_version
+from gpuprov.catalog.gpus import get_gpu
+from gpuprov.catalog.models import aliases, list_models, pinned_model
 from gpuprov.errors import DriftError, GpuprovError
+from gpuprov.plan import Plan
+from gpuprov.safefile import check_bundle_tree, read_text, refuse_special
+from gpuprov.sizing.memory import estimate_memory
+from gpuprov.sizing.setup import arch_from_plan, setup_from_plan
 
 
 def _bundle_dir(path: str) -> Path:
@@ -47,11 +58,6 @@ def _model_pin(directory: Path, lock: dict) -> dict | None:
     """The model config the bundle was sized from, from its plan.json, for a model that is not a
     preset (a Hugging Face id or a config.json path): a CI job has neither the cache nor the file.
     Used only when plan.json is what the lock recorded (an edited plan.json pins nothing)."""
-    import hashlib
-    import json
-
-    from gpuprov.catalog.models import aliases, list_models
-
     name = (lock.get("spec") or {}).get("model")
     if not isinstance(name, str) or name.strip().lower() in {m.name for m in list_models()} | set(aliases()):
         return None
@@ -72,9 +78,7 @@ def _model_pin(directory: Path, lock: dict) -> dict | None:
 
 def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
     """(lock on disk, the bundle `generate` would write now from the lock's spec)."""
-    from gpuprov import bundle
-    from gpuprov.catalog.models import pinned_model
-    from gpuprov.commands.generate import make_plan
+    from gpuprov.commands.generate import make_plan  # lazy: only check regenerates (validate does not)
 
     lock = bundle.read_lock(directory)
     pin = _model_pin(directory, lock)
@@ -103,10 +107,6 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
     gpuprov check infra/
     gpuprov check infra/ --any-version     # compare across versions anyway
     """
-    from gpuprov import __version__, bundle
-    from gpuprov.catalog import catalog_version
-    from gpuprov.safefile import refuse_special
-
     root = _bundle_dir(directory)
     made_by = bundle.read_lock(root).get("gpuprov_version")
     if made_by != __version__ and not any_version:
@@ -232,8 +232,6 @@ def check_terraform_config(root: Path) -> Result:
 def _declared_providers(tf: Path) -> set[str]:
     """Provider names in versions.tf's required_providers (`source = "hashicorp/aws"` -> aws), and
     Terraform's built-in `terraform` provider (terraform_data), which needs no declaration."""
-    from gpuprov.safefile import read_text
-
     try:
         text = read_text(tf / "versions.tf", what="Terraform file")
     except GpuprovError:
@@ -264,8 +262,6 @@ def check_ansible(root: Path) -> Result:
 
 
 def check_shell(root: Path) -> Result:
-    from gpuprov.bundle import EXECUTABLE_SUFFIXES
-
     scripts = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(EXECUTABLE_SUFFIXES)
                      and ".terraform" not in p.parts)
     if not scripts:
@@ -283,8 +279,6 @@ def check_shell(root: Path) -> Result:
 def check_added(root: Path) -> Result:
     """Files added to terraform/, ansible/ or launch/ that the lock neither lists nor keeps: Terraform
     and Ansible would run them (a terraform_data with local-exec needs no provider of its own)."""
-    from gpuprov import bundle
-
     lock = bundle.read_lock(root)
     added = [path for path in bundle.added_files(root, lock["files"], bundle.lock_keep(lock))
              if path.endswith(bundle.CODE_SUFFIXES)]  # tfplan, logs: data, not code
@@ -296,11 +290,6 @@ def check_added(root: Path) -> Result:
 
 def check_plan(root: Path) -> Result:
     """The planned configuration still fits when memory is re-estimated with today's catalog."""
-    from gpuprov import bundle
-    from gpuprov.plan import Plan
-
-    from gpuprov.safefile import read_text
-
     if not os.path.lexists(root / bundle.PLAN_NAME):
         return "fail", "plan.json is missing"
     try:
@@ -309,9 +298,6 @@ def check_plan(root: Path) -> Result:
         return "fail", str(exc)
     except ValueError as exc:
         return "fail", f"plan.json does not load: {str(exc).splitlines()[0]}"
-    from gpuprov.catalog.gpus import get_gpu
-    from gpuprov.sizing.memory import estimate_memory
-    from gpuprov.sizing.setup import arch_from_plan, setup_from_plan
 
     try:  # the plan's own model config and stack: the figure the planner sized
         arch, gpu, setup = arch_from_plan(plan), get_gpu(plan.cluster.gpu), setup_from_plan(plan)
@@ -363,11 +349,7 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
 
 def _preflight(root: Path, live: bool, strict: bool = False) -> int:
     """Print the pre-flight checks (cloud rules; live ones when the CLI is logged in); failures."""
-    from gpuprov import bundle
-    from gpuprov.plan import Plan
-    from gpuprov.preflight import preflight
-
-    from gpuprov.safefile import read_text
+    from gpuprov.preflight import preflight  # lazy: only validate runs the pre-flight (9 ms)
 
     try:
         plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
@@ -397,10 +379,6 @@ def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) ->
     gpuprov validate infra/ --offline      # no cloud CLI calls
     gpuprov validate infra/ --strict --offline   # CI: every check must run and pass
     """
-    from gpuprov import bundle
-
-    from gpuprov.safefile import check_bundle_tree
-
     root = _bundle_dir(directory).absolute()
     lock = bundle.read_lock(root)  # a bundle, not any folder
     # the tools below would follow a symlink or hang on a FIFO

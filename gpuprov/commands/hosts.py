@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
+from gpuprov.catalog.gpus import list_gpus
 from gpuprov.errors import GpuprovError
+from gpuprov.probe import PROBE_SCRIPT, parse_probe
+from gpuprov.render.escape import shell_word, yaml_flow
+from gpuprov.safefile import write_atomic
+from gpuprov.spec import HostEntry
+from gpuprov.specfile import hosts_format, load_hosts
 
 MAX_PROBE_CHARS = 1 << 20  # the probe's output is a few KiB, even with 16 NVMe drives and 8 HCAs
 FIELDS = ("gpu", "gpus", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
@@ -46,8 +52,6 @@ def _ssh(host, script: str, timeout: int) -> str:
 def _replace(path: Path, text: str) -> None:
     """A fresh temporary file beside FILE renamed over it (mode kept): an interrupted run leaves the
     old file whole, and no fixed temporary name exists for a planted symlink to redirect."""
-    from gpuprov.safefile import write_atomic
-
     try:
         write_atomic(path, text, mode=None)
     except OSError as exc:
@@ -57,8 +61,6 @@ def _replace(path: Path, text: str) -> None:
 def _line(entry: dict) -> str:
     """One host as a YAML flow mapping, every value through the renderers' YAML escaping: a name
     such as `null` or `0777` reads back as that string, and no value can add a key or a host."""
-    from gpuprov.render.escape import yaml_flow
-
     # keys are this module's own field names (plain YAML words); every value is escaped
     return "- {" + ", ".join(f"{k}: {yaml_flow(v)}" for k, v in entry.items() if v is not None) + "}"
 
@@ -74,12 +76,6 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
     gpuprov hosts probe hosts.yaml
     gpuprov hosts probe hosts.yaml --write && gpuprov plan --model 70b --hosts hosts.yaml
     """
-    from gpuprov.catalog.gpus import list_gpus
-    from gpuprov.probe import PROBE_SCRIPT, parse_probe
-    from gpuprov.render.escape import shell_word
-    from gpuprov.spec import HostEntry
-    from gpuprov.specfile import hosts_format, load_hosts
-
     if write and (kind := hosts_format(hosts_file)) in ("ini", "inventory"):
         # --write replaces the file with a YAML list: an ini file would no longer parse as the .ini it
         # is named, and an Ansible inventory would lose the structure Ansible reads

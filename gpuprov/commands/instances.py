@@ -6,6 +6,7 @@ import json
 
 import click
 
+from gpuprov.catalog.instances import list_instances
 from gpuprov.targets import CHOICES
 from gpuprov.units import GiB
 
@@ -48,8 +49,6 @@ def instances(cloud: str, as_json: bool) -> None:
     gpuprov instances --cloud gcp
     gpuprov instances --cloud onprem --json
     """
-    from gpuprov.catalog.instances import list_instances
-
     items = list_instances(cloud)
     if as_json:
         click.echo(json.dumps([_row(i) for i in items], indent=2))

@@ -6,16 +6,20 @@ import json
 
 import click
 
+from gpuprov.candidates import TABLE_ROWS, layout_label
+from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
-from gpuprov.units import GiB, TB, gib
+from gpuprov.host import hosts_left_out
+from gpuprov.planner import make_plan
+from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
-
+from gpuprov.sizing.throughput import assumptions, flops_per_token
+from gpuprov.spot import stale
+from gpuprov.storage_cost import undated_prices
+from gpuprov.units import GiB, TB, gib
 
 
 def _plan(spec):
-    from gpuprov.planner import make_plan
-    from gpuprov.preflight import locate_reservation
-
     return make_plan(locate_reservation(spec))
 
 
@@ -31,8 +35,6 @@ def _hours(h: float | None) -> str:
 
 def _host_lines(plan) -> list[str]:
     """Which of the user's on-prem hosts run the plan and which are left out (the Notes say why)."""
-    from gpuprov.host import hosts_left_out
-
     left = hosts_left_out(plan)
     if not plan.hosts and not left:
         return []
@@ -54,9 +56,6 @@ def _fabric_text(plan) -> str:
 
 def _mfu_text(plan) -> str:
     """MFU and where it comes from: the class's assumed utilisation, less recompute and exposed communication."""
-    from gpuprov.sizing.throughput import flops_per_token
-    from gpuprov.catalog.models import get_model
-
     t, c = plan.throughput, plan.cluster
     fl = flops_per_token(get_model(plan.spec.model), c.seq_len, plan.task, plan.model.trainable_params,
                          c.activation_checkpointing)
@@ -87,30 +86,44 @@ def _token_count(n: int) -> str:
 
 def cost_line(plan) -> str:
     """Steps x step time + start-up (+ preemption on spot) = the hours the cost is computed from."""
-    from gpuprov.sizing.throughput import assumptions
-
     overhead = float(assumptions().raw["run"]["overhead_hours"])
     train_h = plan.training.steps * plan.throughput.step_time_s / 3600.0
-    spot = ""
+    run = plan.run
+    parts = ""
+    if run is not None and run.checkpoint_hours:
+        parts += f" + {_part(run.checkpoint_hours)} checkpoint writes"
     if plan.purchase.option == "spot":
-        lost = max(0.0, plan.time_hours - train_h - overhead)
-        spot = f" + {lost:,.2f} h expected preemption" if lost >= 0.005 else f" + {lost * 60:,.1f} min expected preemption"
-    return (f"{plan.training.steps:,} optimizer steps x {plan.throughput.step_time_s:,.2f} s = {train_h:,.2f} h "
-            f"+ {overhead:g} h start-up{spot} = {_hours(plan.time_hours)}, {_money(plan.cost_usd)}")
+        lost = run.preemption_hours if run is not None else max(0.0, plan.time_hours - train_h - overhead)
+        parts += f" + {_part(lost)} expected preemption"
+    money = _money(plan.cost_usd)
+    if run is not None and run.storage_usd:
+        money += f" (storage ${run.storage_usd:,.2f})"
+    step_s = plan.throughput.step_time_s
+    step = f"{step_s:,.2f}" if step_s >= 1 else f"{step_s:.4f}"  # enough digits that steps x step adds up
+    return (f"{plan.training.steps:,} optimizer steps x {step} s = {train_h:,.2f} h "
+            f"+ {overhead:g} h start-up{parts} = {_hours(plan.time_hours)}, {money}")
+
+
+def _part(hours: float) -> str:
+    return f"{hours:,.2f} h" if hours >= 0.005 else f"{hours * 60:,.1f} min"
 
 
 def price_warnings(plan, today=None) -> list[str]:
     """A price older than the limit (or undated) is flagged where the user reads it (CLI output only:
     the bundle must not change with the calendar)."""
-    from gpuprov.spot import stale
-
     if plan.instance.cloud == "onprem" or plan.instance.price_per_hour_usd is None:
         return []
+    out = []
     why = stale(plan.instance.price_date, today)
-    if why is None:
-        return []
-    return [f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
-            f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})"]
+    if why is not None:
+        out.append(f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
+                   f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})")
+    kind = plan.shared_storage.kind if plan.shared_storage else None
+    for what, date, source in undated_prices(plan.instance.cloud, kind):
+        why = stale(date, today)
+        if why is not None:
+            out.append(f"the {what} in the cost is {why}: check it ({source.split(' (')[0]})")
+    return out
 
 
 def _gpus_x_nodes(r) -> str:
@@ -119,8 +132,6 @@ def _gpus_x_nodes(r) -> str:
 
 def candidates_table(plan) -> list[str]:
     """The compact table: the best layout per GPU type on each cloud, ranked by the objective."""
-    from gpuprov.candidates import TABLE_ROWS
-
     rows = plan.candidates
     if not rows:
         return []
@@ -158,7 +169,6 @@ def render_plan(plan) -> str:
     out.append("")
     where = f"{i.cloud}" + (f" {c.region}" if c.region else "") + (f", {plan.purchase.option}" if i.cloud != "onprem" else "")
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
-    from gpuprov.candidates import layout_label
 
     # one name for the layout everywhere (the table, generate's summary, README, topology.svg)
     layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)

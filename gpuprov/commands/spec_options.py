@@ -18,6 +18,8 @@ import click
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PRECISIONS, TASKS
+from gpuprov.spec import TrainingSpec
+from gpuprov.specfile import apply_units, build_spec, load_hosts, load_spec_data
 from gpuprov.targets import CHOICES
 
 # field -> (flag declarations, click type, help). Defaults and help come from TrainingSpec's
@@ -70,7 +72,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
               "Scheduler: auto (Slurm on multi-node clusters), install, existing (on-prem site Slurm: jobs only), none"),
     "float8": (("--float8/--no-float8",), None, "Allow torchao float8 training where a measured speed-up covers the "
-               "GPU (Hopper: full bf16-mixed, no TP); the plan counts its gain and memory"),
+               "GPU (Hopper: full bf16-mixed, TP up to 8); the plan counts its gain and memory"),
 }
 
 FLAG_NAMES = {field: decls[0].split("/")[0] for field, (decls, _, _) in _FLAGS.items()}
@@ -78,8 +80,6 @@ FLAG_NAMES["hosts"] = "--hosts"
 
 
 def _default_text(field: str) -> str | None:
-    from gpuprov.spec import TrainingSpec
-
     info = TrainingSpec.model_fields.get(field)
     if info is None or info.default is None:
         return None
@@ -88,8 +88,6 @@ def _default_text(field: str) -> str | None:
 
 def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[str, Any]):
     """Build the TrainingSpec: file values, overridden by the flags the user gave."""
-    from gpuprov.specfile import apply_units, build_spec, load_hosts, load_spec_data
-
     # `--spec "$SPEC"` with SPEC unset must not plan the defaults as if no file were meant
     for flag, path in (("--spec", spec_file), ("--hosts", hosts_file)):
         if path is not None and not path.strip():

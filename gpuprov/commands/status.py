@@ -10,8 +10,15 @@ import sys
 from pathlib import Path
 
 import click
+import yaml
 
+from gpuprov import job, job_status
+from gpuprov.bringup import read_state
+from gpuprov.commands.up import _load
 from gpuprov.errors import GpuprovError
+from gpuprov.job import FIRST_NODE, INVENTORY
+from gpuprov.job_status import SEPARATOR, TAIL_BYTES, read_tail
+from gpuprov.specfile import read_text
 
 
 def _job_query(kind: str, job_id: str) -> str:
@@ -21,16 +28,11 @@ def _job_query(kind: str, job_id: str) -> str:
 
 
 def _local(kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
-    from gpuprov.job_status import read_tail
-
     proc = subprocess.run(["sh", "-c", _job_query(kind, job_id)], capture_output=True, text=True, timeout=60)
     return proc.stdout, read_tail(metrics)
 
 
 def _remote(root: Path, kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
-    from gpuprov.job import FIRST_NODE, INVENTORY
-    from gpuprov.job_status import SEPARATOR, TAIL_BYTES
-
     tool = shutil.which("ansible") or shutil.which("ansible", path=str(Path(sys.executable).parent))
     if tool is None:
         raise GpuprovError("ansible not found on PATH (pip install ansible-core), or run status on the first node with --local")
@@ -57,13 +59,6 @@ def status(directory: str, job_id: str | None, local: bool, as_json: bool) -> No
     gpuprov status infra/ --json
     gpuprov status /shared/jobs/RUN --local   (on a node: scontrol and the metrics file here)
     """
-    import yaml
-
-    from gpuprov import job, job_status
-    from gpuprov.bringup import read_state
-    from gpuprov.commands.up import _load
-    from gpuprov.specfile import read_text
-
     root, plan = _load(directory)
     recorded = read_state(root).get("job") or {}
     job_id = job_id or recorded.get("id")

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import click
 
+from gpuprov import bundle
+from gpuprov.bringup import bring_up, tear_down
 from gpuprov.errors import GpuprovError
+from gpuprov.plan import Plan
+from gpuprov.safefile import check_bundle_tree, read_text
 
 
 def _load(directory: str):
     """(bundle root, its plan); notes hand edits on stderr."""
-    from gpuprov import bundle
-    from gpuprov.plan import Plan
-    from gpuprov.safefile import check_bundle_tree, read_text
-
     root = Path(directory)
     if not root.is_dir():
         raise GpuprovError(f"{root}: no such bundle directory")
@@ -50,8 +50,6 @@ def up(directory: str, dry_run: bool, restart: bool) -> None:
     gpuprov up infra/ --dry-run
     gpuprov up infra/
     """
-    from gpuprov.bringup import bring_up
-
     root, plan = _load(directory)
     bring_up(root, plan, dry_run=dry_run, restart=restart, echo=lambda line: click.echo(line))
 
@@ -67,8 +65,6 @@ def down(directory: str, dry_run: bool, yes: bool) -> None:
     gpuprov down infra/ --dry-run
     gpuprov down infra/ --yes
     """
-    from gpuprov.bringup import tear_down
-
     root, plan = _load(directory)
     if not dry_run and not yes and plan.cluster.cloud != "onprem":
         if not sys.stdin.isatty():  # a pipeline cannot answer: say what it needs instead of a dead prompt

@@ -202,7 +202,8 @@ def _float8_note(spec: Any, arch: Any, best: Candidate) -> str:
     """What --float8 did to this plan, and why not where it did nothing."""
     if best.float8:
         gain = float8_step_kw(best.gpu, arch)["float8_gain"]
-        return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather): compute timed x{gain:.2f} "
+        tp = f", torchao float8 TP styles at TP {best.tp}" if best.tp > 1 else ""
+        return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather{tp}): compute timed x{gain:.2f} "
                 f"faster, the measured float8/bf16 tokens/s ratio for a {arch.params / 1e9:.0f}B model on "
                 f"{best.gpu.architecture.capitalize()}; blocks gathered at 1 byte per linear weight; MFU is counted "
                 "against the BF16 peak")
