@@ -365,6 +365,7 @@ class Provisioning(_Strict):
     fabric_role: str | None  # the Ansible role that sets up the fabric; None: nothing beyond Ethernet
     gds: bool  # GPUDirect Storage configured (cuFile needs the local NVMe array)
     checkpoint_root: str  # several nodes: the shared filesystem; one node: its own NVMe array
+    reboot_allowed: bool = True  # roles may reboot a node (driver, RDMA stack); on-prem: the owner's call
 
 
 class Infra(_Strict):

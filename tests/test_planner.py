@@ -84,9 +84,15 @@ def test_70b_plan_fits_and_is_multinode(plan70b):
 
 
 def test_70b_notes_say_where_the_rule_of_thumb_is_wrong(plan70b):
+    import re
+
     text = " ".join(plan70b.notes)
-    assert "8 x 141 GB" in text and "1.13 TB < 1.27 TB" in text
-    assert "18 B/param" in text
+    assert "18 B/param" in text and "(-11%)" in text  # the rule overstates gpuprov's 16 B/param
+    # the one-node note reasons with gpuprov's own count of the model states, not the rule it corrects
+    note = next(n for n in plan70b.notes if "8 x 141 GB" in n)
+    node, states = (int(x.replace(",", "")) for x in re.search(r"= ([\d,]+) GB < ([\d,]+) GB", note).groups())
+    assert states == round(plan70b.memory.model_states_bytes / 1e9) and node < states
+    assert "18 B/param" not in note and "as gpuprov counts them" in note
 
 
 def test_alternatives_explain_why_they_lost(plan70b):
