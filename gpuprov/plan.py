@@ -365,6 +365,7 @@ class Provisioning(_Strict):
     fabric_role: str | None  # the Ansible role that sets up the fabric; None: nothing beyond Ethernet
     gds: bool  # GPUDirect Storage configured (cuFile needs the local NVMe array)
     checkpoint_root: str  # several nodes: the shared filesystem; one node: its own NVMe array
+    reboot_allowed: bool = True  # roles may reboot a node (driver, RDMA stack); on-prem: the owner's call
 
 
 class Infra(_Strict):
@@ -373,6 +374,18 @@ class Infra(_Strict):
 
     target: CloudName
     inputs: dict[str, Any] = Field(default_factory=dict)  # template variable -> value (JSON scalars, lists, maps)
+
+
+class RunBreakdown(_Strict):
+    """What time_hours and cost_usd are made of (gpuprov/storage_cost.py, gpuprov/spot.py)."""
+
+    train_hours: float  # optimizer steps x step time
+    startup_hours: float  # nodes boot, the job loads its weights
+    checkpoint_hours: float | None  # checkpoint writes training waits for (None: not modelled, see notes)
+    preemption_hours: float  # spot: expected losses
+    compute_usd: float | None  # nodes x hours x price
+    storage_usd: float | None  # shared filesystem + boot disks over the run
+    not_in_cost: list[str] = Field(default_factory=list)  # items with no recorded price
 
 
 class Plan(_Strict):
@@ -408,3 +421,4 @@ class Plan(_Strict):
     scheduler: Scheduler = Field(default_factory=Scheduler)  # none in plans written before it was decided
     provisioning: Provisioning | None = None  # None only in plans written before targets decided it
     infra: Infra | None = None  # None only in plans written before targets decided it
+    run: RunBreakdown | None = None  # None only in plans written before the breakdown was recorded

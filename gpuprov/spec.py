@@ -152,7 +152,7 @@ class TrainingSpec(BaseModel):
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
-                         "(Hopper; full bf16-mixed training without TP); the planner counts its gain and memory")
+                         "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "

@@ -135,19 +135,66 @@ def test_from_scratch_plans_pretraining_and_the_plan_records_init():
     assert p["training"]["learning_rate"] == pytest.approx(3e-4)
 
 
-def test_plan_cost_line_adds_up():
-    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--cloud", "aws")
-    assert r.returncode == 0, r.stderr
-    p = plan_json("--model", "8b", "--task", "lora", "--tokens", "100M", "--cloud", "aws")
-    line = next(ln for ln in r.stdout.splitlines() if "h start-up =" in ln)
+@pytest.mark.parametrize("args", [
+    ("--model", "8b", "--task", "lora", "--tokens", "100M", "--cloud", "aws"),  # one node: boot disk
+    ("--model", "70b", "--task", "full", "--tokens", "100M", "--cloud", "aws"),  # FSx for Lustre, checkpoints
+    ("--model", "8b", "--task", "full", "--tokens", "1B", "--cloud", "gcp", "--purchase", "spot", "--gpus", "16"),
+])
+def test_plan_cost_line_adds_up(args):
+    """steps x step time + start-up + checkpoint writes + preemption = the hours; compute + storage =
+    the cost; the printed line says the same numbers."""
     import re
 
-    m = re.search(r"([\d,]+) optimizer steps x ([\d.]+) s = ([\d.]+) h \+ ([\d.]+) h start-up = ([\d.,]+) h", line)
+    r = run("plan", *args)
+    assert r.returncode == 0, r.stderr
+    p = plan_json(*args)
+    run_ = p["run"]
+    parts = (run_["train_hours"], run_["startup_hours"], run_["checkpoint_hours"] or 0.0, run_["preemption_hours"])
+    assert sum(parts) == pytest.approx(p["time_hours"], rel=1e-9)
+    assert run_["train_hours"] == pytest.approx(p["training"]["steps"] * p["throughput"]["step_time_s"] / 3600)
+    assert run_["compute_usd"] + run_["storage_usd"] == pytest.approx(p["cost_usd"], rel=1e-9)
+    nodes, price = p["cluster"]["nodes"], p["instance"]["price_per_hour_usd"]
+    assert run_["compute_usd"] == pytest.approx(p["time_hours"] * nodes * price, rel=1e-9)
+    assert run_["storage_usd"] > 0  # boot disks at least
+    line = next(ln for ln in r.stdout.splitlines() if "h start-up" in ln)
+    m = re.search(r"([\d,]+) optimizer steps x ([\d.]+) s = ([\d.]+) h \+ ([\d.]+) h start-up(.*?) = ([\d.,]+) h", line)
     assert m, line
-    steps, step_s, train_h, start_h, total_h = (float(g.replace(",", "")) for g in m.groups())
-    assert steps == p["training"]["steps"]
-    assert train_h == pytest.approx(steps * step_s / 3600, abs=0.01)
-    assert total_h == pytest.approx(train_h + start_h, abs=0.06) == pytest.approx(p["time_hours"], abs=0.06)
+    steps, step_s, train_h, start_h = (float(m.group(i).replace(",", "")) for i in range(1, 5))
+    extra = sum(float(v) / (60 if unit == "min" else 1)
+                for v, unit in re.findall(r"\+ ([\d.]+) (h|min) (?:checkpoint writes|expected preemption)", m.group(5)))
+    assert steps == p["training"]["steps"] and train_h == pytest.approx(steps * step_s / 3600, abs=0.01)
+    assert float(m.group(6)) == pytest.approx(train_h + start_h + extra, abs=0.06) == pytest.approx(p["time_hours"], abs=0.06)
+
+
+def test_the_shared_filesystem_is_priced_from_the_catalog():
+    """70B full on AWS: several nodes share an FSx for Lustre filesystem; its size x the catalog's
+    price x the run's hours is in the cost, and one checkpoint's write at its throughput in the hours."""
+    from gpuprov.catalog import load_data
+
+    p = plan_json("--model", "70b", "--task", "full", "--tokens", "100M", "--cloud", "aws")
+    assert p["cluster"]["nodes"] > 1 and p["shared_storage"]["kind"] == "fsx-lustre"
+    prices = load_data("storage_prices.yaml")
+    fsx, disk = prices["shared"]["fsx-lustre"], prices["boot_disk"]["aws"]
+    size, hours = p["shared_storage"]["size_gib"], p["time_hours"]
+    per_month = size * fsx["price_usd_per_gib_month"] + p["cluster"]["nodes"] * 512 * disk["price_usd_per_gib_month"]
+    assert p["run"]["storage_usd"] == pytest.approx(per_month / prices["hours_per_month"] * hours, rel=1e-6)
+    ckpt = p["model"]["trainable_params"] * 16  # host_rules checkpoint_bytes_per_param
+    write_h = ckpt / (fsx["write_mb_per_s_per_tib"] * size / 1024 * 1e6) / 3600
+    assert p["run"]["checkpoint_hours"] == pytest.approx(write_h, rel=1e-6)  # async: the final save is waited for
+    assert any(n.startswith("Storage in the cost: shared filesystem fsx-lustre") for n in p["notes"])
+
+
+def test_undated_storage_prices_are_flagged_with_a_fixed_clock():
+    import datetime as dt
+
+    from gpuprov.commands.plan import price_warnings
+    from gpuprov.commands.spec_options import spec_from_flags
+    from gpuprov.planning.assemble import make_plan
+
+    plan = make_plan(spec_from_flags(None, None, {"model": "70b", "task": "full", "tokens": "100M", "cloud": "aws"}))
+    warned = price_warnings(plan, dt.date(2026, 12, 5))
+    assert any("fsx-lustre price" in w and "undated" in w for w in warned)
+    assert any("boot disk price" in w for w in warned)
 
 
 def test_a_presets_hf_id_resolves_without_the_cache_and_names_the_base_weights(tmp_path: Path):

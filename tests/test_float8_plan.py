@@ -76,7 +76,6 @@ def test_float8_plan_times_compute_by_the_gain_and_runs_float8():
     (dict(gpus=["a100-80gb"]), "no published float8 speed-up covers a100-80gb"),
     (dict(gpus=["h100-80gb"], task="lora"), "full bf16-mixed training, not lora bf16-mixed"),
     (dict(gpus=["h100-80gb"], precision="bf16"), "not full bf16"),
-    (dict(model="llama-3.1-405b", gpus=["h100-80gb"], tokens=10**9, tp=8), "the layout uses TP 8"),
     (dict(model="mixtral-8x7b", gpus=["h100-80gb"], tokens=10**9), "dense models"),
 ])
 def test_float8_stays_off_where_no_measurement_covers_the_run_and_says_why(kw, why):
@@ -84,6 +83,18 @@ def test_float8_stays_off_where_no_measurement_covers_the_run_and_says_why(kw, w
     assert not p.stack.float8 and p.throughput.float8_gain == 1.0
     note = next(n for n in p.notes if n.startswith("float8 allowed but off"))
     assert why in note
+
+
+def test_float8_with_tp_runs_float8_in_the_plan_and_the_bundle():
+    """TP 8 no longer turns float8 off: the trainer converts before TP and uses torchao's float8 TP
+    styles (tests/test_float8_tp.py), so the plan times the gain and train.yaml asks for both."""
+    from gpuprov.render.launch import render_launch
+
+    p = _plan(float8=True, model="llama-3.1-405b", gpus=["h100-80gb"], tokens=10**9, tp=8)
+    assert p.cluster.tp == 8 and p.stack.float8 and p.throughput.float8_gain > 1.0
+    assert any("float8 TP styles at TP 8" in n for n in p.notes)
+    cfg = yaml.safe_load(render_launch(p)["train.yaml"])
+    assert cfg["parallel"]["tp"] == 8 and cfg["efficiency"]["float8"] is True
 
 
 def test_float8_gathers_the_block_linears_at_one_byte():

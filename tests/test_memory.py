@@ -384,3 +384,18 @@ def test_kbit_fp32_casts_follow_peft_and_bitsandbytes() -> None:
     lora = dict(kw, task="lora")
     assert estimate_memory(L8B, TrainSetup(**lora, kbit_fp32_casts=True)).breakdown == \
         estimate_memory(L8B, TrainSetup(**lora)).breakdown
+
+
+def test_fsdp1_gradient_buffers_follow_flat_parameter_views() -> None:
+    """FSDP1: a unit's view gradients and the flat gradient SplitWithSizesBackward cats from them coexist;
+    with autocast over fp32 parameters (no MixedPrecision policy) the reduce dtype is fp32, so no cast."""
+    from gpuprov.sizing.memory import _fsdp1_grad_buffers
+
+    unit = L7B.layer_params()
+    assert _fsdp1_grad_buffers(unit, 4, 4, 8) == unit * 8 + unit * 4 // 8
+    assert _fsdp1_grad_buffers(unit, 4, 2, 8) == unit * 10 + unit * 2 // 8  # + the bf16 reduce copy
+    kw = dict(gpus=16, sharding="fsdp", seq_len=4096, activation_checkpointing="full", fsdp_version=1)
+    auto = estimate_memory(L7B, TrainSetup(**kw, autocast_fp32_params=True)).breakdown
+    assert auto["reduce_scatter_buffers"] == _fsdp1_grad_buffers(unit, 4, 4, 16)  # the peak is in backward
+    mp = estimate_memory(L7B, TrainSetup(**kw)).breakdown  # accelerate's MixedPrecision: bf16 grads, bf16 reduce
+    assert mp["reduce_scatter_buffers"] == _fsdp1_grad_buffers(unit, 2, 2, 16)

@@ -83,3 +83,20 @@ def test_lora_activation_explanation_is_visible():
     full = json.loads(run("estimate", "--model", "8b", "--seq-len", "8192", "--gpus", "8", "--gpu", "h100-80gb",
                           "--json").stdout)
     assert not any("three matmuls" in a for a in full["assumptions"])
+
+
+def test_usable_means_the_card_less_the_margin_in_estimate_and_plan():
+    """estimate shows the whole card as such; only plan says "usable", for the card less its margin."""
+    import re
+
+    est = subprocess.run([sys.executable, "-m", "gpuprov", "estimate", "--model", "8b", "--gpus", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert est.returncode == 0, est.stderr
+    assert "usable" not in est.stdout
+    card = float(re.search(r"GPU memory \(whole card\)\s+([\d.]+)", est.stdout).group(1))
+    plan = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--model", "8b", "--task", "full", "--gpu",
+                           "h100-80gb", "--cloud", "aws"], capture_output=True, text=True, timeout=120)
+    m = re.search(r"of ([\d.]+) GiB \(([\d.]+) usable at (\d+)% margin", plan.stdout)
+    assert m, plan.stdout
+    assert float(m.group(1)) == pytest.approx(card, abs=0.06)
+    assert float(m.group(2)) == pytest.approx(card * (1 - int(m.group(3)) / 100), abs=0.06)

@@ -108,3 +108,17 @@ def test_a_stated_infiniband_fabric_still_gets_its_role_and_subnet_manager(tmp_p
     plan, group_vars, _site = _bundle(tmp_path, rows)
     assert plan["fabric"]["probe"] is None and plan["provisioning"]["fabric_role"] == "infiniband"
     assert "infiniband_subnet_manager: \"opensm\"" in group_vars
+
+
+def test_on_prem_roles_may_not_reboot_the_sites_machines(tmp_path: Path):
+    """A role needing a reboot on the site's hosts stops and says so (the owner reboots); cloud nodes
+    the bundle created may be rebooted. The target decides, the Plan records, group_vars carry it."""
+    from ruamel.yaml import YAML
+
+    rows = [r + ", fabric: infiniband, nic_gbps: 3200" for r in GPU_ONLY]
+    plan, group_vars, _site = _bundle(tmp_path, rows)
+    gv = YAML(typ="safe").load(group_vars)
+    assert plan["provisioning"]["reboot_allowed"] is False
+    assert gv["infiniband_reboot_allowed"] is False and gv["nvidia_driver_reboot_allowed"] is False
+    cloud = run("plan", "--model", "70b", "--task", "lora", "--cloud", "aws", "--json")
+    assert json.loads(cloud.stdout)["provisioning"]["reboot_allowed"] is True

@@ -50,3 +50,25 @@ def test_installed_wheel_finds_its_data_from_another_directory(wheel: Path, tmp_
     lines = result.stdout.splitlines()
     assert all(line.startswith(str(target)) for line in lines), lines
     assert all(Path(line).exists() for line in lines[1:]), lines
+
+
+def test_readme_installs_from_the_repository_not_from_an_index_where_it_is_absent() -> None:
+    """Every install line in README.md's shell blocks installs this checkout (or a git URL), never the
+    unpublished `gpuprov` name from an index; and the wheel's metadata names what an index would show."""
+    import re
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S)
+    installs = [ln for b in blocks for ln in b.splitlines() if re.search(r"\bpip install\b", ln)]
+    assert installs
+    for line in installs:
+        args = line.split("pip install", 1)[1].split("#")[0].split("&&")[0].split()
+        assert not any(re.fullmatch(r"['\"]?gpuprov(\[[^\]]*\])?['\"]?", a) for a in args), line
+
+
+def test_wheel_metadata_is_complete(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    for field in ("Name: gpuprov", "Version: ", "Requires-Python: ", "Summary: "):
+        assert field in text, field

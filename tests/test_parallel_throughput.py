@@ -103,3 +103,19 @@ def test_cp_exposure_follows_torch_ring_attention() -> None:
     # long attention hides all but the last hop; CP 1 has no ring
     assert cp_exposed_seconds(attn_fwd_s=10.0, attn_bwd_s=20.0, **kw) == pytest.approx(LAYER.num_layers * hop)
     assert cp_exposed_seconds(attn_fwd_s=0.0, attn_bwd_s=0.0, **{**kw, "cp": 1}) == 0.0
+
+
+def test_float8_tp_gathers_move_one_byte_and_reduce_scatters_stay_bf16() -> None:
+    """torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput gather float8 inputs, its rowwise output
+    gradient is cast before the backward all-gather; partial sums reduce-scatter in bf16: 3/4 of the bytes."""
+    kw = dict(tokens=8192.0, layer=LAYER, tp=8, ac="full", gbytes=360.0, latency=0.0)
+    bf16 = tp_comm_seconds(**kw)
+    f8 = tp_comm_seconds(**kw, float8=True)
+    assert f8 == pytest.approx(0.75 * bf16)
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=1, seq_len=8192)
+    plain = layout_step_estimate(shape=shape, tp=8, cp=1, layer=LAYER, ac="full", **_kw("full", 8192))
+    fast = layout_step_estimate(shape=shape, tp=8, cp=1, layer=LAYER, ac="full", float8_gain=1.5, **_kw("full", 8192))
+    lat = assumptions().lat_intra
+    for est, f8 in ((plain, False), (fast, True)):  # a float8 gain means float8 linears: their TP gathers are float8
+        assert est.terms["tp_comm_per_micro_batch_s"] == pytest.approx(tp_comm_seconds(
+            tokens=2 * 8192.0, layer=LAYER, tp=8, ac="full", gbytes=360.0, latency=lat, float8=f8))

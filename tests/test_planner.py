@@ -77,14 +77,22 @@ def test_70b_plan_fits_and_is_multinode(plan70b):
     c = p.cluster
     assert c.global_batch_tokens == c.micro_batch * c.seq_len * (c.total_gpus // (c.tp * c.cp)) * c.grad_accum
     assert p.training.steps == math.ceil(p.training.tokens / c.global_batch_tokens)
-    assert p.cost_usd == pytest.approx(p.time_hours * c.nodes * p.instance.price_per_hour_usd)
+    # the nodes' price over the run, plus its storage (shared filesystem, boot disks)
+    assert p.run.compute_usd == pytest.approx(p.time_hours * c.nodes * p.instance.price_per_hour_usd)
+    assert p.cost_usd == pytest.approx(p.run.compute_usd + p.run.storage_usd) and p.run.storage_usd > 0
     assert p.fabric.name in ("efa", "infiniband", "roce", "tcpxo")  # multi-node: a GPU fabric, not sockets
 
 
 def test_70b_notes_say_where_the_rule_of_thumb_is_wrong(plan70b):
+    import re
+
     text = " ".join(plan70b.notes)
-    assert "8 x 141 GB" in text and "1.13 TB < 1.27 TB" in text
-    assert "18 B/param" in text
+    assert "18 B/param" in text and "(-11%)" in text  # the rule overstates gpuprov's 16 B/param
+    # the one-node note reasons with gpuprov's own count of the model states, not the rule it corrects
+    note = next(n for n in plan70b.notes if "8 x 141 GB" in n)
+    node, states = (int(x.replace(",", "")) for x in re.search(r"= ([\d,]+) GB < ([\d,]+) GB", note).groups())
+    assert states == round(plan70b.memory.model_states_bytes / 1e9) and node < states
+    assert "18 B/param" not in note and "as gpuprov counts them" in note
 
 
 def test_alternatives_explain_why_they_lost(plan70b):

@@ -28,7 +28,8 @@ def test_purchase_spot_plans_and_prices_on_each_cloud(cloud):
     assert p["purchase"]["option"] == "spot" and p["purchase"]["preemptible"]
     recorded = spot.price(p["instance"]["name"], cloud, p["cluster"]["region"])
     assert recorded is not None and p["instance"]["price_per_hour_usd"] == pytest.approx(recorded.usd)
-    assert p["cost_usd"] == pytest.approx(p["time_hours"] * p["cluster"]["nodes"] * recorded.usd, rel=1e-6)
+    assert p["run"]["compute_usd"] == pytest.approx(p["time_hours"] * p["cluster"]["nodes"] * recorded.usd, rel=1e-6)
+    assert p["cost_usd"] == pytest.approx(p["run"]["compute_usd"] + p["run"]["storage_usd"], rel=1e-9)
     # the time includes the expected preemption losses on top of steps x step time + start-up
     train_h = p["training"]["steps"] * p["throughput"]["step_time_s"] / 3600
     assert p["time_hours"] > train_h + 0.25
@@ -88,3 +89,34 @@ def test_generate_renders_the_terraform_spot_path(cloud, needle, tmp_path: Path)
     assert re.search(needle, (out / "terraform" / "variables.tf").read_text(), re.S)
     plan = json.loads((out / "plan.json").read_text())
     assert plan["purchase"]["option"] == "spot"
+
+
+def test_a_dated_spot_price_is_flagged_only_past_the_limit_with_a_fixed_clock():
+    """The AWS snapshot carries its date: a plan read soon after it has no warning for it; 91 days on, one."""
+    from gpuprov.commands.plan import price_warnings
+    from gpuprov.commands.spec_options import spec_from_flags
+    from gpuprov.planning.assemble import make_plan
+
+    plan = make_plan(spec_from_flags(None, None, {"model": "8b", "task": "lora", "tokens": "100M",
+                                                  "purchase": "spot", "cloud": "aws"}))
+    dated = spot.price(plan.instance.name, "aws", plan.cluster.region)
+    assert dated is not None and dated.date and plan.instance.price_date == dated.date
+    when = dt.date.fromisoformat(dated.date)
+    fresh = [w for w in price_warnings(plan, when + dt.timedelta(days=90)) if "spot price" in w]
+    old = [w for w in price_warnings(plan, when + dt.timedelta(days=91)) if "spot price" in w]
+    assert fresh == [] and len(old) == 1 and "91 days old" in old[0]
+
+
+def test_objective_time_on_spot_prices_what_has_a_price_and_says_what_has_none():
+    """--objective time used to pick spot with cost "-" and no word: a priced spot offer keeps its cost;
+    an offer with no recorded spot price is named as such in the Notes."""
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp",
+            "--gpu", "h100-80gb", "--objective", "time", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["purchase"]["option"] == "spot" and p["cost_usd"] is not None and p["cost_usd"] > 0
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp",
+            "--objective", "time", "--json")
+    p = json.loads(r.stdout)
+    named = any(n.startswith(f"Spot: no spot price recorded for {p['instance']['name']}") for n in p["notes"])
+    assert named == (p["cost_usd"] is None)

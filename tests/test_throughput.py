@@ -202,3 +202,18 @@ def test_async_tp_hides_tp_collectives_under_the_matmuls():
     assert plain.terms["tp_exposed_per_micro_batch_s"] == plain.terms["tp_comm_per_micro_batch_s"] > 0
     assert overlapped.terms["tp_exposed_per_micro_batch_s"] < plain.terms["tp_exposed_per_micro_batch_s"]
     assert overlapped.step_time_s < plain.step_time_s
+
+
+def test_one_stretch_of_compute_hides_one_transfer_at_a_time() -> None:
+    """The step's gradient sync hides only in what the last micro-batch's own collectives left of its
+    compute, so a communication-bound step never gets faster from recomputation."""
+    arch = get_model("llama-3.1-70b")
+    gpu = get_gpu("h100-80gb")
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="hsdp", shard_group=16, micro_batch=1, grad_accum=1, seq_len=2048)
+    s = _step(arch, gpu, shape, fabric="ethernet", gbps=50.0, ac="selective")
+    t = s.terms
+    left = max(0.0, assumptions().overlap * t["compute_per_micro_batch_s"] - t["comm_per_micro_batch_s"])
+    assert t["exposed_sync_s"] == pytest.approx(max(0.0, t["sync_per_step_s"] - min(
+        left, assumptions().overlap * t["compute_per_micro_batch_s"] * 2 / 3)))
+    full = _step(arch, gpu, shape, fabric="ethernet", gbps=50.0, ac="full")
+    assert full.step_time_s >= s.step_time_s  # more recompute never shortens a step

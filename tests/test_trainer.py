@@ -251,11 +251,17 @@ def test_ddp_two_processes_bf16_autocast(tmp_path):
     """The plan's ddp sharding: DDP with bf16 autocast and no_sync over the accumulation steps."""
     launch = render_small(tmp_path, nodes=1, gpus_per_node=2, sharding="ddp", ac="full", steps=12,
                           checkpoint_every=0)  # 0: no checkpoints
-    finish(start(launch, "--set", "data.synthetic=true", "--set", "data.synthetic_samples=8", port=free_port()))
+    traces = tmp_path / "traces"
+    finish(start(launch, "--set", "data.synthetic=true", "--set", "data.synthetic_samples=8",
+                 "--set", "runtime.profile_steps=[3, 4]", "--set", f"runtime.trace_dir={traces}", port=free_port()))
     (run,) = runs(launch)
     assert run[0]["mesh"] is None and run[0]["world"] == 2 and run[0]["sharding"] == "ddp"
     loss = losses(run)
     assert loss[12] < loss[1] - 0.5, loss
+    # runtime.profile_steps: one chrome trace per rank of steps 3..4, with the step's matmuls in it
+    for rank in (0, 1):
+        trace = json.loads((traces / f"trace-rank{rank}-steps3-4.json").read_text())
+        assert any("mm" in e.get("name", "") for e in trace["traceEvents"])
 
 
 @pytest.fixture(scope="module")
@@ -757,3 +763,27 @@ def test_residual_outputs_start_depth_scaled(trainer_module):
     assert float(block.self_attn.o_proj.weight.std()) == pytest.approx(want, rel=0.05)
     assert float(block.mlp.down_proj.weight.std()) == pytest.approx(want, rel=0.05)
     assert float(block.self_attn.q_proj.weight.std()) == pytest.approx(0.02, rel=0.05)
+
+
+def test_deterministic_mode_and_diagnostics_config(trainer_module, tmp_path):
+    """runtime.deterministic turns on torch's deterministic algorithms (torchtitan's set_determinism);
+    profile_steps / memory_snapshot_steps are checked and need a trace_dir."""
+    train, yaml_path = trainer_module
+    torch = train.torch
+    was, env = torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        train.configure_backends(train.load_config(str(yaml_path), ["runtime.deterministic=true"]))
+        assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == (env or ":4096:8")
+    finally:
+        torch.use_deterministic_algorithms(was)
+        if env is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    cfg = train.load_config(str(yaml_path), [])
+    assert not cfg.runtime.deterministic and cfg.runtime.profile_steps is None and cfg.runtime.trace_dir
+    for bad, match in ((["runtime.profile_steps=[4, 2]"], "1 <= first <= last"),
+                       (["runtime.profile_steps=[3]"], "first, last"),
+                       (["runtime.memory_snapshot_steps=-1"], "must not be negative"),
+                       (["runtime.profile_steps=[1, 2]", "runtime.trace_dir=null"], "trace_dir: needed")):
+        with pytest.raises(SystemExit, match=match):
+            train.load_config(str(yaml_path), bad)

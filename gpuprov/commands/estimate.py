@@ -174,7 +174,8 @@ def render_table(d: dict) -> str:
             lines.append(f"{term:<28}{value / GIB:>10.2f}{value / total:>8.1%}"
                          + (f"{other / GIB:>14.2f}" if side else ""))
     lines.append(f"{'peak per GPU':<28}{total / GIB:>10.2f}" + (f"{side['per_gpu_bytes'] / GIB:>22.2f}" if side else ""))
-    lines.append(f"{'GPU memory (usable)':<28}{d['gpu_memory_bytes'] / GIB:>10.2f}")
+    # the whole card, as plan's "of N GiB"; "usable" is plan's word for the card less its safety margin
+    lines.append(f"{'GPU memory (whole card)':<28}{d['gpu_memory_bytes'] / GIB:>10.2f}")
     head = d["headroom_bytes"] / GIB
     verdict = "FITS" if d["fits"] else "DOES NOT FIT"
     lines.append(f"{verdict}: headroom {head:+.2f} GiB ({d['headroom_bytes'] / d['gpu_memory_bytes']:+.1%} of the GPU)")

@@ -152,7 +152,7 @@ precision: {precision}
 optimizer: {optimizer}
 # CPU offload: none, optimizer or full
 offload: {offload}
-# torchao float8 training where a published speed-up covers the GPU (Hopper; full bf16-mixed, no TP)
+# torchao float8 training where a published speed-up covers the GPU (Hopper; full bf16-mixed, TP up to 8)
 float8: {float8}
 # LoRA/QLoRA only
 lora_rank: {lora_rank}

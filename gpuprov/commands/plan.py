@@ -15,6 +15,7 @@ from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.spot import stale
+from gpuprov.storage_cost import undated_prices
 from gpuprov.units import GiB, TB, gib
 
 
@@ -87,12 +88,24 @@ def cost_line(plan) -> str:
     """Steps x step time + start-up (+ preemption on spot) = the hours the cost is computed from."""
     overhead = float(assumptions().raw["run"]["overhead_hours"])
     train_h = plan.training.steps * plan.throughput.step_time_s / 3600.0
-    spot = ""
+    run = plan.run
+    parts = ""
+    if run is not None and run.checkpoint_hours:
+        parts += f" + {_part(run.checkpoint_hours)} checkpoint writes"
     if plan.purchase.option == "spot":
-        lost = max(0.0, plan.time_hours - train_h - overhead)
-        spot = f" + {lost:,.2f} h expected preemption" if lost >= 0.005 else f" + {lost * 60:,.1f} min expected preemption"
-    return (f"{plan.training.steps:,} optimizer steps x {plan.throughput.step_time_s:,.2f} s = {train_h:,.2f} h "
-            f"+ {overhead:g} h start-up{spot} = {_hours(plan.time_hours)}, {_money(plan.cost_usd)}")
+        lost = run.preemption_hours if run is not None else max(0.0, plan.time_hours - train_h - overhead)
+        parts += f" + {_part(lost)} expected preemption"
+    money = _money(plan.cost_usd)
+    if run is not None and run.storage_usd:
+        money += f" (storage ${run.storage_usd:,.2f})"
+    step_s = plan.throughput.step_time_s
+    step = f"{step_s:,.2f}" if step_s >= 1 else f"{step_s:.4f}"  # enough digits that steps x step adds up
+    return (f"{plan.training.steps:,} optimizer steps x {step} s = {train_h:,.2f} h "
+            f"+ {overhead:g} h start-up{parts} = {_hours(plan.time_hours)}, {money}")
+
+
+def _part(hours: float) -> str:
+    return f"{hours:,.2f} h" if hours >= 0.005 else f"{hours * 60:,.1f} min"
 
 
 def price_warnings(plan, today=None) -> list[str]:
@@ -100,11 +113,17 @@ def price_warnings(plan, today=None) -> list[str]:
     the bundle must not change with the calendar)."""
     if plan.instance.cloud == "onprem" or plan.instance.price_per_hour_usd is None:
         return []
+    out = []
     why = stale(plan.instance.price_date, today)
-    if why is None:
-        return []
-    return [f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
-            f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})"]
+    if why is not None:
+        out.append(f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
+                   f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})")
+    kind = plan.shared_storage.kind if plan.shared_storage else None
+    for what, date, source in undated_prices(plan.instance.cloud, kind):
+        why = stale(date, today)
+        if why is not None:
+            out.append(f"the {what} in the cost is {why}: check it ({source.split(' (')[0]})")
+    return out
 
 
 def _gpus_x_nodes(r) -> str:

@@ -72,7 +72,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
               "Scheduler: auto (Slurm on multi-node clusters), install, existing (on-prem site Slurm: jobs only), none"),
     "float8": (("--float8/--no-float8",), None, "Allow torchao float8 training where a measured speed-up covers the "
-               "GPU (Hopper: full bf16-mixed, no TP); the plan counts its gain and memory"),
+               "GPU (Hopper: full bf16-mixed, TP up to 8); the plan counts its gain and memory"),
 }
 
 FLAG_NAMES = {field: decls[0].split("/")[0] for field, (decls, _, _) in _FLAGS.items()}

@@ -14,7 +14,8 @@ from gpuprov.errors import GpuprovError
 from gpuprov.host import host_needs, make_host, rules, size_onprem, unknown_host_notes
 from gpuprov.onprem import with_declared_hosts
 from gpuprov.plan import (
-    Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, Storage, Throughput, Training,
+    Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, RunBreakdown, Storage, Throughput,
+    Training,
 )
 from gpuprov.planning.messages import _notes, loss_reason, nothing_fits_message, rule_of_thumb_bytes_per_param
 from gpuprov.planning.onprem import _prefer_every_host, hosts_note
@@ -26,6 +27,8 @@ from gpuprov.recipes import notes as recipe_notes
 from gpuprov.recipes import schedule
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.spot import notes as spot_notes
+from gpuprov.storage_cost import checkpoint_every
+from gpuprov.storage_cost import describe as storage_describe
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.sizing.throughput import utilisation as util_of
 from gpuprov.targets import get_target
@@ -33,12 +36,25 @@ from gpuprov.targets.decide import decided
 from gpuprov.units import GiB
 
 
-CHECKPOINT_INTERVAL_S = 3600.0  # checkpoint about every hour of training (a node failure loses at most an hour)
+def _run(spec: Any, best: Candidate) -> RunBreakdown:
+    """The parts time_hours and cost_usd add up from, as the search computed them."""
+    from gpuprov.sizing.throughput import assumptions
+
+    train_h = best.steps * best.step.step_time_s / 3600.0
+    startup = float(assumptions().raw["run"]["overhead_hours"])
+    compute = None if best.cost_usd is None else best.cost_usd - best.storage_usd
+    unpriced = list(best.storage.unpriced) if best.storage is not None else []
+    if best.checkpoint_hours is None:
+        unpriced.append("checkpoint write time (no sourced write bandwidth where checkpoints land)")
+    return RunBreakdown(train_hours=train_h, startup_hours=startup, checkpoint_hours=best.checkpoint_hours,
+                        preemption_hours=best.preemption_hours, compute_usd=compute,
+                        storage_usd=None if best.cost_usd is None else best.storage_usd,
+                        not_in_cost=unpriced)
 
 
 def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> dict[str, Any]:
     """LR schedule: the fine-tuning recipe of the task, or pre-training's from scratch (gpuprov/recipes.py)."""
-    ckpt = max(1, min(steps, round(CHECKPOINT_INTERVAL_S / max(step_time_s, 1e-6))))
+    ckpt = checkpoint_every(steps, step_time_s)
     return dict(**schedule(spec, arch.params, steps), grad_clip=1.0,
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
 
@@ -123,7 +139,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         instance=_instance_info(spec, inst), fabric=fabric, cluster=_cluster(spec, inst, best),
         training=_training(spec, arch, best), memory=_memory(spec, arch, gpu, mem),
         throughput=_throughput(spec, arch, best, mem.trainable_params),
-        time_hours=best.time_hours, cost_usd=best.cost_usd,
+        time_hours=best.time_hours, cost_usd=best.cost_usd, run=_run(spec, best),
         host=make_host(inst, needs, bom),
         software=get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud,
                               instance=inst.name),
@@ -135,6 +151,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         notes=recipe_notes(spec, best.steps, best.batch_tokens, best.dp) + _notes(spec, arch, best, mem, pool, get_gpu)
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
         + unknown_host_notes(inst, best.nodes)
+        + [n for n in (storage_describe(best.storage, best.time_hours) if best.storage else "",) if n]
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"])

@@ -158,8 +158,8 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         notes.append(f"Rule of thumb 18 B/param ({tb(rot)}) is for full training; {spec.task} trains "
                      f"{mem.trainable_params:,} adapter parameters and keeps the base frozen: model states "
                      f"{tb(states)}")
-    # sizing tables built on the rule put a 70B (~1.26 TB) on one 8 x 141 GB node: check each
-    # 8-GPU node type against the rule itself -- do 18 B/param fit in the node's GPU memory?
+    # a node whose GPU memory is within a quarter of the model states looks enough at a glance:
+    # check each 8-GPU node type against gpuprov's own count of the states (not the rule of thumb)
     seen: set[str] = set()
     for inst in instances:
         if inst.gpus != 8 or inst.gpu in seen or spec.task != "full":
@@ -167,12 +167,13 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
         seen.add(inst.gpu)
         gpu = gpu_lookup(inst.gpu)
         node_gb = 8 * _nominal_gb(gpu)
-        if rot > node_gb * 1e9 and rot < node_gb * 1e9 * 1.25:
+        if node_gb * 1e9 < states < node_gb * 1e9 * 1.25:
             notes.append(
                 f"One 8 x {_nominal_gb(gpu):.0f} GB {gpu.name.split(' ')[1]} node looks enough for "
-                f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb / 1000:.2f} TB < "
-                f"{tb(rot)} by its own 18 B/param rule: the model states cannot fit one node "
-                f"(and activations need room on top); plan multi-node sharding or LoRA")
+                f"{arch.display_name}, but 8 x {_nominal_gb(gpu):.0f} GB = {node_gb:,.0f} GB < {states / 1e9:,.0f} GB "
+                f"of model states as gpuprov counts them ({states / arch.params:.1f} B/param: weights, gradients "
+                f"and optimizer as the trainer keeps them): they cannot fit one node (and activations need room "
+                f"on top); plan multi-node sharding or LoRA")
     from gpuprov.sizing.why import notes as why_notes
 
     notes.extend(why_notes(spec.task, best.activation_checkpointing, dict(mem.breakdown)))
@@ -202,7 +203,8 @@ def _float8_note(spec: Any, arch: Any, best: Candidate) -> str:
     """What --float8 did to this plan, and why not where it did nothing."""
     if best.float8:
         gain = float8_step_kw(best.gpu, arch)["float8_gain"]
-        return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather): compute timed x{gain:.2f} "
+        tp = f", torchao float8 TP styles at TP {best.tp}" if best.tp > 1 else ""
+        return (f"float8 on (torchao tensorwise float8 linears, float8 FSDP all-gather{tp}): compute timed x{gain:.2f} "
                 f"faster, the measured float8/bf16 tokens/s ratio for a {arch.params / 1e9:.0f}B model on "
                 f"{best.gpu.architecture.capitalize()}; blocks gathered at 1 byte per linear weight; MFU is counted "
                 "against the BF16 peak")

@@ -9,6 +9,10 @@ from typing import Any, Callable, Iterable
 
 from gpuprov.errors import GpuprovError
 from gpuprov.recipes import global_batch_tokens
+from gpuprov.storage_cost import (
+    StorageTerms, boot_disk_gib, checkpoint_bytes_of, checkpoint_every, checkpoint_hours, dataset_bytes_of,
+    storage_terms, storage_usd_per_hour,
+)
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
     _mp_degrees, _pool, objective_key, stack_for,
@@ -80,6 +84,9 @@ class _Search:
         self.overhead_h = float(a.raw["run"]["overhead_hours"])
         self.tol = float(a.raw["run"]["batch_tolerance"])
         self.qfac = a.qlora_factor if self.task == "qlora" else 1.0
+        self.ckpt_bytes, self.ckpt_kept = checkpoint_bytes_of(self.trainable)
+        self.dataset_bytes = dataset_bytes_of(self.tokens)
+        self.storage_cache: dict[tuple[str, int], StorageTerms] = {}
         self.mem_cache: dict[tuple, MemoryEstimate] = {}
         self.mem_calls = 0
         # Per-GPU memory never grows when the same model state is spread over more GPUs, and
@@ -165,7 +172,11 @@ class _Search:
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
         """GPU-seconds per token of the TP collectives a TP layout cannot hide (0 without TP)."""
-        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra) if tp > 1 else 0.0
+        if tp == 1:
+            return 0.0
+        # a bound: float8 linears (where allowed on this GPU) gather in float8, the least TP traffic
+        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra,
+                                        float8=self.gain(slot.gpu) is not None)
 
     def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
         """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
@@ -348,13 +359,28 @@ class _Search:
         steps = -(-self.tokens // batch)
         step = self.step(slot, lay, ac, mb, ga)
         self.evaluated += 1
-        hours = steps * step.step_time_s / 3600.0 + self.overhead_h
+        train_h = steps * step.step_time_s / 3600.0
+        terms = self.storage(slot.inst.cloud, slot.nodes)
+        ckpt_h = checkpoint_hours(terms, self.ckpt_bytes, steps, checkpoint_every(steps, step.step_time_s),
+                                  step.step_time_s, slot.total)
+        lost = 0.0
         if getattr(slot.inst, "purchase", None) == "spot":  # expected preemption losses (gpuprov/spot.py)
-            hours += spot_overhead_hours(steps * step.step_time_s / 3600.0, slot.nodes)
+            lost = spot_overhead_hours(train_h, slot.nodes)
+        hours = train_h + self.overhead_h + (ckpt_h or 0.0) + lost
         price = slot.inst.price_per_hour_usd
-        cost = None if price is None else hours * slot.nodes * price
+        storage = hours * storage_usd_per_hour(terms)
+        cost = None if price is None else hours * slot.nodes * price + storage
         return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,
-                         hours, cost, lay.tp, lay.cp, lay.f8)
+                         hours, cost, lay.tp, lay.cp, lay.f8, checkpoint_hours=ckpt_h,
+                         storage_usd=storage if price is not None else 0.0, preemption_hours=lost, storage=terms)
+
+    def storage(self, cloud: str, nodes: int) -> StorageTerms:
+        key = (cloud, nodes)
+        out = self.storage_cache.get(key)
+        if out is None:
+            out = self.storage_cache[key] = storage_terms(cloud, nodes, boot_disk_gib(cloud), self.ckpt_bytes,
+                                                          self.ckpt_kept, self.dataset_bytes)
+        return out
 
     def over_limits(self, cand: Candidate) -> bool:
         deadline, budget = self.spec.deadline_hours, self.spec.budget_usd

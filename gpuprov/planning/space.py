@@ -42,6 +42,10 @@ class Candidate:
     tp: int = 1  # tensor-parallel degree (inside one node)
     cp: int = 1  # context-parallel degree
     float8: bool = False  # torchao float8 linears (the spec allowed it and a measurement covers the GPU)
+    checkpoint_hours: float | None = 0.0  # checkpoint writes training waits for (None: not modelled)
+    storage_usd: float = 0.0  # shared filesystem + boot disks over the run (in cost_usd)
+    preemption_hours: float = 0.0  # spot: expected losses (in time_hours)
+    storage: Any = None  # storage_cost.StorageTerms of this (cloud, nodes)
 
     @property
     def total_gpus(self) -> int:

@@ -173,6 +173,7 @@ def _step(x: _Inputs) -> list[str]:
     ranks = (f"{c.total_gpus // (c.tp * c.cp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}))"
              if c.tp * c.cp > 1 else f"{c.total_gpus}")
     overhead = float(x.a.raw["run"]["overhead_hours"])
+    run = plan.run
     ideal = 6 * plan.model.params * plan.training.tokens / (c.total_gpus * peak * 1e12 * t.mfu_assumed) / 3600
     out = ["6. Step, time and cost",
            f"   step = {c.grad_accum} x ({terms['compute_per_micro_batch_s']:,.3f} + "
@@ -182,13 +183,15 @@ def _step(x: _Inputs) -> list[str]:
            f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
            f"{plan.training.steps:,}",
            f"   time = {plan.training.steps:,} x {t.step_time_s:,.3f} s / 3600 + {overhead:g} h start-up"
-           + (f" + {plan.time_hours - plan.training.steps * t.step_time_s / 3600 - overhead:,.3f} h expected "
-              "preemption (spot)" if plan.purchase.option == "spot" else "")
+           + (f" + {run.checkpoint_hours:,.3f} h checkpoint writes" if run and run.checkpoint_hours else "")
+           + (f" + {run.preemption_hours if run else 0.0:,.3f} h expected preemption (spot)"
+              if plan.purchase.option == "spot" else "")
            + f" = {plan.time_hours:,.2f} h",
            f"   | rule of thumb 6 N D / (GPUs x peak x MFU) = {ideal:,.2f} h"]
     if plan.instance.price_per_hour_usd is not None:
-        out.append(f"   cost = {plan.time_hours:,.2f} h x {c.nodes} nodes x ${plan.instance.price_per_hour_usd:,.3f}/h "
-                   f"= ${plan.cost_usd:,.2f}")
+        storage = f" + storage ${run.storage_usd:,.2f}" if run and run.storage_usd else ""
+        out.append(f"   cost = {plan.time_hours:,.2f} h x {c.nodes} nodes x ${plan.instance.price_per_hour_usd:,.3f}/h"
+                   f"{storage} = ${plan.cost_usd:,.2f}")
     out.append(f"   tokens/s = {t.tokens_per_s:,.0f}; MFU = tokens/s x model FLOPs / (GPUs x peak) = {t.mfu:.1%}")
     return out
 

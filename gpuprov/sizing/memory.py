@@ -202,15 +202,32 @@ def _gathered(x: _Ctx) -> tuple[int, int]:
         # reshard), then all-gathered (torch.distributed.fsdp._flat_param.pre_unshard)
         gathered += units * w.layer_compute_bytes // x.shard
     reduce_elem = 4 if s.precision in ("bf16-mixed", "fp32") else 2
-    if s.fsdp_version == 1 and s.precision != "fp32":
-        reduce_elem = 2  # FSDP1 MixedPrecision as accelerate/Lightning build it: reduce_dtype bf16
+    if s.fsdp_version == 1 and s.precision != "fp32" and not fp32_autocast:
+        reduce_elem = 2  # FSDP1 MixedPrecision as accelerate builds it: reduce_dtype bf16
     grad_elem = 4 if fp32_autocast else x.a  # the unsharded gradient is in the gathered dtype
-    rs_buffers = w.layer_trainable * (grad_elem + reduce_elem) + w.layer_trainable * reduce_elem // x.shard
+    if s.fsdp_version == 1:
+        rs_buffers = _fsdp1_grad_buffers(w.layer_trainable, grad_elem, reduce_elem, x.shard)
+    else:
+        rs_buffers = w.layer_trainable * (grad_elem + reduce_elem) + w.layer_trainable * reduce_elem // x.shard
     if s.fsdp_version == 1 and x.fsdp and not fp32_autocast and s.precision == "bf16-mixed":
         # FSDP1 MixedPrecision first casts each unit's fp32 shard to a bf16 `_mp_shard`, then all-gathers
         # it into the padded flat parameter (torch/distributed/fsdp/_flat_param.py _use_low_precision_shard)
         gathered += units * w.layer_compute_bytes // x.shard
     return gathered, rs_buffers
+
+
+def _fsdp1_grad_buffers(unit: int, grad_elem: int, reduce_elem: int, shard: int) -> int:
+    """FSDP1's unsharded gradients while a unit runs backward (torch/distributed/fsdp, torch 2.13).
+
+    The unit's parameters are autograd views split from the flat parameter (_flat_param.py
+    _use_unsharded_views), so its gradient builds up view by view and SplitWithSizesBackward then cats
+    them into one flat gradient beside them; the post-backward hook casts it to the reduce dtype if that
+    differs and reduce-scatters it on the post-backward stream (_runtime_utils.py _post_backward_hook,
+    _reduce_grad): the view gradients and their cat together, plus the reduce-dtype copy and the sharded
+    output. (_no_dispatch_record_stream keeps the block until the reduce-scatter ends; whether that outlasts
+    the next unit's backward depends on link and compute speed, so it is not counted.)"""
+    cast = reduce_elem if reduce_elem != grad_elem else 0
+    return unit * (2 * grad_elem + cast) + unit * reduce_elem // shard
 
 
 def _autocast_cache(x: _Ctx) -> int:

@@ -136,7 +136,7 @@ def float8_refusal(*, task: str, precision: str, compiled: bool, moe: bool, tp: 
     if moe and f["dense_only"]:
         why.append("the measurements are for dense models")
     if tp > int(f["max_tp"]):
-        why.append(f"the layout uses TP {tp} (the trainer converts linears after TP)")
+        why.append(f"the layout uses TP {tp}, beyond the float8 TP runs' {f['max_tp']} (one node)")
     return "; ".join(why) or None
 
 
@@ -384,7 +384,10 @@ def step_estimate(
         # parameters live on the host: every micro-batch brings the shard up twice, grads down
         per_mb_comm += param_shard * float(a.raw["offload"]["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
     exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
-    exposed_sync = max(0.0, comm.per_step_sync - a.overlap * compute_mb * 2.0 / 3.0)  # last backward only
+    # the step's gradient sync hides under the last backward only, in what that micro-batch's own
+    # collectives left of it: one stretch of compute cannot hide two transfers at once
+    left = max(0.0, a.overlap * compute_mb - per_mb_comm)
+    exposed_sync = max(0.0, comm.per_step_sync - min(left, a.overlap * compute_mb * 2.0 / 3.0))
     exposed = exposed_mb * shape.grad_accum + exposed_sync + comm.tail
     opt = _optimizer_seconds(shard, optimizer, offload, hbm_gbytes_per_s, host_gbytes)
 
@@ -417,23 +420,31 @@ class LayerShape:
     kv_width: int  # K/V width as SDPA sees it (GQA repeated to the query heads)
 
 
-def tp_gpu_seconds_per_token(*, layer: LayerShape, tp: int, ac: str, gbytes: float) -> float:
-    """GPU-seconds one token costs in TP collectives (all tp GPUs wait), latency left out: a lower bound."""
-    return tp * tp_comm_seconds(tokens=1.0, layer=layer, tp=tp, ac=ac, gbytes=gbytes, latency=0.0)
+def tp_gpu_seconds_per_token(*, layer: LayerShape, tp: int, ac: str, gbytes: float, float8: bool = False) -> float:
+    """GPU-seconds one token costs in TP collectives (all tp GPUs wait), latency left out: a lower bound
+    (with `float8`, the float8 all-gathers of float8 linears)."""
+    return tp * tp_comm_seconds(tokens=1.0, layer=layer, tp=tp, ac=ac, gbytes=gbytes, latency=0.0, float8=float8)
 
 
-def tp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, gbytes: float, latency: float) -> float:
+def tp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, gbytes: float, latency: float,
+                    float8: bool = False) -> float:
     """Per micro-batch: the TP(+SP) collectives of every layer, on the critical path.
 
-    `tokens` is the micro-batch's tokens on this GPU's CP rank (micro_batch x seq / cp)."""
+    `tokens` is the micro-batch's tokens on this GPU's CP rank (micro_batch x seq / cp). Each all-reduce-sized
+    call is an all-gather plus a reduce-scatter of the layer's activation. With float8 linears (torchao
+    torchao/float8/float8_tensor_parallel.py@7698af73e7d3b41208ea86b2c43ac6bb015ae90c) the all-gathers move
+    float8: PrepareFloat8ModuleInput casts the attention and MLP inputs before gathering them, and
+    Float8RowwiseParallel's NoopFwToFloat8BwDynamic casts the output gradient before its backward all-gather;
+    the reduce-scatters of partial sums stay bf16."""
     if tp == 1:
         return 0.0
     mp = assumptions().raw["model_parallel"]
     calls = mp["tp_allreduces_forward_per_layer"] + mp["tp_allreduces_backward_per_layer"]
     if ac in ("selective", "full"):
         calls += mp["tp_allreduces_forward_per_layer"]  # recompute re-gathers the forward's inputs
-    buf = tokens * layer.hidden * 2.0  # bf16 activations of the layer
-    per_layer = calls * 2.0 * (tp - 1) / tp * buf / (gbytes * 1e9) + 2 * calls * latency
+    gather_bytes = float(assumptions().f8_gather_bytes) if float8 else 2.0
+    per_call = tokens * layer.hidden * (gather_bytes + 2.0)  # all-gather + bf16 reduce-scatter
+    per_layer = calls * (tp - 1) / tp * per_call / (gbytes * 1e9) + 2 * calls * latency
     return float(mp["tp_exposed_fraction"]) * per_layer * layer.num_layers
 
 
@@ -529,7 +540,10 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                          inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp), **kw)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
-    tp_s = tp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, ac=ac, gbytes=intra_gbytes, latency=a.lat_intra)
+    # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
+    f8 = float(kw.get("float8_gain", 1.0)) != 1.0
+    tp_s = tp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, ac=ac, gbytes=intra_gbytes, latency=a.lat_intra,
+                           float8=f8)
     ring_intra = tp * cp <= shape.gpus_per_node
     cp_bw = intra_gbytes if ring_intra else min(intra_gbytes, inter_gbytes)
     cp_s = cp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,

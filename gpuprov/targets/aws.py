@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 class Aws(Target):
     name, title = "aws", "AWS"
+    boot_disk_gib = 512  # each node's gp3 root volume (priced in storage_cost.py)
     image_ref_keys = ("ssm_parameter",)
     tfvars = TfvarsKeys(instance="instance_type", held="capacity_reservation_id", zone="availability_zone",
                         subnet="subnet_id", shared="shared_storage_gib")
@@ -66,7 +67,7 @@ class Aws(Target):
             "availability_zone": plan.spec.zone,  # a reservation's zone (given, or looked up at generate)
             "placement_group_name": plan.spec.placement_group,
             "ami_ssm_parameter": plan.image.ref["ssm_parameter"] if plan.image else "",
-            "root_volume_size_gib": 512,
+            "root_volume_size_gib": self.boot_disk_gib,
             "shared_storage_deployment_type": options.get("deployment_type", "PERSISTENT_2"),
             "shared_storage_throughput_per_tib": options.get("throughput_mb_per_tib", 125),
         }

@@ -15,6 +15,7 @@ SINGLE_PLACEMENT_GROUP_MAX = 100
 
 class Azure(Target):
     name, title = "azure", "Azure"
+    boot_disk_gib = 512  # each node's Premium_LRS OS disk (priced in storage_cost.py)
     limits = Limits(
         max_nodes=SINGLE_PLACEMENT_GROUP_MAX,
         why=f"the {SINGLE_PLACEMENT_GROUP_MAX}-VM limit of one InfiniBand scale set (single_placement_group)",
@@ -28,7 +29,7 @@ class Azure(Target):
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         shared = plan.shared_storage
-        return {"vm_size": plan.instance.name, "os_disk_size_gb": 512,
+        return {"vm_size": plan.instance.name, "os_disk_size_gb": self.boot_disk_gib,
                 "image_ref": dict(plan.image.ref) if plan.image else {},
                 "shared_storage_tib": shared.size_gib // 1024 if shared else 0,
                 "shared_storage_sku": shared.options.get("sku", "AMLFS-Durable-Premium-500") if shared

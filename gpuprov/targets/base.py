@@ -105,6 +105,9 @@ class Target:
         `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
         return None
 
+    reboot_allowed = True  # the bundle's roles may reboot nodes it created
+    boot_disk_gib = 0  # each node's boot disk the Terraform creates (0: none, an inventory target)
+
     def plan_fabric(self, fabric: Any, unknown: tuple[str, ...] | list[str], nodes: int) -> Any:
         """The fabric the plan records for these nodes (a cloud's catalog entry is a fact: as is)."""
         return fabric

@@ -27,7 +27,7 @@ def provisioning_for(plan: Plan) -> Provisioning:
         fabric_role=None if plan.fabric.probe else target.fabric_role(plan.fabric.name),
         # cuFile needs a local filesystem to serve: GDS only where the plan has the RAID
         gds=bool(plan.software.gds and plan.storage.devices > 0),
-        checkpoint_root=checkpoint_root(plan))
+        checkpoint_root=checkpoint_root(plan), reboot_allowed=target.reboot_allowed)
 
 
 def infra_for(plan: Plan) -> Infra:

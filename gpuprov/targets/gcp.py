@@ -42,6 +42,7 @@ def image_family(path: str) -> dict[str, str]:
 
 class Gcp(Target):
     name, title = "gcp", "GCP"
+    boot_disk_gib = 500  # each node's boot disk (priced in storage_cost.py)
     image_ref_keys = ("image",)
     tfvars = TfvarsKeys(instance="machine_type", held="reservation_name", shared="shared_storage_gib")
     live = LiveCli(login=("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=json"),
@@ -86,7 +87,7 @@ class Gcp(Target):
             "shared_storage_tier": shared.options.get("tier", "ZONAL") if shared else "ZONAL",
             # a2 machines take no Hyperdisk (GCP "machine series" disk support table)
             "boot_disk_type": "pd-balanced" if machine.startswith("a2-") else "hyperdisk-balanced",
-            "boot_disk_size_gb": 500,
+            "boot_disk_size_gb": self.boot_disk_gib,
             "create_timeout": create_timeout(plan.purchase.option),
             "resize_request_state_command": flex_request_state_command(),
         }

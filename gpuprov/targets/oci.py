@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 class Oci(Target):
     name, title = "oci", "OCI"
+    boot_disk_gib = 512  # each node's boot volume (priced in storage_cost.py)
     tfvars = TfvarsKeys(instance="shape", shared="shared_storage")
 
     def connection_problem(self, plan: Plan, value: Any) -> str | None:
@@ -21,7 +22,7 @@ class Oci(Target):
         return head_connection_problem(plan, value)
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
-        return {"shape": plan.instance.name, "boot_volume_size_gb": 512}
+        return {"shape": plan.instance.name, "boot_volume_size_gb": self.boot_disk_gib}
 
 
 TARGET = Oci()

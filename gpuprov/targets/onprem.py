@@ -12,6 +12,8 @@ PROBE = "unknown: run `gpuprov hosts probe HOSTS --write` (or give fabric: and n
 class OnPrem(Target):
     name, title = "onprem", "on-prem"
     provisioner = "inventory"
+    # the site's machines: a role that needs a reboot stops and says so; the owner reboots
+    reboot_allowed = False
 
     def node_cap(self, max_nodes: int, hosts: int | None = None) -> int:
         """At most one node per host listed (no host list: the spec's cap, as a template)."""

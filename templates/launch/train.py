@@ -53,7 +53,7 @@ from train_model import (  # noqa: E402,F401
     next_token_loss, param_dtypes, prepare_model, pretrained_path, token_loss_sum, unwrap, verify_replicas)
 from train_optim import build_optimizer, lr_at  # noqa: E402,F401
 from train_runtime import (  # noqa: E402,F401
-    DTYPES, GarbageCollection, Runtime, check_torch, configure_backends, init_runtime, log, sum_over)
+    DTYPES, Diagnostics, GarbageCollection, Runtime, check_torch, configure_backends, init_runtime, log, sum_over)
 
 
 @dataclass
@@ -226,15 +226,18 @@ def train(cfg: Config) -> None:
     every_val = cfg.data.validation.every_steps if run.val is not None else 0
     amp = mixed_precision(cfg, run.rt)
     collector = GarbageCollection(cfg.runtime.gc_every_steps)
+    diag = Diagnostics(cfg, run.rt.rank, run.rt.is_cuda)
     run.model.train()
     streak = 0  # non-finite steps in a row
     while st.step < cfg.schedule.steps:
         lr = lr_at(st.step, cfg)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
+        diag.before(st.step + 1)
         result = train_step(run.model, run.optimizer, step_batches(run.data, st.samples_seen, cfg, run.rt), cfg,
                             run.rt, amp, run.float8)
         st.step += 1
+        diag.after(st.step)
         st.samples_seen += cfg.batch.micro_batch * cfg.batch.grad_accum * run.rt.dp_size
         st.skipped += result.skipped
         streak = streak + 1 if result.skipped else 0

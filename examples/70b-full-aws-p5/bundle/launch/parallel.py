@@ -147,8 +147,14 @@ def check_divisible(config: Any, tp: int) -> None:
             raise LayoutError(f"parallel.tp {tp} does not divide the model's {name} {value}")
 
 
-def tp_plan(num_layers: int) -> dict[str, Any]:
-    """torchtitan's apply_tp plan, in Hugging Face module names."""
+def tp_plan(num_layers: int, float8: bool = False) -> dict[str, Any]:
+    """torchtitan's apply_tp plan, in Hugging Face module names.
+
+    float8 (torchao tensorwise float8 linears, converted before TP): the blocks' linears and their
+    inputs take torchao's float8 TP styles, so the sequence-parallel all-gathers move float8, as
+    torchtitan's apply_tp does with enable_float8_tensorwise_tp; embeddings, norms and the head stay
+    plain (they are not float8 linears).
+    """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -157,6 +163,15 @@ def tp_plan(num_layers: int) -> dict[str, Any]:
         SequenceParallel,
     )
 
+    colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     plan: dict[str, Any] = {
         "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "model.norm": SequenceParallel(),
@@ -167,19 +182,19 @@ def tp_plan(num_layers: int) -> dict[str, Any]:
         p = f"model.layers.{i}"
         plan.update({
             f"{p}.input_layernorm": SequenceParallel(),
-            f"{p}.self_attn": PrepareModuleInput(
+            f"{p}.self_attn": prepare_input(
                 input_kwarg_layouts={"hidden_states": Shard(1)},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
             ),
-            f"{p}.self_attn.q_proj": ColwiseParallel(),
-            f"{p}.self_attn.k_proj": ColwiseParallel(),
-            f"{p}.self_attn.v_proj": ColwiseParallel(),
-            f"{p}.self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            f"{p}.self_attn.q_proj": colwise(),
+            f"{p}.self_attn.k_proj": colwise(),
+            f"{p}.self_attn.v_proj": colwise(),
+            f"{p}.self_attn.o_proj": rowwise(output_layouts=Shard(1)),
             f"{p}.post_attention_layernorm": SequenceParallel(),
-            f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            f"{p}.mlp.gate_proj": ColwiseParallel(),
-            f"{p}.mlp.up_proj": ColwiseParallel(),
-            f"{p}.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+            f"{p}.mlp": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            f"{p}.mlp.gate_proj": colwise(),
+            f"{p}.mlp.up_proj": colwise(),
+            f"{p}.mlp.down_proj": rowwise(output_layouts=Shard(1)),
         })
     return plan
 
@@ -197,8 +212,9 @@ def _full_positions(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple
     return args, kwargs
 
 
-def parallelize(model: torch.nn.Module) -> torch.nn.Module:
-    """Apply the TP plan (before activation checkpointing and FSDP, as torchtitan does)."""
+def parallelize(model: torch.nn.Module, float8: bool = False) -> torch.nn.Module:
+    """Apply the TP plan (after the float8 conversion, before activation checkpointing and FSDP, as
+    torchtitan does)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     st = state()
@@ -209,7 +225,7 @@ def parallelize(model: torch.nn.Module) -> torch.nn.Module:
     check_divisible(model.config, st.layout.tp)
     if getattr(model.config, "tie_word_embeddings", False):
         raise LayoutError("tensor parallelism here shards embed_tokens rowwise and lm_head colwise; tied embeddings need an untied model")
-    parallelize_module(model, st.mesh["tp"], tp_plan(len(decoder.layers)))
+    parallelize_module(model, st.mesh["tp"], tp_plan(len(decoder.layers), float8))
     return model
 
 

@@ -177,6 +177,10 @@ class RuntimeSection:
     flight_recorder_entries: int = 0
     flight_recorder_dir: str | None = None
     gc_every_steps: int = 0
+    deterministic: bool = False
+    profile_steps: list | None = None
+    memory_snapshot_steps: int = 0
+    trace_dir: str | None = None
 
 
 @dataclass
@@ -312,7 +316,20 @@ def check(cfg: Config) -> Config:
         raise ConfigError(f"task.lora.rank and task.lora.alpha: needed for task {cfg.task.kind}")
     if "model_type" not in cfg.model.hf_config:
         raise ConfigError("model.hf_config: needs model_type (a Hugging Face config.json)")
+    check_diagnostics(cfg.runtime)
     return cfg
+
+
+def check_diagnostics(r: RuntimeSection) -> None:
+    """runtime.profile_steps [first, last] (1-based, inclusive) and memory_snapshot_steps write to trace_dir."""
+    steps = r.profile_steps
+    if steps is not None and (len(steps) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+                              or not 1 <= steps[0] <= steps[1]):
+        raise ConfigError(f"runtime.profile_steps: [first, last] steps with 1 <= first <= last, got {steps!r}")
+    if r.memory_snapshot_steps < 0:
+        raise ConfigError(f"runtime.memory_snapshot_steps: must not be negative, got {r.memory_snapshot_steps}")
+    if (steps is not None or r.memory_snapshot_steps) and not r.trace_dir:
+        raise ConfigError("runtime.trace_dir: needed for runtime.profile_steps / memory_snapshot_steps")
 
 
 def from_dict(raw: dict) -> Config:

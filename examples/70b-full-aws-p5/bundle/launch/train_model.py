@@ -238,13 +238,22 @@ def apply_float8(model: torch.nn.Module, cfg: Config, rt: Runtime) -> bool:
     if not rt.is_cuda or torch.cuda.get_device_capability() < (8, 9):
         raise ConfigError("efficiency.float8 needs an sm_89+ GPU (Ada, Hopper, Blackwell)")
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        import torchao.float8  # noqa: F401
     except ImportError as exc:
         raise ConfigError("efficiency.float8 needs torchao (pip install torchao)") from exc
-    head = model.get_output_embeddings()
-    convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),
-                               module_filter_fn=lambda m, fqn: m is not head)  # the head stays bf16
+    float8_linears(model)
     return True
+
+
+def float8_linears(model: torch.nn.Module, emulate: bool = False) -> None:
+    """Every linear but the head to torchao's tensorwise Float8Linear (before TP, whose float8 styles
+    expect them: torchtitan converts at build time, then parallelises). `emulate`: torchao's
+    emulation, for CPU tests only."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    head = model.get_output_embeddings()
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=emulate)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: m is not head)  # the head stays bf16
 
 
 def materialise(model: torch.nn.Module, on_meta: bool, cfg: Config, rt: Runtime, from_checkpoint: bool) -> None:
@@ -398,9 +407,9 @@ def prepare_model(cfg: Config, rt: Runtime, from_checkpoint: bool) -> tuple[torc
         model = apply_lora(model, cfg)
         cast_frozen(model, cfg)
     install_chunked_loss(model, cfg)
-    if cfg.model_parallel:
-        model = parallel.parallelize(model)  # TP before float8, AC, compile and FSDP, as torchtitan orders them
     fp8 = apply_float8(model, cfg, rt)
+    if cfg.model_parallel:
+        model = parallel.parallelize(model, fp8)  # float8, then TP, AC, compile and FSDP, as torchtitan orders them
     blocks = transformer_blocks(model)
     apply_activation_checkpointing(blocks, cfg.parallel.activation_checkpointing)
     apply_compile(blocks, cfg, rt)

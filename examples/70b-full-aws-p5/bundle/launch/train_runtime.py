@@ -6,6 +6,7 @@ import datetime
 import gc
 import os
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -38,6 +39,13 @@ def configure_backends(cfg: Config) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("high")
+    if cfg.runtime.deterministic:
+        # torchtitan's set_determinism: deterministic kernels (an error where an op has none), cuDNN
+        # without autotuning, cuBLAS's fixed workspace; slower, for debugging and bisecting
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
 
 
 def flight_recorder(cfg: Config) -> None:
@@ -142,3 +150,41 @@ def init_runtime(cfg: Config) -> Runtime:
     elif par.sharding == "none" and world != 1:
         raise ConfigError(f"parallel.sharding none runs one process, torchrun started {world}")
     return Runtime(rank, world, local_rank, device, mesh, rank, world, shard_rank)
+
+
+class Diagnostics:
+    """runtime.profile_steps: a torch.profiler trace of those steps (chrome trace per rank, CPU and CUDA
+    activity, shapes and memory); runtime.memory_snapshot_steps: the CUDA allocator's history from the
+    start, dumped after that many steps (open it in pytorch.org/memory_viz). Both in runtime.trace_dir."""
+
+    def __init__(self, cfg: Config, rank: int, cuda: bool):
+        self.r, self.rank, self.cuda = cfg.runtime, rank, cuda
+        self.prof: Any = None
+        if self.r.memory_snapshot_steps and cuda:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+        elif self.r.memory_snapshot_steps:
+            log("runtime.memory_snapshot_steps: the allocator history is CUDA's; nothing to record on CPU")
+
+    def before(self, step: int) -> None:
+        """Called before step `step` (1-based) runs."""
+        if self.r.profile_steps and step == self.r.profile_steps[0]:
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.cuda else [])
+            self.prof = torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True)
+            self.prof.__enter__()
+
+    def after(self, step: int) -> None:
+        """Called after step `step` finished."""
+        out = Path(str(self.r.trace_dir))
+        if self.prof is not None and step == self.r.profile_steps[1]:
+            self.prof.__exit__(None, None, None)
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"trace-rank{self.rank}-steps{self.r.profile_steps[0]}-{step}.json"
+            self.prof.export_chrome_trace(str(path))
+            self.prof = None
+            log(f"profiler trace {path}")
+        if self.cuda and step == self.r.memory_snapshot_steps:
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / f"memory-rank{self.rank}-step{step}.pickle"
+            torch.cuda.memory._dump_snapshot(str(path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            log(f"memory snapshot {path}")
