@@ -10,6 +10,10 @@ What of torchtitan runs (torchtitan 0.3.0, carried as wheels; imports from its p
   checkpointing FullAC / SelectiveAC, per-block torch.compile, FSDP2 with its MixedPrecisionPolicy),
   init_weights, its CrossEntropyLoss / ChunkedLossWrapper, its AdamW OptimizersContainer and
   LRSchedulersContainer, and its clip_grad_norm_.
+Differences that remain by design: torchtitan keeps LoRA's frozen base in its training dtype (fp32,
+cast to bf16 per block by FSDP2) where gpuprov stores it in bf16; torchtitan's llama3 fuses q/k/v into
+one wqkv linear (LoRA on q/k/v adapts wqkv); its attention is FlexAttention with block-causal masks
+(one document per row: causal), gpuprov's is SDPA.
 What this file supplies: the synthetic token batches (one document per row, as gpuprov's side),
 and the step loop, which repeats the lines of torchtitan's Trainer.train_step for one micro-batch
 (global valid-token count, forward, loss, backward, clip, optimizer and scheduler step). The Trainer
@@ -164,6 +168,20 @@ def build(cfg: dict, device):
     return model, loss_fn, optimizers, schedulers, flavour
 
 
+def step_inputs(model, inputs) -> dict:
+    """What torchtitan's Trainer.post_dataloading_process adds: the per-document positions its
+    dataloaders emit (one document per row here) and, for FlexAttention / varlen, the block-causal masks."""
+    import torch
+    from torchtitan.models.common.attention import FlexAttention, VarlenAttention
+
+    positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs).contiguous()
+    extra = {"positions": positions}
+    inner = getattr(model.config.first_attention, "inner_attention", None)
+    if isinstance(inner, (FlexAttention.Config, VarlenAttention.Config)):
+        extra["attention_masks"] = model.get_attention_masks(positions=positions)
+    return extra
+
+
 def measure(cfg: dict) -> dict:
     """Steps of torchtitan's Trainer.train_step on synthetic tokens; tokens/s and peak memory."""
     import torch
@@ -185,14 +203,15 @@ def measure(cfg: dict) -> dict:
     vocab = cfg["model"]["hf_config"]["vocab_size"]
     tokens = torch.randint(0, vocab, (b["micro_batch"], b["seq_len"] + 1), generator=torch.Generator().manual_seed(0))
     inputs, labels = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    extra = step_inputs(model, inputs)
     params = [p for p in model.parameters()]
     times, losses = [], []
     for _ in range(cfg["schedule"]["steps"]):
         t = time.perf_counter()
         optimizers.zero_grad()
         global_valid_tokens = (labels != -100).sum()
-        pred = model(inputs)
-        loss, _ = loss_fn(pred, labels, global_valid_tokens)
+        pred = model(inputs, **extra)
+        loss, _ = loss_fn(pred, labels, global_valid_tokens, positions=extra["positions"])
         del pred
         if loss.requires_grad:
             loss.backward()

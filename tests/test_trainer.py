@@ -787,3 +787,70 @@ def test_deterministic_mode_and_diagnostics_config(trainer_module, tmp_path):
                        (["runtime.profile_steps=[1, 2]", "runtime.trace_dir=null"], "trace_dir: needed")):
         with pytest.raises(SystemExit, match=match):
             train.load_config(str(yaml_path), bad)
+
+
+def _lora_losses(train, cfg, model, optimizer, step_fn, steps: int = 10) -> list[float]:
+    torch = train.torch
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for s in range(steps):
+        tokens = torch.randint(0, 97, (4, 33), generator=g)
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr_at(s, cfg)
+        out.append(step_fn(tokens))
+    return out
+
+
+def test_lora_matches_a_peft_loop_and_its_drift_is_the_bf16_base(trainer_module):
+    """LoRA's drift from a peft reference is the frozen base's dtype: with task.frozen_dtype float32
+    the trainer's LoRA steps equal a plain peft + AdamW loop exactly; in bfloat16 (as the plan sizes
+    the base) the base layers round their weights and outputs, a small drift, not scaling or dropout."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    F = torch.nn.functional
+    rt = train.Runtime(0, 1, 0, torch.device("cpu"), None, 0, 1, 0)
+    hf = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+
+    def base():
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(hf).float()
+        torch.manual_seed(1)  # the adapters' init
+        return model
+
+    def trainer_run(frozen: str) -> list[float]:
+        cfg = train.load_config(str(yaml_path), [
+            "task.kind=lora", "runtime.device=cpu", "precision.param_dtype=float32", "model.init=random",
+            "task.lora.dropout=0.0", "task.lora.targets=[q_proj, v_proj]", "optimizer.grad_clip=1.0",
+            f"task.frozen_dtype={frozen}"])
+        model = train.apply_lora(base(), cfg)
+        train.cast_frozen(model, cfg)
+        opt = train.build_optimizer(model, cfg, rt)
+        step = lambda t: train.train_step(model, opt, [train.Batch(t[:, :-1], t[:, 1:].clone())], cfg, rt).loss  # noqa: E731
+        return _lora_losses(train, cfg, model, opt, step)
+
+    cfg = train.load_config(str(yaml_path), ["task.kind=lora", "model.init=random", "optimizer.grad_clip=1.0"])
+    peft = get_peft_model(base(), LoraConfig(r=cfg.task.lora.rank, lora_alpha=cfg.task.lora.alpha, lora_dropout=0.0,
+                                             target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    params = [p for p in peft.parameters() if p.requires_grad]
+    o = cfg.optimizer
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                            lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+    def peft_step(t):
+        loss = F.cross_entropy(peft(input_ids=t[:, :-1]).logits.flatten(0, 1), t[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    ref = _lora_losses(train, cfg, peft, opt, peft_step)
+    assert trainer_run("float32") == pytest.approx(ref, rel=1e-6, abs=0)
+    bf16 = trainer_run("bfloat16")
+    drift = max(abs(a - b) / b for a, b in zip(bf16, ref))
+    assert 1e-6 < drift < 1e-3, drift
