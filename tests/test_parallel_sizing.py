@@ -113,6 +113,9 @@ def test_pp_first_stage_holds_in_flight_micro_batches() -> None:
     few = run(4, 2).breakdown  # only 2 micro-batches: half the in-flight activations
     assert few["activations"] == pytest.approx(staged.breakdown["activations"] / 2, rel=0.02)
     assert staged.breakdown["parameters"] < flat["parameters"] / 3
+    # pipelining's fwd_cache keeps each in-flight micro-batch's stage output (the first stage's, 4 in flight)
+    assert staged.breakdown["pp_stage_outputs"] == int(4 * 4096 / 8 * L70.hidden_size * 2)
+    assert flat.get("pp_stage_outputs", 0) == 0
 
 
 def test_fsdp_under_pp_keeps_the_stage_gathered_and_its_gradients_unsharded() -> None:

@@ -43,7 +43,7 @@ _PARAM_TERMS = ("parameters", "gradients", "optimizer_states", "fp32_master", "c
                 "autocast_weight_cache", "optimizer_step_transient")
 # Per-token activation terms: split over the sequence (CP) and over TP (+SP).
 _ACT_TERMS = ("activations", "activation_transient", "logits", "cross_entropy")
-PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "tp_backward_buffers", "cp_ring_buffers")
+PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "tp_backward_buffers", "cp_ring_buffers", "pp_stage_outputs")
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,16 @@ def ring_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
     return int(local * per_token)
 
 
+def stage_outputs(arch: Any, lay: Layout, st: Stage, tokens: int, a: int) -> int:
+    """What torch.distributed.pipelining keeps of each in-flight micro-batch beside its blocks' saved tensors:
+    the stage's output (torch 2.13 torch/distributed/pipelining/stage.py forward_one_chunk:
+    `self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)` until that micro-batch's backward).
+    Its input is the first block's saved input already; the last stage's output is the loss."""
+    if lay.pp == 1 or st.head:
+        return 0
+    return int(st.in_flight * tokens / (lay.tp * lay.cp) * arch.hidden_size * a)
+
+
 def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list[Any]:
     """The phases of every pipeline stage of one (tp, cp, pp) rank; the caller takes the largest."""
     lay = layout(setup)
@@ -251,6 +261,7 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
             terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
             terms["tp_backward_buffers"] = tp_grads if tag == "b" else 0
             terms["cp_ring_buffers"] = ring if tag == "b" else 0
+            terms["pp_stage_outputs"] = stage_outputs(arch, lay, st, tokens, a) if tag in "ab" else 0
             name = f"{ph.name}, {st.name}" if st.name else ph.name
             out.append(replace(ph, name=name, terms=terms))
     return out
@@ -278,7 +289,8 @@ def assumptions(arch: Any, setup: Any) -> list[str]:
     if lay.pp > 1:
         out.append(
             f"PP {lay.pp} 1F1B: first stage holds min(pp, micro-batches) micro-batches in flight plus the embedding,"
-            " last stage the head and logits; the busier stage is reported"
+            " and each in-flight micro-batch's stage output (pipelining's fwd_cache); last stage the head and logits;"
+            " the busier stage is reported"
         )
         if setup.sharding in ("fsdp", "hsdp"):
             out.append(
