@@ -143,7 +143,8 @@ def _provider_support_rule(plan: Any, s: dict) -> Check | None:
     if not fact:
         return None
     return Check("skip", "provider support", f"provisioning_model {model}: hashicorp/google added it to its instance "
-                 f"resources in {fact['since']} ({fact['source']}); terraform/versions.tf pins an earlier line, "
+                 f"and instance-template resources in {fact['since']} ({fact['source']}); terraform/versions.tf "
+                 "pins an earlier line, "
                  "whose handling of it no schema shows: unchecked",
                  f"after `terraform plan`, check it shows provisioning_model = \"{model}\"; if it shows STANDARD, "
                  "raise the hashicorp/google pin in terraform/versions.tf to a release that carries it")

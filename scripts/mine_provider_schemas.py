@@ -56,7 +56,7 @@ RESOURCES = {
                      "google_compute_router_nat", "google_compute_firewall", "google_compute_resource_policy",
                      "google_compute_instance", "google_filestore_instance", "google_compute_instance_template",
                      "google_compute_instance_group_manager", "google_compute_resize_request"],
-        "data": ["google_compute_image", "google_compute_instance_group", "google_compute_instance"],
+        "data": ["google_compute_image", "google_compute_instance_group"],
     },
     "azurerm": {
         "resource": ["azurerm_resource_group", "azurerm_virtual_network", "azurerm_subnet",

@@ -3,17 +3,16 @@ and ansible-lint --profile production on the rendered bundles (sample plans and 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from ansible_helpers import ANSIBLE_LINT, REPO, ansible_env, playbook, private_dir, write_files
+from ansible_helpers import REPO, playbook, private_dir, write_files
 from gpuprov.errors import GpuprovError
 from gpuprov.render.ansible import GLUE, fabric_role, render_ansible
 from gpuprov.targets.decide import decided
 from plan_fixtures import sample_plan
+from production_lint import production_lint
 
 CLOUDS = ("aws", "gcp", "azure", "oci", "onprem")
 EXPECTED_FABRIC_ROLE = {"aws": "efa", "gcp": "gcp_rdma", "azure": "infiniband", "oci": "infiniband",
@@ -245,29 +244,13 @@ def test_planner_plans_render_and_pass_syntax_check(workdir, planner_plans):
 
 
 @pytest.mark.slow
-def test_rendered_bundles_pass_ansible_lint_production(workdir):
-    # One ansible-lint run over a bundle per cloud (the copied roles included, byte-identical to
-    # the repo's ansible/roles, see test_roles_are_copied_verbatim).
-    targets = []
-    for cloud in CLOUDS:
-        bundle = write_files(workdir / cloud, render_ansible(sample_plan(cloud)))
-        targets += [f"{cloud}/site.yml", f"{cloud}/health.yml", f"{cloud}/group_vars/all.yml"]
-        if cloud == "onprem":
-            targets.append(f"{cloud}/inventory.yml")
-        assert bundle.is_dir()
-    # ... and the examples' glue (real catalog values: OCI's 16 HCAs, long sources), generated now
-    sys.path.insert(0, str(REPO / "scripts"))
-    import regen_examples
-
-    for example in regen_examples.example_dirs():
-        files = regen_examples.example_files(example)
-        for rel in ("ansible/group_vars/all.yml", "ansible/inventory.yml"):
-            if rel in files:
-                write_files(workdir / "examples" / example.name, {rel[len("ansible/"):]: files[rel]})
-                targets.append(f"examples/{example.name}/{rel[len('ansible/'):]}")
-    assert any(t.startswith("examples/") for t in targets)
-    proc = subprocess.run([str(ANSIBLE_LINT), "--profile", "production", "--offline", "--nocolor", *targets], cwd=workdir,
-                          capture_output=True, text=True, timeout=900, env=ansible_env(workdir / ".scratch"))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "Profile 'production' was required, and it passed" in out
+def test_rendered_bundles_pass_ansible_lint_production():
+    """The glue of a bundle per target and of every example, linted in the suite's one run with
+    the roles every bundle copies (tests/production_lint.py)."""
+    lint = production_lint()
+    assert {g.parent.name for g in lint.glue if g.name == "site.yml"} == set(CLOUDS)
+    assert any("examples" in g.parts for g in lint.glue)
+    assert set(lint.glue) <= lint.examined, lint.output[-4000:]
+    assert lint.issues_in(list(lint.glue)) == []
+    assert lint.returncode == 0 and not lint.issues, lint.output[-4000:]
+    assert "Profile 'production' was required, and it passed" in lint.output

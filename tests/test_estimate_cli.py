@@ -178,6 +178,8 @@ def test_precise_prints_a_time_estimate_before_it_starts(tmp_path) -> None:
     first = next(i for i, line in enumerate(lines) if re.search(r"expect about \d+ (s|min)", line))
     started = next(i for i, line in enumerate(lines) if line.startswith("["))
     assert first < started and lines[-1].startswith("[100%]"), r.stderr
+    # stderr a pipe: one plain line per update (a terminal gets one rewritten line: test_plan_readable)
+    assert "\r" not in r.stderr and sum(line.startswith("[") for line in lines) > 3, r.stderr
     # a bad flag stays one error line: no time estimate for a run that never starts
     bad = run("estimate", "--model", str(config), "--gpus", "3", "--sharding", "hsdp", "--shard-group", "2",
               "--precise")

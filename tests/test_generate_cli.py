@@ -374,7 +374,10 @@ def test_generate_says_before_validate_when_a_multi_node_onprem_bundle_has_no_sh
     # and a bundle given an export validates clean on that check
     example = Path(__file__).resolve().parent.parent / "examples" / "7b-full-onprem"
     out = tmp_path / "b"
-    args = ["generate", "-f", str(example / "gpuprov.yaml"), "--hosts", str(example / "hosts.yaml"), "-o", str(out)]
+    spec = tmp_path / "gpuprov.yaml"  # the example's spec without its own export
+    spec.write_text("".join(ln for ln in (example / "gpuprov.yaml").read_text().splitlines(keepends=True)
+                            if not ln.startswith("shared_nfs:")))
+    args = ["generate", "-f", str(spec), "--hosts", str(example / "hosts.yaml"), "-o", str(out)]
     result = run(*args, *(["--shared-nfs", nfs] if nfs else []))
     assert result.returncode == 0, result.stderr
     fixes = [ln for ln in result.stderr.decode().splitlines() if ln.startswith("fix:")]

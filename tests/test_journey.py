@@ -368,3 +368,18 @@ def test_an_output_inventory_without_a_path_is_refused(tmp_path):
     with pytest.raises(StepFailed, match="no connection path"):
         write_inventory(tmp_path, json.dumps(value))
     assert not (tmp_path / "ansible" / "inventory.yml").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["aws", "gcp", "azure", "oci", "onprem"])
+def test_default_70b_bundle_validates(target, tmp_path):
+    """Issue 27's done-when: `gpuprov generate --model 70b --cloud X -o d && gpuprov validate d` exits 0
+    (on-prem: the example's two hosts and the site's NFS export for the checkpoints)."""
+    root = tmp_path / "d"
+    where = ["--cloud", target] if target != "onprem" else [
+        "--hosts", str(REPO / "examples" / "7b-full-onprem" / "hosts.yaml"), "--shared-nfs", "nfs-server:/export/gpu"]
+    generated = gpuprov("generate", "--model", "70b", *where, "-o", str(root))
+    assert generated.returncode == 0, generated.stderr
+    validate = gpuprov("validate", str(root))
+    assert validate.returncode == 0, validate.stdout + validate.stderr
+    assert not [ln for ln in validate.stdout.splitlines() if ln.startswith("fail")]

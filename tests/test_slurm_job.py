@@ -84,23 +84,29 @@ def _wait(predicate, what: str, timeout: float = 150, every: float = 0.2):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _submit(cluster, launch: Path, *args: str) -> str:
+def _submit(cluster, launch: Path, nodes: str, *args: str) -> str:
+    """sbatch slurm.sbatch on these nodes (a requeued job waits for the same ones), train.py's *args."""
     env = dict(cluster.env, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                GPUPROV_HEAD_PORT=str(free_port()), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"))
     env.pop("TORCHRUN", None)
-    proc = subprocess.run(["sbatch", "--parsable", "slurm.sbatch", *ARGS, *args], cwd=launch, env=env,
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["sbatch", "--parsable", f"--nodelist={nodes}", "slurm.sbatch", *ARGS, *args], cwd=launch,
+                          env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
 
 
 def _finished(cluster, job_id: str) -> dict:
     job = cluster.job(job_id)
+    if job["JobState"] == "PENDING" and job.get("Reason") == "BeginTime":
+        # Slurm holds a requeued job a while (its BeginTime) so nodes can clean up; an operator (or
+        # this test) may release it at once, after each requeue a loaded machine causes
+        cluster.run("scontrol", "update", f"jobid={job_id}", "starttime=now")
     return job if job["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else {}
 
 
 def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
-    with slurm_cluster.slurm_cluster(nodes=2, gpus=1) as cluster:
+    # n1, n2 run the job that loses a node; n3, n4 the same job uninterrupted, at the same time
+    with slurm_cluster.slurm_cluster(nodes=4, gpus=1) as cluster:
         bundle = small_bundle(cluster.root)
         launch = bundle / "launch"
         cfg = yaml.safe_load((launch / "train.yaml").read_text())
@@ -108,7 +114,11 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
         log_dir = metrics.parent
         log_dir.mkdir(parents=True)  # `gpuprov up`'s submit step makes it; sbatch needs it for --output
 
-        job = _submit(cluster, launch)
+        job = _submit(cluster, launch, "n1,n2")
+        # The same job uninterrupted, into its own checkpoints and metrics: the reference losses.
+        ref_metrics = log_dir / "reference.jsonl"
+        ref = _submit(cluster, launch, "n3,n4", "--set", f"checkpoint.dir={ckpt.parent / 'reference'}",
+                      "--set", f"logging.metrics_file={ref_metrics}")
         first = _wait(lambda: sorted(p for p in ckpt.glob("step-*") if (p / ".metadata").is_file()),
                       "the first checkpoint")
         killed = cluster.kill_node("n2")
@@ -120,9 +130,6 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
         _wait(lambda: cluster.job(job)["JobState"] == "PENDING" and cluster.job(job)["Restarts"] == "1",
               "the requeue", timeout=90)
         cluster.start_node("n2")  # the node comes back (a replaced VM registers the same way)
-        # Slurm holds a requeued job for a while (its BeginTime) so nodes can clean up; an operator
-        # (or this test) may release it at once.
-        cluster.run("scontrol", "update", f"jobid={job}", "starttime=now")
         state = _wait(lambda: _finished(cluster, job), "the requeued job", timeout=200, every=0.5)
         out = (log_dir / f"{cfg_name(launch)}-{job}.out").read_text()
         assert state["JobState"] == "COMPLETED", out[-4000:]
@@ -153,10 +160,6 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
             "node0": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
         assert _status(cluster, bundle) == report
 
-        # The same job uninterrupted, into its own checkpoints and metrics: the same losses.
-        ref_metrics = log_dir / "reference.jsonl"
-        ref = _submit(cluster, launch, "--set", f"checkpoint.dir={ckpt.parent / 'reference'}",
-                      "--set", f"logging.metrics_file={ref_metrics}")
         assert _wait(lambda: _finished(cluster, ref), "the reference job", timeout=200, every=0.5)["JobState"] == "COMPLETED"
         reference = _losses(_metrics(ref_metrics)[0])
         assert sorted(reference) == list(range(1, STEPS + 1))

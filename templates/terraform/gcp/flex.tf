@@ -173,19 +173,13 @@ resource "terraform_data" "flex_ready" {
   }
 }
 
-# The group's VMs, read once the request has succeeded (all node_count of them exist then).
+# The group's VMs, listed once the request has succeeded (all node_count of them exist then). Only
+# the group is read, not each VM: once max_run_hours have passed the VMs are deleted, and a read of
+# a deleted VM would fail every later plan, `terraform destroy` included.
 data "google_compute_instance_group" "flex" {
   count = local.flex_group ? 1 : 0
 
   self_link = google_compute_instance_group_manager.flex[0].instance_group
 
   depends_on = [terraform_data.flex_ready]
-}
-
-# Once max_run_hours have passed the VMs are deleted and the group is empty: this read then fails,
-# so take the cluster down with `terraform destroy -refresh=false`.
-data "google_compute_instance" "flex" {
-  count = local.flex_group ? var.node_count : 0
-
-  self_link = element(sort(data.google_compute_instance_group.flex[0].instances), count.index)
 }

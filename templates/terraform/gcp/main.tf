@@ -63,10 +63,12 @@ locals {
   # still queue, so flex-start nodes are one resize request on a managed instance group (flex.tf).
   flex_group = var.purchase_option == "flex-start"
 
-  # The nodes as the outputs read them, whichever way they were created.
+  # The nodes as the outputs read them, whichever way they were created. Flex-start VMs are known by
+  # name from their group (flex.tf); their address and id are not read (null).
+  flex_vms = local.flex_group ? sort(data.google_compute_instance_group.flex[0].instances) : []
   vms = concat(
     [for vm in google_compute_instance.node : { name = vm.name, ip = vm.network_interface[0].network_ip, id = vm.instance_id }],
-    [for vm in data.google_compute_instance.flex : { name = vm.name, ip = vm.network_interface[0].network_ip, id = vm.instance_id }],
+    [for link in local.flex_vms : { name = basename(link), ip = null, id = null }],
   )
 }
 

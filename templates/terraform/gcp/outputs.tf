@@ -4,12 +4,12 @@ output "node_names" {
 }
 
 output "private_ips" {
-  description = "Primary (nic0) internal IPv4 address of each node"
+  description = "Primary (nic0) internal IPv4 address of each node (flex-start: null, not read)"
   value       = local.vms[*].ip
 }
 
 output "instance_ids" {
-  description = "Compute Engine instance ids, in node order"
+  description = "Compute Engine instance ids, in node order (flex-start: null, not read)"
   value       = local.vms[*].id
 }
 
@@ -35,7 +35,7 @@ output "ansible_inventory" {
       }
       children = {
         gpu_nodes = {
-          # IAP tunnels by VM name; private_ip is kept for NCCL and the rendezvous.
+          # IAP tunnels by VM name; private_ip is the address inside the network (flex-start: null).
           hosts = { for vm in local.vms : vm.name => { ansible_host = vm.name, private_ip = vm.ip } }
         }
       }
