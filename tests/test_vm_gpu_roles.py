@@ -1,12 +1,13 @@
 """The GPU roles on the qemu guest, against signed stand-in apt repositories and image states.
 
-One boot of the cached Debian image (tests/vm/harness.py), shared by every test here. The stand-in
+Two boots of the cached Debian image (tests/vm/harness.py), side by side: each TCG guest runs on its
+own host core, and every test here runs on whichever guest comes free (the Runner below). The stand-in
 repositories (tests/vm/standin_repo.py) hold the packages generated from the image profiles
 (tests/vm/standin_profiles.py, from gpuprov/catalog/data/images.yaml: driver, fabric manager,
 NSCQ, DCGM and image NCCL builds with their origins, relations and archive states) and what the
 profiles cannot say (tests/vm/standin_packages.yaml: DOCA, gIB, GDS, the plan's NCCL), signed with
 throwaway keys (armored and binary) and served as file: repositories. The OS gate is pointed at the
-guest (debian-12, no GPU). After setup the guest is saved (qemu savevm); each test starts from that
+guest (debian-12, no GPU). After setup each guest is saved (qemu savevm); each test starts from that
 snapshot (loadvm), which is faster than purging to a recorded package baseline and exact.
 
 1. the full role order (node_baseline, infiniband DOCA path, nvidia_driver, gcp_rdma gIB, nccl,
@@ -23,15 +24,20 @@ A stand-in cannot prove that a real driver loads; it proves what the roles decid
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -148,62 +154,171 @@ def packages(guest: Guest) -> dict[str, tuple[str, str]]:
     return found
 
 
+LANES = 2  # guests booted side by side: each TCG guest runs on its own host core
+
+
+def _boot(work: Path) -> tuple[Guest, float]:
+    guest = Guest(work / "guest", drives=0, memory_mb=2048)
+    return guest, guest.start()
+
+
+def _prepare(guest: Guest, work: Path, built: dict, apt_files: Path) -> Path:
+    """One guest as an image would start: the stand-in repositories, python3-apt, the stand-in
+    Ubuntu archive only (the guest is offline); saved as snapshot `base`."""
+    _upload(guest, work.parent / "repo", MOUNT)
+    # Ubuntu's images ship python3-apt (Ansible's apt modules need it); the minimal guest
+    # gets this machine's copy (same Debian release), files only
+    _upload(guest, apt_files, "/")
+    kernel = guest.ssh("uname -r").stdout.strip()
+    guest.ssh(f"rm -f /etc/apt/sources.list /etc/apt/sources.list.d/* && mkdir -p /etc/apt/keyrings && "
+              f"cp {built['ubuntu']['key_file']} /etc/apt/keyrings/standin-ubuntu.asc && "
+              f"echo 'deb [signed-by=/etc/apt/keyrings/standin-ubuntu.asc] file:{built['ubuntu']['dir']} ./' "
+              f">/etc/apt/sources.list.d/standin-ubuntu.list && apt-get update -q")
+    guest.ssh(f"mkdir -p /lib/modules/{kernel}/updates/dkms /var/lib/gpuprov-test && sync")
+    # the OS gate pointed at the guest, as Ansible names it (distribution_version is debian_version)
+    os_id = "debian-" + guest.ssh("cat /etc/debian_version").stdout.strip()
+    bundle = _write_bundle(work, guest, built, os_id)
+    TIMINGS[f"savevm base ({work.name})"] = guest.savevm("base")
+    return bundle
+
+
+class Runner:
+    """Runs the module's jobs (the full role order, each scenario) on the lanes' guests as they
+    come free, in the order the tests were collected; each test waits for its own job's data and
+    asserts on it. A job that raised re-raises in its test."""
+
+    def __init__(self, lanes: list, jobs: list[tuple[str, Callable]]):
+        self.jobs: queue.Queue = queue.Queue()
+        self.done: dict[str, tuple[threading.Event, list]] = {}
+        for key, fn in jobs:
+            self.done[key] = (threading.Event(), [])
+            self.jobs.put((key, fn))
+        self.threads = [threading.Thread(target=self._work, args=(lane,), daemon=True) for lane in lanes]
+        for thread in self.threads:
+            thread.start()
+
+    def _work(self, lane) -> None:
+        while True:
+            try:
+                key, fn = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            event, box = self.done[key]
+            try:
+                box.append(("ok", fn(lane)))
+            except BaseException as error:  # noqa: BLE001 - handed to the test that waits for it
+                box.append(("error", error))
+            event.set()
+
+    def result(self, key: str, timeout: float = 3600):
+        event, box = self.done[key]
+        assert event.wait(timeout), f"job {key} did not finish in {timeout} s"
+        kind, value = box[0]
+        if kind == "error":
+            raise value
+        return value
+
+    def join(self, timeout: float = 900) -> None:
+        for thread in self.threads:
+            thread.join(timeout)
+
+
+def _selected(request) -> list[str]:
+    """The job keys of this module's tests that this session runs (a -k subset runs only those)."""
+    keys = []
+    for item in request.session.items:
+        if item.module is not sys.modules[__name__]:
+            continue
+        callspec = getattr(item, "callspec", None)
+        keys.append(callspec.params["scenario"]["id"] if callspec else item.originalname)
+    return keys
+
+
 @pytest.fixture(scope="module")
 def vm(request):
     work = Path(tempfile.mkdtemp(prefix="gpuprov-vm-gpu-"))
-    guest = Guest(work / "guest", drives=0, memory_mb=2048)
     began = time.monotonic()
+    guests: list[Guest] = []
+    runner = None
     try:
-        TIMINGS["boot"] = guest.start()
-        kernel = guest.ssh("uname -r").stdout.strip()
-        kernel_version = guest.ssh(f"dpkg-query -W -f='${{Version}}' linux-image-{kernel}").stdout.strip()
+        with concurrent.futures.ThreadPoolExecutor(LANES) as pool:
+            booted = list(pool.map(_boot, [work / f"lane{i}" for i in range(LANES)]))
+        guests = [guest for guest, _ in booted]
+        TIMINGS["boot (side by side)"] = max(seconds for _, seconds in booted)
+        kernel = guests[0].ssh("uname -r").stdout.strip()
+        kernel_version = guests[0].ssh(f"dpkg-query -W -f='${{Version}}' linux-image-{kernel}").stdout.strip()
         from vm.standin_repo import build
 
         t0 = time.monotonic()
         built = build(work / "repo", MOUNT, kernel, kernel_version)
         TIMINGS["build stand-in repositories"] = time.monotonic() - t0
-        _upload(guest, work / "repo", MOUNT)
-        # Ubuntu's images ship python3-apt (Ansible's apt modules need it); the minimal guest
-        # gets this machine's copy (same Debian release), files only
-        _upload(guest, _python3_apt(work), "/")
-        # the image's base archive: the stand-in Ubuntu repository only (the guest is offline)
-        guest.ssh(f"rm -f /etc/apt/sources.list /etc/apt/sources.list.d/* && mkdir -p /etc/apt/keyrings && "
-                  f"cp {built['ubuntu']['key_file']} /etc/apt/keyrings/standin-ubuntu.asc && "
-                  f"echo 'deb [signed-by=/etc/apt/keyrings/standin-ubuntu.asc] file:{built['ubuntu']['dir']} ./' "
-                  f">/etc/apt/sources.list.d/standin-ubuntu.list && apt-get update -q")
-        guest.ssh(f"mkdir -p /lib/modules/{kernel}/updates/dkms /var/lib/gpuprov-test && sync")
-        # the OS gate pointed at the guest, as Ansible names it (distribution_version is debian_version)
-        os_id = "debian-" + guest.ssh("cat /etc/debian_version").stdout.strip()
-        bundle = _write_bundle(work, guest, built, os_id)
-        TIMINGS["savevm base"] = guest.savevm("base")
-        yield guest, bundle, built, kernel, work
+        apt_files = _python3_apt(work)
+        with concurrent.futures.ThreadPoolExecutor(LANES) as pool:
+            bundles = list(pool.map(lambda i: _prepare(guests[i], work / f"lane{i}", built, apt_files),
+                                    range(LANES)))
+        lanes = [(guest, bundle, built, kernel, work / f"lane{i}")
+                 for i, (guest, bundle) in enumerate(zip(guests, bundles))]
+        jobs: dict[str, Callable] = {
+            "test_full_role_order_keeps_a_newer_image_driver_and_held_nccl": full_order_job}
+        jobs.update({s["id"]: functools.partial(scenario_job, scenario=s) for s in SCENARIOS})
+        runner = Runner(lanes, [(key, jobs[key]) for key in _selected(request)])
+        yield runner
     finally:
-        guest.poweroff()
-        guest.kill()
+        if runner is not None:
+            runner.join()
+        for guest in guests:
+            guest.poweroff()
+            guest.kill()
         TIMINGS["module total"] = time.monotonic() - began
         lines = ["GPU roles VM test timings:"] + [f"  {step:<60} {s:7.1f} s" for step, s in TIMINGS.items()]
         (work.parent / "gpuprov-vm-gpu-timings.txt").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         keep = os.environ.get("GPUPROV_VM_KEEP")
         if keep:
-            shutil.copytree(work / "ansible", keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("roles"))
+            for i in range(LANES):
+                shutil.copytree(work / f"lane{i}" / "ansible", Path(keep) / f"lane{i}", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("roles"))
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_full_role_order_keeps_a_newer_image_driver_and_held_nccl(vm):
-    guest, bundle, built, kernel, work = vm
-    TIMINGS["loadvm (test 1)"] = guest.loadvm("base")
+def full_order_job(lane) -> dict:
+    guest, bundle, built, kernel, work = lane
+    TIMINGS["loadvm (full order)"] = guest.loadvm("base")
     cuda = built["cuda"]["dir"]
     # what such an image carries: the CUDA repository's 580 driver (loaded), and NCCL held
     place_module(guest, work, kernel, "580.126.16")
     guest.ssh(f"dpkg -i {cuda}/nvidia-kernel-common-580_580.126.16-1_amd64.deb {cuda}/nvidia-open_580.126.16-1_amd64.deb "
               f"{cuda}/libnccl2_2.21.5-1+cuda12.4_amd64.deb && apt-mark hold libnccl2")
     result = play(bundle, "full role order, newer driver image")
+    return {"result": result, "have": packages(guest), "kernel": kernel,
+            "rings": guest.ssh("ls /etc/apt/keyrings").stdout.split(),
+            "cuda_keyring": guest.ssh("test -f /usr/share/keyrings/cuda-archive-keyring.gpg", check=False).returncode,
+            "states": guest.ssh("systemctl is-active nvidia-dcgm nvidia-fabricmanager nvidia-persistenced",
+                                check=False).stdout,
+            "upgrades": guest.ssh("cat /etc/apt/apt.conf.d/20auto-upgrades", check=False).stdout}
+
+
+def scenario_job(lane, scenario: dict) -> dict:
+    guest, bundle, built, kernel, work = lane
+    name = scenario["id"]
+    TIMINGS[f"loadvm ({name})"] = guest.loadvm("base")
+    place_module(guest, work, kernel, scenario["driver"])
+    apply_image(guest, built, scenario)
+    before = packages(guest)
+    playbook, extra = scenario_play(bundle, scenario)
+    first = play(bundle, f"{name} 1", extra, playbook)
+    after = packages(guest)
+    rerun = play(bundle, f"{name} 2", extra, playbook) if first.returncode == 0 else None
+    return {"before": before, "after": after, "first": first, "rerun": rerun, "built": built, "kernel": kernel}
+
+
+def test_full_role_order_keeps_a_newer_image_driver_and_held_nccl(vm):
+    data = vm.result("test_full_role_order_keeps_a_newer_image_driver_and_held_nccl")
+    result, have, kernel = data["result"], data["have"], data["kernel"]
     assert result.returncode == 0, result.stdout[-6000:]
     out = result.stdout
     assert "a newer driver is present: keep it" in out
     assert "NCCL is held at 2.21.5-1+cuda12.4: keep it" in out
-    have = packages(guest)
     assert "nvidia-headless-570-server-open" not in have  # nothing of the older plan branch
     assert have["libnccl2"] == ("2.21.5-1+cuda12.4", "hold") and "libnccl-dev" not in have
     assert have["nvidia-fabricmanager"] == ("580.126.16-1", "hold")  # the running build, its naming
@@ -215,12 +330,10 @@ def test_full_role_order_keeps_a_newer_image_driver_and_held_nccl(vm):
     assert have[f"linux-image-{kernel}"][1] == "hold"  # node_baseline holds the running kernel
     assert "libcufile-12-8" in have and "GDS in compat mode" in out
     # keyrings named after the key's form; apt accepted every repository (update ran clean)
-    rings = guest.ssh("ls /etc/apt/keyrings").stdout.split()
-    assert {"google-cloud.asc", "google-artifact-registry.gpg", "doca.asc"} <= set(rings), rings
-    assert guest.ssh("test -f /usr/share/keyrings/cuda-archive-keyring.gpg").returncode == 0
-    states = guest.ssh("systemctl is-active nvidia-dcgm nvidia-fabricmanager nvidia-persistenced", check=False).stdout
-    assert states.split()[:2] == ["active", "active"], states
-    assert 'APT::Periodic::Unattended-Upgrade "0"' in guest.ssh("cat /etc/apt/apt.conf.d/20auto-upgrades").stdout
+    assert {"google-cloud.asc", "google-artifact-registry.gpg", "doca.asc"} <= set(data["rings"]), data["rings"]
+    assert data["cuda_keyring"] == 0
+    assert data["states"].split()[:2] == ["active", "active"], data["states"]
+    assert 'APT::Periodic::Unattended-Upgrade "0"' in data["upgrades"]
 
 
 def place_module(guest: Guest, work: Path, kernel: str, version: str | None) -> None:
@@ -243,25 +356,18 @@ def place_module(guest: Guest, work: Path, kernel: str, version: str | None) -> 
 def test_image_profile_converges_adds_only_the_plan_and_reruns_clean(vm, scenario):
     """The roles on one image profile's stand-in: converges, adds exactly what the plan adds
     (nothing the image had moves), and a second run changes nothing."""
-    guest, bundle, built, kernel, work = vm
-    name = scenario["id"]
-    TIMINGS[f"loadvm ({name})"] = guest.loadvm("base")
-    place_module(guest, work, kernel, scenario["driver"])
-    apply_image(guest, built, scenario)
-    before = packages(guest)
-    playbook, extra = scenario_play(bundle, scenario)
-    result = play(bundle, f"{name} 1", extra, playbook)
+    data = vm.result(scenario["id"])
+    result, before, after = data["first"], data["before"], data["after"]
     assert result.returncode == 0, result.stdout[-6000:]
-    after = packages(guest)
     added = {n: after[n][0] for n in set(after) - set(before)}
-    assert added == expected_added(scenario, before, built, kernel), added
+    assert added == expected_added(scenario, before, data["built"], data["kernel"]), added
     assert set(before) <= set(after) and all(after[n][0] == v for n, (v, _) in before.items()), \
         [(n, v, after.get(n)) for n, (v, _) in before.items() if after.get(n, ("",))[0] != v]
     if scenario["nccl_tests_dir"]:
         assert "use the image nccl-tests build" in result.stdout
     if scenario["efa"]:
         assert f"EFA installer {scenario['efa']} installed, plan 1.43.2: keep it" in " ".join(result.stdout.split())
-    rerun = play(bundle, f"{name} 2", extra, playbook)
+    rerun = data["rerun"]
     assert rerun.returncode == 0, rerun.stdout[-6000:]
     changed = counters(rerun)["changed"]
     assert changed == 0, "\n".join(line for line in rerun.stdout.splitlines() if line.startswith("changed:"))
