@@ -31,6 +31,7 @@ torch, transformers and peft are imported inside functions: `gpuprov plan` never
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 import warnings
@@ -82,7 +83,15 @@ _SECONDS_PER_LAYER = 0.6
 _SECONDS_FACTORS = {"selective": 1.5, "lora": 1.8, "qlora": 1.8, "sharded": 1.2}
 
 
+# torchao, when installed, is imported by transformers' and peft's availability checks: on a CPU
+# machine it logs a warning per CUDA extension it cannot load, and torch's pytree logs a deprecation
+# for torchao's enums. Import-time noise on the user's terminal, nothing about the estimate.
+_QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def _require_torch(setup: TrainSetup) -> None:
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
