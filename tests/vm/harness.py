@@ -133,7 +133,9 @@ class Guest:
     def reboot(self, timeout: float = 300) -> float:
         began = time.monotonic()
         boot_id = self.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-        self.ssh("systemctl reboot", check=False, timeout=20)
+        # --no-block: the session ends before sshd stops; user-mode networking would otherwise
+        # keep it open (on a dead guest side) until the timeout
+        self.ssh("systemctl --no-block reboot", check=False, timeout=20)
         self.wait_ssh(timeout, not_boot_id=boot_id)
         return time.monotonic() - began
 
@@ -222,8 +224,11 @@ class Guest:
             "ansible_port": self.port,
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(self.key),
+            # user-mode networking keeps the host side of a connection open when the guest reboots:
+            # without keepalives Ansible's SSH master (and the reboot module's boot_id check through
+            # it) waits on the dead connection until reboot_timeout
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-                                       "-o IdentitiesOnly=yes",
+                                       "-o IdentitiesOnly=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=6",
             "ansible_python_interpreter": "/usr/bin/python3",
         }
 
