@@ -7,7 +7,8 @@ What is installed at the loaded version is kept; nothing is downgraded. Versions
 Debian order (python-apt, else dpkg --compare-versions), never as strings.
 
 Usage: fabric_manager_plan.py <loaded driver version> <branch>
-Prints JSON: {"flavour", "keep": [name], "install": ["name=version"], "missing": [component]}.
+Prints JSON: {"flavour", "keep": [name], "install": ["name=version"], "missing": [component],
+"held": [name of a kept package already on hold]}.
 """
 
 import json
@@ -74,16 +75,18 @@ def _apt_state(names):
 
     apt_pkg.init()
     cache = apt_pkg.Cache(progress=None)
-    installed, available = {}, {}
+    installed, available, held = {}, {}, set()
     for name in names:
         if name not in cache:
             continue
         pkg = cache[name]
         if pkg.current_ver is not None and pkg.current_state == apt_pkg.CURSTATE_INSTALLED:
             installed[name] = pkg.current_ver.ver_str
+            if pkg.selected_state == apt_pkg.SELSTATE_HOLD:
+                held.add(name)
         available[name] = [(v.ver_str, pf.origin) for v in pkg.version_list for pf, _ in v.file_list
                            if pf.archive != "now"]
-    return installed, available
+    return installed, available, held
 
 
 def main(argv):
@@ -92,8 +95,10 @@ def main(argv):
     for flavour in ("ubuntu", "cuda-repo"):
         for group in candidates(branch, flavour).values():
             names.update(group)
-    installed, available = _apt_state(sorted(names))
-    print(json.dumps(decide(loaded, branch, installed, available)))
+    installed, available, held = _apt_state(sorted(names))
+    plan = decide(loaded, branch, installed, available)
+    plan["held"] = sorted(held & set(plan["keep"]))  # the role holds the rest
+    print(json.dumps(plan))
     return 0
 
 
