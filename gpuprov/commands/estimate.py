@@ -125,6 +125,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
             "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
             "fp32_logits": setup.fp32_logits, "kbit_fp32_casts": setup.kbit_fp32_casts,
+            "hf_llama_438": setup.hf_llama_438,
             "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
         },
         "estimator": estimator,
@@ -267,6 +268,10 @@ class _FrameworkChoice(click.Choice):
 @click.option("--kbit-fp32-casts/--no-kbit-fp32-casts", default=None,
               help="QLoRA prepared by peft's prepare_model_for_kbit_training: embeddings, norms and head cast to "
                    "fp32, so the residual stream and the 4-bit linears' outputs are fp32.  [default: no]")
+@click.option("--hf-llama-438/--no-hf-llama-438", default=None,
+              help="transformers 4.38's Llama code: a dense (batch, 1, max positions, max positions) causal mask "
+                   "lives from the forward to the end of backward, and every layer keeps rotary cos/sin cache "
+                   "buffers.  [default: no]")
 @click.option("--float8/--no-float8", default=None,
               help="torchao float8 linears with FSDP2 float8 all-gather (full training): the blocks' linear "
                    "weights are gathered at 1 byte per parameter.  [default: no]")
@@ -283,8 +288,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              activation_checkpointing, precision, optimizer, lora_rank, lora_targets, offload, use_compile,
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
-             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, kbit_fp32_casts, float8,
-             tp, cp, pp,
+             shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, kbit_fp32_casts, hf_llama_438,
+             float8, tp, cp, pp,
              suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
@@ -368,6 +373,7 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
     "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
     "float8": ("--float8", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
+    "hf_llama_438": ("--hf-llama-438", "bool"),
 }
 
 

@@ -90,6 +90,11 @@ class TrainSetup:
     # torchao float8 linears with FSDP2 float8 all-gather: the decoder blocks' linear weights are gathered
     # (and held unsharded) at 1 byte per parameter
     float8: bool = False
+    # transformers 4.38's Llama modelling code: a dense (batch, 1, max_positions, max_positions) additive causal
+    # mask in the compute dtype every forward, handed to every decoder block (4.39 went back to SDPA's
+    # is_causal), and per-attention-layer rotary cos/sin cache buffers (gpuprov.sizing.activations
+    # dense_causal_mask_bytes, hf_buffer_bytes)
+    hf_llama_438: bool = False
 
 
 @dataclass(frozen=True)
