@@ -242,6 +242,18 @@ def test_estimate_flags_reach_the_json() -> None:
     assert d["per_gpu_bytes"] < plain["per_gpu_bytes"]
 
 
+def test_estimate_pp_schedule_reaches_the_setup() -> None:
+    common = ("--model", "405b", "--gpus", "512", "--tp", "8", "--pp", "8", "--grad-accumulation", "8",
+              "--micro-batch", "4", "--activation-checkpointing", "full", "--json")
+    one = json.loads(_cli(*common).output)
+    two = json.loads(_cli(*common, "--pp-schedule", "Interleaved1F1B").output)
+    assert one["setup"]["pp_schedule"] == "1F1B" and two["setup"]["pp_schedule"] == "Interleaved1F1B"
+    assert two["per_gpu_bytes"] < one["per_gpu_bytes"]
+    assert any("Interleaved1F1B" in a for a in two["assumptions"])
+    bad = _cli(*common[:-1], "--grad-accumulation", "4", "--pp-schedule", "Interleaved1F1B")
+    assert isinstance(bad.exception, GpuprovError) and "multiple of --pp" in str(bad.exception)
+
+
 def test_estimate_tp_on_one_node_defaults_to_fsdp() -> None:
     d = json.loads(_cli("--model", "70b", "--gpus", "8", "--tp", "8", "--json").output)
     assert d["setup"]["sharding"] == "fsdp"  # what the trainer runs (FSDP2 over the lone dp rank)
