@@ -166,6 +166,16 @@ def test_last_stage_keeps_every_micro_batch_logits() -> None:
     assert merged >= 16 * logits  # the kept chunks and their torch.cat as the step returns
 
 
+def test_float8_all_gather_off_gathers_the_stage_in_bf16() -> None:
+    """torchtitan float8.py gathers in float8 only with dp_shard ranks: FSDP 1 x CP 8 gathers bf16 weights,
+    and under PP a stage holds them all step: one more byte per gathered linear parameter."""
+    on = estimate_memory(L405, _piped("1F1B", cp=8, seq_len=8192 * 8, micro_batch=1))
+    off = estimate_memory(L405, _piped("1F1B", cp=8, seq_len=8192 * 8, micro_batch=1, float8_all_gather=False))
+    linear = L405.layer_linear_params() / 8  # one TP shard of a block's linears
+    extra = off.breakdown["gathered_params"] - on.breakdown["gathered_params"]
+    assert extra == pytest.approx(16 * linear, rel=0.02)  # the 16 blocks of the busiest stage, bf16 - float8
+
+
 def test_interleaved_needs_micro_batches_a_multiple_of_pp() -> None:
     with pytest.raises(GpuprovError, match="multiple of --pp"):
         estimate_memory(L405, _piped("Interleaved1F1B", grad_accumulation_steps=4))

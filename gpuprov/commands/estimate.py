@@ -270,6 +270,9 @@ class _FrameworkChoice(click.Choice):
 @click.option("--float8/--no-float8", default=None,
               help="torchao float8 linears with FSDP2 float8 all-gather (full training): the blocks' linear "
                    "weights are gathered at 1 byte per parameter.  [default: no]")
+@click.option("--float8-all-gather/--no-float8-all-gather", default=None,
+              help="With --float8: FSDP2 gathers the linear weights in float8 (off: in bf16; torchtitan turns it "
+                   "off without dp_shard ranks).  [default: yes]")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
 @click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
@@ -287,6 +290,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
              shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, kbit_fp32_casts, float8,
+             float8_all_gather,
              tp, cp, pp, pp_schedule,
              suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
@@ -371,7 +375,7 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
     "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
     "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
-    "float8": ("--float8", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
+    "float8": ("--float8", "bool"), "float8_all_gather": ("--float8-all-gather", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
 }
 
 

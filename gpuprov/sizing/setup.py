@@ -133,7 +133,8 @@ def build_setup(
 EXPLICIT_STACK = ("sharding", "activation_checkpointing", "precision", "optimizer", "offload", "chunked_cross_entropy",
                   "activation_offloading", "optimizer_impl", "loss_impl", "lora_dropout", "autocast_fp32_params",
                   "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "compile_loss",
-                  "defer_grad_sync", "fp32_logits", "float8", "kbit_fp32_casts")
+                  "defer_grad_sync", "fp32_logits", "float8", "kbit_fp32_casts",
+                  "float8_all_gather")
 SHAPE_OPTIONS = ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group",
                  "lora_rank", "lora_targets", "tp", "cp", "pp", "pp_schedule")
 
