@@ -190,6 +190,7 @@ def setup_for(row: dict[str, Any], stack: bool = True):
         grad_accum=int(row.get("gradient_accumulation_steps", 1)),
         # torchtitan's 2-D/3-D/4-D layouts (tensor, context, pipeline parallel) and float8 linears
         tp=int(row.get("tp", 1)), cp=int(row.get("cp", 1)), pp=int(row.get("pp", 1)),
+        pp_schedule=str(row.get("pp_schedule", "1F1B")),
         float8=bool(row.get("float8", False)),
         **stack_fields,
     )

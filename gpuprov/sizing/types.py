@@ -87,6 +87,9 @@ class TrainSetup:
     tp: int = 1
     cp: int = 1
     pp: int = 1
+    # torch.distributed.pipelining schedule with PP (gpuprov.sizing.pipeline.SCHEDULES); the micro-batches of a
+    # step are grad_accumulation_steps (torchtitan's default: the PP degree)
+    pp_schedule: str = "1F1B"
     # torchao float8 linears with FSDP2 float8 all-gather: the decoder blocks' linear weights are gathered
     # (and held unsharded) at 1 byte per parameter
     float8: bool = False
