@@ -80,7 +80,8 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 # row states as its measured configuration (sharding, AC, precision, compile, chunked loss, offload) stays.
 STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
                      "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
-                     "compile_loss", "defer_grad_sync", "fp32_logits", "kbit_fp32_casts", "hf_llama_438")
+                     "compile_loss", "defer_grad_sync", "fp32_logits", "kbit_fp32_casts",
+                     "float8_all_gather", "hf_llama_438")
 
 
 def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -29,6 +29,11 @@ def test_rows_cite_the_page_and_state_their_layout() -> None:
             assert setup.grad_accumulation_steps == setup.pp
     schedules = {acc.setup_for(r).pp_schedule for r in rows if r.get("pp", 1) > 1}
     assert schedules == {"1F1B", "Interleaved1F1B"}
+    # float8 weights gathered in float8 only where torchtitan's config and a dp_shard > 1 allow it
+    for r in rows:
+        s = acc.setup_for(r)
+        dp_shard = s.gpus // (s.tp * s.cp * s.pp)
+        assert s.float8 and s.float8_all_gather == (r["model"] == "llama-3.1-405b" and dp_shard > 1), r["id"]
 
 
 def test_pipeline_schedules_order_as_measured_and_errors_stay_bounded() -> None:
@@ -40,6 +45,6 @@ def test_pipeline_schedules_order_as_measured_and_errors_stay_bounded() -> None:
     two = results["titan-405b-fsdp8-tp8-pp8-interleaved1f1b"]["estimated_bytes"]
     assert two < one - 4 * 2**30
     s = acc.summary(list(results.values()))
-    assert s["mape_pct"] <= 12.0, acc.render(list(results.values()), precise=False)
-    assert s["worst_underestimate_pct"] >= -19.0
+    assert s["mape_pct"] <= 11.0, acc.render(list(results.values()), precise=False)
+    assert s["worst_underestimate_pct"] >= -18.0
     assert all(r["error_pct"] < 5.0 for r in results.values())  # none over-estimated: the gap is one-sided

@@ -166,6 +166,16 @@ def test_last_stage_keeps_every_micro_batch_logits() -> None:
     assert merged >= 16 * logits  # the kept chunks and their torch.cat as the step returns
 
 
+def test_float8_all_gather_off_gathers_the_stage_in_bf16() -> None:
+    """torchtitan float8.py gathers in float8 only with dp_shard ranks: FSDP 1 x CP 8 gathers bf16 weights,
+    and under PP a stage holds them all step: one more byte per gathered linear parameter."""
+    on = estimate_memory(L405, _piped("1F1B", cp=8, seq_len=8192 * 8, micro_batch=1))
+    off = estimate_memory(L405, _piped("1F1B", cp=8, seq_len=8192 * 8, micro_batch=1, float8_all_gather=False))
+    linear = L405.layer_linear_params() / 8  # one TP shard of a block's linears
+    extra = off.breakdown["gathered_params"] - on.breakdown["gathered_params"]
+    assert extra == pytest.approx(16 * linear, rel=0.02)  # the 16 blocks of the busiest stage, bf16 - float8
+
+
 def test_interleaved_needs_micro_batches_a_multiple_of_pp() -> None:
     with pytest.raises(GpuprovError, match="multiple of --pp"):
         estimate_memory(L405, _piped("Interleaved1F1B", grad_accumulation_steps=4))
@@ -240,6 +250,18 @@ def test_estimate_flags_reach_the_json() -> None:
     assert any("TP 8" in a for a in d["assumptions"])
     plain = json.loads(_cli("--model", "70b", "--gpus", "64", "--json").output)
     assert d["per_gpu_bytes"] < plain["per_gpu_bytes"]
+
+
+def test_estimate_pp_schedule_reaches_the_setup() -> None:
+    common = ("--model", "405b", "--gpus", "512", "--tp", "8", "--pp", "8", "--grad-accumulation", "8",
+              "--micro-batch", "4", "--activation-checkpointing", "full", "--json")
+    one = json.loads(_cli(*common).output)
+    two = json.loads(_cli(*common, "--pp-schedule", "Interleaved1F1B").output)
+    assert one["setup"]["pp_schedule"] == "1F1B" and two["setup"]["pp_schedule"] == "Interleaved1F1B"
+    assert two["per_gpu_bytes"] < one["per_gpu_bytes"]
+    assert any("Interleaved1F1B" in a for a in two["assumptions"])
+    bad = _cli(*common[:-1], "--grad-accumulation", "4", "--pp-schedule", "Interleaved1F1B")
+    assert isinstance(bad.exception, GpuprovError) and "multiple of --pp" in str(bad.exception)
 
 
 def test_estimate_tp_on_one_node_defaults_to_fsdp() -> None:

@@ -200,9 +200,11 @@ def _gathered(x: _Ctx) -> tuple[int, int]:
     gathered = units * w.layer_compute_bytes + w.root_compute_bytes
     if s.offload == "full" and x.fsdp:
         # FSDP1 CPUOffload: each unit's CPU shard is first copied to the GPU (flat_param_to, a new tensor)
-        # on the pre-unshard stream, then all-gathered (torch/distributed/fsdp/_flat_param.py pre_unshard,
-        # _runtime_utils.py _unshard). The caching allocator keeps blocks per stream, so that stream's pool
-        # holds the larger of the root's shard (copied first, at the root's pre-forward) and the blocks' shards.
+        # on the pre-unshard stream, then all-gathered (pytorch/pytorch@fe03cf693c7c774a88c01cd0bc52f80402b8437f
+        # torch/distributed/fsdp/_flat_param.py pre_unshard / _all_gather_flat_param; @3ade90a6aaa939cd6238e314c321b9f920db1471
+        # _runtime_utils.py _unshard). The caching allocator serves a stream only from its own blocks
+        # (@eb42ad6eca0ce61e7c581212b4bf32f991425571 c10/cuda/CUDACachingAllocator.cpp get_free_block), so that
+        # stream's pool holds the larger of the root's shard (copied first, at the root's pre-forward) and the blocks'.
         gathered += max(units * w.layer_compute_bytes, w.root_compute_bytes) // x.shard
     reduce_elem = 4 if s.precision in ("bf16-mixed", "fp32") else 2
     if s.fsdp_version == 1 and s.precision != "fp32" and not fp32_autocast:
@@ -317,15 +319,17 @@ def _phases(x: _Ctx) -> list[_Phase]:
 def _stranded_at_loss(x: _Ctx, acts: act.Activations) -> int:
     """Cached blocks the loss cannot use when an eager full-AC forward reaches an fp32 loss.
 
-    The CUDA caching allocator serves a request only from a free block at least as large, splits blocks
-    but never merges two segments, and gives cached segments back only when cudaMalloc fails
-    (c10/cuda/CUDACachingAllocator.cpp get_free_block / alloc_block / release_cached_blocks). Under full
-    AC each block's forward allocates and frees the same working set: the MLP's intermediates (SiLU output,
-    up_proj output and, with a LoRA adapter on up_proj, its base output, lora_B output and scaled copy;
-    transformers LlamaMLP, peft tuners/lora Linear(4bit).forward) beside the residual and the normalised
-    input. Only the final norm reuses those blocks; the fp32 logit-sized buffers of the loss are larger than
-    any of them, and so is the compute-dtype logits block a model frees when it upcasts its own output
-    (transformers < 4.45 `logits.float()`). At the start of backward all of that is reserved and idle."""
+    The CUDA caching allocator serves a request only from a free block at least as large on the same stream
+    (best fit), splits blocks but merges only the pieces of one segment, and gives cached segments back only
+    when cudaMalloc fails (pytorch/pytorch@eb42ad6eca0ce61e7c581212b4bf32f991425571
+    c10/cuda/CUDACachingAllocator.cpp get_free_block, try_merge_blocks, release_cached_blocks). Under full AC
+    each block's forward allocates and frees the same working set: the MLP's intermediates (SiLU output,
+    up_proj output and, with a LoRA adapter on up_proj, its base output, lora_B output and scaled copy:
+    transformers v4.38.2 LlamaMLP.forward, peft 0.10.0 tuners/lora/layer.py Linear.forward and bnb.py
+    Linear4bit.forward) beside the residual and the normalised input. Only the final norm reuses those
+    blocks; the fp32 logit-sized buffers of the loss are larger than any of them, and so is the
+    compute-dtype logits block a model frees when it upcasts its own output (transformers < 4.45
+    `logits = logits.float()`). At the start of backward all of that is reserved and idle."""
     s, arch = x.s, x.arch
     if s.compile or s.activation_checkpointing != "full" or arch.is_moe or s.chunked_cross_entropy:
         return 0

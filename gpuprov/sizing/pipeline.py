@@ -24,7 +24,9 @@ Pure integer bookkeeping (no bytes): parallel.py turns each moment into memory t
   `output_chunks` on every stage (pytorch/pytorch#153383, May 2025, later kept them on the last stage only)
   until the next step clears them, and the last stage merges them (torch.cat) when the step returns;
   _prepare_forward_infra / _prepare_backward_infra allocate a receive buffer per micro-batch for the input
-  (all but the first stage) and for the output gradient (all but the last stage), kept across steps.
+  (all but the first stage) and for the output gradient (all but the last stage), kept across steps; the
+  input buffers are autograd leaves, so each micro-batch's backward leaves its input gradient in the
+  buffer's .grad until clear_runtime_states sets it to None at the next step.
 """
 
 from __future__ import annotations
@@ -143,7 +145,8 @@ def moments(num_layers: int, pp: int, n: int, schedule: str, fsdp: bool) -> tupl
                 rank=r, stage=mine[s], micro_batch=bwd[s], held=held, gathered=gathered, grads=grads, reduced=reduced,
                 act_layers=sum((fwd[i] - bwd[i]) * layers[g] for i, g in enumerate(mine)),
                 in_flight=sum(fwd[i] - bwd[i] for i in range(v)),
-                outputs=buffers + sum(fwd[i] for i, g in enumerate(mine) if g != last),
+                outputs=buffers + sum(fwd[i] for i, g in enumerate(mine) if g != last)
+                + sum(bwd[i] + (i == s) for i, g in enumerate(mine) if g != 0),
                 logit_chunks=sum(fwd[i] for i, g in enumerate(mine) if g == last),
                 loss=mine[s] == last,
             ))
@@ -155,6 +158,7 @@ def moments(num_layers: int, pp: int, n: int, schedule: str, fsdp: bool) -> tupl
         out.append(Moment(
             rank=r, stage=mine[-1], micro_batch=n, held=held, gathered=done if fsdp else held, grads=done if fsdp else held,
             reduced=held if fsdp else done, act_layers=0, in_flight=0,
-            outputs=buffers + n * sum(1 for g in mine if g != last), logit_chunks=n * (last in mine), loss=False, end=True,
+            outputs=buffers + n * sum((g != last) + (g != 0) for g in mine), logit_chunks=n * (last in mine), loss=False,
+            end=True,
         ))
     return tuple(out)

@@ -93,6 +93,11 @@ class TrainSetup:
     # torchao float8 linears with FSDP2 float8 all-gather: the decoder blocks' linear weights are gathered
     # (and held unsharded) at 1 byte per parameter
     float8: bool = False
+    # with float8: FSDP2 gathers the linears' weights in float8 (torchao enable_fsdp_float8_all_gather). torchtitan
+    # turns it on only where its config asks and FSDP has dp_shard ranks (torchtitan@9dec370 torchtitan/float8.py:
+    # `parallel_dims.dp_shard_enabled and float8_config.enable_fsdp_float8_all_gather`); off, the gathered weights
+    # are in the compute dtype
+    float8_all_gather: bool = True
     # transformers 4.38's Llama modelling code: a dense (batch, 1, max_positions, max_positions) additive causal
     # mask in the compute dtype every forward, handed to every decoder block (4.39 went back to SDPA's
     # is_causal), and per-attention-layer rotary cos/sin cache buffers (gpuprov.sizing.activations
