@@ -48,3 +48,12 @@ def test_pipeline_schedules_order_as_measured_and_errors_stay_bounded() -> None:
     assert s["mape_pct"] <= 11.0, acc.render(list(results.values()), precise=False)
     assert s["worst_underestimate_pct"] >= -18.0
     assert all(r["error_pct"] < 5.0 for r in results.values())  # none over-estimated: the gap is one-sided
+
+
+def test_readme_states_the_parallel_hold_out() -> None:
+    acc = _accuracy()
+    results = acc.evaluate(acc.load_rows(HOLD_OUT))
+    s = acc.summary(results)
+    assert all(r["error_pct"] < 0 for r in results)  # "every row under"
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert f"read MAPE {s['mape_pct']:.1f}%, every row under (worst {s['worst_underestimate_pct']:.1f}%" in readme
