@@ -115,6 +115,11 @@ def _dominated(a: Moment, b: Moment) -> bool:
             and b.act_layers >= a.act_layers and b.outputs >= a.outputs and b.logit_chunks >= a.logit_chunks)
 
 
+def _pick(stages: list[int], layers: tuple[int, ...], keep: list[bool]) -> Part:
+    """The part of a rank's stages selected by `keep` (one flag per local stage)."""
+    return _part([g for g, k in zip(stages, keep, strict=True) if k], layers)
+
+
 @lru_cache(maxsize=256)
 def moments(num_layers: int, pp: int, n: int, schedule: str, fsdp: bool) -> tuple[Moment, ...]:
     """Every rank's candidate peaks: each backward that holds more than the others of its rank, and the end."""
@@ -133,12 +138,10 @@ def moments(num_layers: int, pp: int, n: int, schedule: str, fsdp: bool) -> tupl
             if kind == "F":
                 fwd[s] += 1
                 continue
-            def pick(pred) -> Part:
-                return _part([g for i, g in enumerate(mine) if pred(i)], layers)
             if fsdp:
-                gathered = pick(lambda i: fwd[i] > 0 and bwd[i] < n)
-                grads = pick(lambda i: i == s or 0 < bwd[i] < n)
-                reduced = pick(lambda i: bwd[i] == n)
+                gathered = _pick(mine, layers, [fwd[i] > 0 and bwd[i] < n for i in range(v)])
+                grads = _pick(mine, layers, [i == s or 0 < bwd[i] < n for i in range(v)])
+                reduced = _pick(mine, layers, [bwd[i] == n for i in range(v)])
             else:
                 gathered, grads, reduced = held, held, (0, False, False)
             cands.append(Moment(
