@@ -62,8 +62,10 @@ RECIPE_SETTINGS: dict[str, dict[str, Any]] = {
 # the row's `source`, with what that source's dated run differed in from the preset's commit. A row's own
 # `framework:` and fields override these.
 SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    # AnswerDotAI/fsdp_qlora train.py (Feb/Mar 2024, transformers 4.38 via llama-recipes)
-    ("AnswerDotAI/fsdp_qlora", "fsdp-qlora", {}),
+    # AnswerDotAI/fsdp_qlora train.py (Feb/Mar 2024, transformers 4.38 via llama-recipes): 4.38's dense
+    # (batch, 1, 4096, 4096) causal mask for Llama models (the repository pinned transformers!=4.38.*,!=4.39.*
+    # on 2024-04-18, commit 467933f)
+    ("AnswerDotAI/fsdp_qlora", "fsdp-qlora", {"hf_llama_438": True}),
     # pytorch/torchtitan benchmarks of 2024-12: torch.optim.AdamW built without `fused` (foreach), and the
     # root fully_shard(model) held embeddings and output together (no separate units yet)
     ("pytorch/torchtitan", "torchtitan", {"optimizer_impl": "foreach", "shard_embeddings": False}),
@@ -78,7 +80,8 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 # row states as its measured configuration (sharding, AC, precision, compile, chunked loss, offload) stays.
 STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
                      "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
-                     "compile_loss", "defer_grad_sync", "fp32_logits", "kbit_fp32_casts")
+                     "compile_loss", "defer_grad_sync", "fp32_logits", "kbit_fp32_casts",
+                     "float8_all_gather", "hf_llama_438")
 
 
 def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
@@ -190,6 +193,7 @@ def setup_for(row: dict[str, Any], stack: bool = True):
         grad_accum=int(row.get("gradient_accumulation_steps", 1)),
         # torchtitan's 2-D/3-D/4-D layouts (tensor, context, pipeline parallel) and float8 linears
         tp=int(row.get("tp", 1)), cp=int(row.get("cp", 1)), pp=int(row.get("pp", 1)),
+        pp_schedule=str(row.get("pp_schedule", "1F1B")),
         float8=bool(row.get("float8", False)),
         **stack_fields,
     )

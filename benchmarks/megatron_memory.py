@@ -146,7 +146,7 @@ def bridge(arch, setup, breakdown: dict) -> dict:
     lay = parallel.layout(setup)
     first = parallel.stages(arch, setup)[0]
     tokens = setup.seq_len * setup.micro_batch
-    swiglu = 2 * arch.intermediate_size * tokens * first.layers * first.in_flight / lay.tp
+    swiglu = 2 * arch.intermediate_size * tokens * first.act_layers / lay.tp
     loss = (2 + 12 - 4) * arch.vocab_size * tokens / lay.tp if lay.pp == 1 else 0
     return {"swiglu_third_tensor": swiglu, "dtensor_gathered_inputs": breakdown.get("tp_gathered_inputs", 0),
             "loss_buffers": loss}

@@ -165,8 +165,7 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
         if s["purchase"] in ("reservation", "capacity-block"):
             return Check("ok", "quota", f"{s['purchase']}: the reservation's capacity counts, not {quota_code}")
         return Check("ok", "quota", f"request {need} vCPUs of {quota_code} ({code['name']}) in {s['region']}",
-                     f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
-                     f"{q(quota_code)} --desired-value {need} --region {q(s['region'])}")
+                     entry["fix"].format(code=q(quota_code), need=need, region=q(s["region"])))
     if entry["unit"] in ("family-vcpus", "shape-gpus"):
         return _family_quota_rule(entry, inst, s)
     metric = entry["metrics"].get(get_target(plan.cluster.cloud).quota_family(inst.name))
@@ -175,7 +174,7 @@ def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
         return Check("skip", "quota", f"no quota metric for {inst.name}: request {need} GPUs")
     metric = (entry["preemptible_prefix"] if spot else "") + metric
     return Check("ok", "quota", f"request {need} of {metric} in {s['region']}",
-                 f"gcloud compute regions describe {q(s['region'])} --format=json  (quotas: {metric})")
+                 entry["fix"].format(code=metric, need=need, region=q(s["region"])))
 
 
 def _family_quota_rule(entry: dict, inst: Any, s: dict) -> Check:

@@ -113,9 +113,74 @@ def test_pp_first_stage_holds_in_flight_micro_batches() -> None:
     few = run(4, 2).breakdown  # only 2 micro-batches: half the in-flight activations
     assert few["activations"] == pytest.approx(staged.breakdown["activations"] / 2, rel=0.02)
     assert staged.breakdown["parameters"] < flat["parameters"] / 3
-    # pipelining's fwd_cache keeps each in-flight micro-batch's stage output (the first stage's, 4 in flight)
-    assert staged.breakdown["pp_stage_outputs"] == int(4 * 4096 / 8 * L70.hidden_size * 2)
+    # pipelining keeps every output of the step (output_chunks: 8 by the 1F1B phase's end on the first stage)
+    # and a receive buffer per micro-batch for the output's gradient
+    assert staged.breakdown["pp_stage_outputs"] == int((8 + 8) * 4096 / 8 * L70.hidden_size * 2)
     assert flat.get("pp_stage_outputs", 0) == 0
+
+
+L405 = get_model("llama-3.1-405b")
+
+
+def _piped(schedule: str, **kw):
+    kw = dict(dict(gpus=512, tp=8, pp=8, seq_len=8192, micro_batch=4, grad_accumulation_steps=8, sharding="fsdp",
+                   activation_checkpointing="full", float8=True, pp_schedule=schedule), **kw)
+    return TrainSetup(**kw)
+
+
+def test_schedules_order_forwards_and_backwards_as_torch() -> None:
+    from gpuprov.sizing import pipeline
+
+    # Schedule1F1B: min(n, pp - stage) warm-up forwards, then 1B1F
+    assert pipeline.rank_ops(4, 4, 1, 1) == (("F", 0),) * 3 + (("B", 0), ("F", 0)) + (("B", 0),) * 3
+    # Interleaved1F1B, n = pp = 8: rank 0 warms up 8 + 14 -> all 16 forwards; the last rank 8, then F/B in turn
+    ops0 = pipeline.rank_ops(8, 8, 2, 0)
+    assert ops0[:16] == (("F", 0),) * 8 + (("F", 1),) * 8 and ops0[16:] == (("B", 1),) * 8 + (("B", 0),) * 8
+    ops7 = pipeline.rank_ops(8, 8, 2, 7)
+    assert ops7[:8] == (("F", 0),) * 8 and ops7[8:10] == (("F", 1), ("B", 1))
+    for r in range(8):  # every forward and backward of both local stages, once
+        ops = pipeline.rank_ops(8, 8, 2, r)
+        assert sorted(ops) == sorted([("F", 0), ("F", 1), ("B", 0), ("B", 1)] * 8)
+
+
+def test_interleaved_keeps_one_local_stage_of_gradients_whole() -> None:
+    """FSDP under PP reduce-scatters a stage at its last backward: with two stages per rank whose backwards
+    do not interleave, half the rank's blocks have whole gradients at a time; 1F1B holds all of them."""
+    one = estimate_memory(L405, _piped("1F1B"))
+    two = estimate_memory(L405, _piped("Interleaved1F1B"))
+    layer_grad = 4 * L405.layer_params() / 8  # fp32, one TP shard
+    assert one.breakdown["gradients"] >= 16 * layer_grad * 0.99
+    assert two.breakdown["gradients"] <= 8.5 * layer_grad
+    assert two.per_gpu_bytes < one.per_gpu_bytes
+    assert any("Interleaved1F1B" in a for a in two.assumptions)
+
+
+def test_last_stage_keeps_every_micro_batch_logits() -> None:
+    s = _piped("1F1B")
+    last = [st for st in parallel.stages(L405, s) if st.head]
+    assert last and max(st.logit_chunks for st in last) == 8
+    lay = parallel.layout(s)
+    logits = 4 * 8192 * L405.vocab_size / 8 * 2  # bf16, vocabulary-sharded (loss parallel)
+    merged = max(parallel.stage_outputs(L405, lay, st, 4 * 8192, 2, merged=True) for st in parallel.stages(L405, s)
+                 if st.end and st.logit_chunks)
+    assert merged >= 16 * logits  # the kept chunks and their torch.cat as the step returns
+
+
+def test_float8_all_gather_off_gathers_the_stage_in_bf16() -> None:
+    """torchtitan float8.py gathers in float8 only with dp_shard ranks: FSDP 1 x CP 8 gathers bf16 weights,
+    and under PP a stage holds them all step: one more byte per gathered linear parameter."""
+    on = estimate_memory(L405, _piped("1F1B", cp=8, seq_len=8192 * 8, micro_batch=1))
+    off = estimate_memory(L405, _piped("1F1B", cp=8, seq_len=8192 * 8, micro_batch=1, float8_all_gather=False))
+    linear = L405.layer_linear_params() / 8  # one TP shard of a block's linears
+    extra = off.breakdown["gathered_params"] - on.breakdown["gathered_params"]
+    assert extra == pytest.approx(16 * linear, rel=0.02)  # the 16 blocks of the busiest stage, bf16 - float8
+
+
+def test_interleaved_needs_micro_batches_a_multiple_of_pp() -> None:
+    with pytest.raises(GpuprovError, match="multiple of --pp"):
+        estimate_memory(L405, _piped("Interleaved1F1B", grad_accumulation_steps=4))
+    with pytest.raises(GpuprovError, match="not one of"):
+        estimate_memory(L405, _piped("GPipe"))
 
 
 def test_fsdp_under_pp_keeps_the_stage_gathered_and_its_gradients_unsharded() -> None:
@@ -135,15 +200,17 @@ def test_fsdp_under_pp_keeps_the_stage_gathered_and_its_gradients_unsharded() ->
     assert not any("FSDP under PP" in a for a in flat.assumptions)
 
 
-def test_stages_cover_every_layer() -> None:
+def test_stages_split_as_torchtitan_and_cover_every_layer() -> None:
+    from gpuprov.sizing import pipeline
+
+    # torchtitan generate_split_points: first stage num_layers // stages, middle stages one more while it lasts
+    assert pipeline.split_layers(126, 8) == (15, 16, 16, 16, 16, 16, 16, 15)
+    assert pipeline.split_layers(126, 16) == (7,) + (8,) * 14 + (7,)
     for pp in (1, 2, 3, 7, 80):
-        s = TrainSetup(gpus=pp, pp=pp, sharding="none")
-        st = parallel.stages(L70, s)
-        if pp == 1:
-            assert st[0].layers == L70.num_layers
-        else:
-            first, last = st
-            assert first.layers * (pp - 1) + last.layers == L70.num_layers and last.layers >= 1
+        assert sum(pipeline.split_layers(L70.num_layers, pp)) == L70.num_layers
+        held = {m.rank: m.held for m in pipeline.moments(L70.num_layers, pp, pp, "1F1B", True)}
+        assert sorted(held) == list(range(pp)) and sum(h[0] for h in held.values()) == L70.num_layers
+        assert held[0][1] and held[pp - 1][2]  # embedding on the first rank, head on the last
 
 
 def test_layout_without_parallelism_is_unchanged() -> None:
@@ -183,6 +250,18 @@ def test_estimate_flags_reach_the_json() -> None:
     assert any("TP 8" in a for a in d["assumptions"])
     plain = json.loads(_cli("--model", "70b", "--gpus", "64", "--json").output)
     assert d["per_gpu_bytes"] < plain["per_gpu_bytes"]
+
+
+def test_estimate_pp_schedule_reaches_the_setup() -> None:
+    common = ("--model", "405b", "--gpus", "512", "--tp", "8", "--pp", "8", "--grad-accumulation", "8",
+              "--micro-batch", "4", "--activation-checkpointing", "full", "--json")
+    one = json.loads(_cli(*common).output)
+    two = json.loads(_cli(*common, "--pp-schedule", "Interleaved1F1B").output)
+    assert one["setup"]["pp_schedule"] == "1F1B" and two["setup"]["pp_schedule"] == "Interleaved1F1B"
+    assert two["per_gpu_bytes"] < one["per_gpu_bytes"]
+    assert any("Interleaved1F1B" in a for a in two["assumptions"])
+    bad = _cli(*common[:-1], "--grad-accumulation", "4", "--pp-schedule", "Interleaved1F1B")
+    assert isinstance(bad.exception, GpuprovError) and "multiple of --pp" in str(bad.exception)
 
 
 def test_estimate_tp_on_one_node_defaults_to_fsdp() -> None:

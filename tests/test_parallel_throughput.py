@@ -119,3 +119,38 @@ def test_float8_tp_gathers_move_one_byte_and_reduce_scatters_stay_bf16() -> None
     for est, f8 in ((plain, False), (fast, True)):  # a float8 gain means float8 linears: their TP gathers are float8
         assert est.terms["tp_comm_per_micro_batch_s"] == pytest.approx(tp_comm_seconds(
             tokens=2 * 8192.0, layer=LAYER, tp=8, ac="full", gbytes=360.0, latency=lat, float8=f8))
+
+
+def test_cp_ring_merge_is_memory_bound_work_on_the_compute_stream() -> None:
+    """torch's ring attention merges each round's output in fp32 and accumulates dq/dK/dV in fp32: HBM bytes
+    that grow with the rounds, paid in full by the step, and twice for the forward under full AC."""
+    from gpuprov.sizing.throughput import cp_merge_seconds
+
+    layer = LayerShape(32, 4096, 4096)  # Llama 3.1 8B with K/V repeated to the query heads
+    kw = dict(tokens=32768.0, layer=layer, tp=1, hbm_gbytes_per_s=2400.0)
+    assert cp_merge_seconds(cp=1, recompute=True, **kw) == 0.0
+    two, eight = cp_merge_seconds(cp=2, recompute=False, **kw), cp_merge_seconds(cp=8, recompute=False, **kw)
+    # per round: the forward merge (out cast + three fp32 passes + K/V concat) and the backward fp32
+    # accumulation (dq add, dK/dV partial add + cat, dK/dV concat for the next rank, K/V concat)
+    e = 32768 * 4096
+    per_round = e * (6 + 32 + 2 * 8) + e * (10 + 2 * (8 + 13 + 8))
+    assert eight - two == pytest.approx(6 * 32 * per_round / 2400e9)
+    # full AC adds the forward's bytes once more; twice the bandwidth halves it; TP splits the heads
+    full = cp_merge_seconds(cp=8, recompute=True, **kw)
+    assert eight < full < 2 * eight
+    assert cp_merge_seconds(cp=8, recompute=False, **{**kw, "hbm_gbytes_per_s": 4800.0}) == pytest.approx(eight / 2)
+    assert cp_merge_seconds(cp=8, recompute=False, **{**kw, "tp": 2}) == pytest.approx(eight / 2)
+
+
+def test_cp_merge_lengthens_the_step() -> None:
+    shape = Shape(nodes=1, gpus_per_node=8, sharding="fsdp", shard_group=8, micro_batch=1, grad_accum=2,
+                  seq_len=131072)
+    st = layout_step_estimate(shape=shape, tp=1, cp=8, layer=LAYER, ac="full", **_kw("full", 131072))
+    merge = st.terms["cp_merge_per_micro_batch_s"]
+    assert merge > 0
+    assert st.step_time_s == pytest.approx(
+        st.compute_time_s + st.exposed_comm_s + st.optimizer_time_s + st.terms["pipeline_bubble_s"])
+    # memory-bound work on the compute stream, not communication
+    assert st.exposed_comm_s == pytest.approx(2 * st.terms["cp_exposed_per_micro_batch_s"] + st.terms["exposed_sync_s"]
+                                              + 2 * st.terms["exposed_per_micro_batch_s"] + st.terms["tail_s"])
+    assert st.compute_time_s == pytest.approx(2 * (st.terms["compute_per_micro_batch_s"] + merge))

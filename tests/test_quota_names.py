@@ -7,6 +7,7 @@ says why."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,23 @@ def test_oci_names_the_gpu_service_limit(instance, code, tmp_path):
     quota, _ = _quota("oci", instance, tmp_path)
     assert quota.status == "ok" and f"16 GPUs of {code}" in quota.detail, quota
     assert f"--limit-name {code}" in quota.fix
+
+
+@pytest.mark.parametrize("cloud, instance", [
+    ("aws", "p5.48xlarge"), ("gcp", "a3-megagpu-8g"), ("azure", "Standard_ND96isr_H100_v5"), ("oci", "BM.GPU.H100.8"),
+])
+def test_every_cloud_fix_comes_from_the_catalog_and_names_code_need_and_region(cloud, instance, tmp_path):
+    """One home for the request command: the catalog's `fix`, filled the same way on every cloud."""
+    from gpuprov.catalog import bringup as cat
+    quota, plan = _quota(cloud, instance, tmp_path)
+    entry = cat.quota(cloud)
+    head = entry["fix"].split("{", 1)[0].split()
+    assert quota.status == "ok", quota
+    assert shlex.split(quota.fix)[:len(head)] == head, quota.fix
+    need = quota.detail.split()[1]
+    assert need in quota.fix and quota.detail.split(" of ")[1].split()[0] in quota.fix
+    if cloud != "oci":  # OCI's limit is per availability domain, named as $AD
+        assert plan.instance.region in quota.fix
 
 
 def _gpuprov(*args: str) -> subprocess.CompletedProcess:

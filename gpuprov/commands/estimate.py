@@ -125,7 +125,8 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "shard_embeddings": setup.shard_embeddings, "fsdp1_frozen_grads": setup.fsdp1_frozen_grads,
             "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
             "fp32_logits": setup.fp32_logits, "kbit_fp32_casts": setup.kbit_fp32_casts,
-            "tp": setup.tp, "cp": setup.cp, "pp": setup.pp,
+            "hf_llama_438": setup.hf_llama_438,
+            "tp": setup.tp, "cp": setup.cp, "pp": setup.pp, "pp_schedule": setup.pp_schedule,
         },
         "estimator": estimator,
         "assumptions": list(est.assumptions) + why_notes(setup.task, setup.activation_checkpointing,
@@ -267,13 +268,23 @@ class _FrameworkChoice(click.Choice):
 @click.option("--kbit-fp32-casts/--no-kbit-fp32-casts", default=None,
               help="QLoRA prepared by peft's prepare_model_for_kbit_training: embeddings, norms and head cast to "
                    "fp32, so the residual stream and the 4-bit linears' outputs are fp32.  [default: no]")
+@click.option("--hf-llama-438/--no-hf-llama-438", default=None,
+              help="transformers 4.38's Llama code: a dense (batch, 1, max positions, max positions) causal mask "
+                   "lives from the forward to the end of backward, and every layer keeps rotary cos/sin cache "
+                   "buffers.  [default: no]")
 @click.option("--float8/--no-float8", default=None,
               help="torchao float8 linears with FSDP2 float8 all-gather (full training): the blocks' linear "
                    "weights are gathered at 1 byte per parameter.  [default: no]")
+@click.option("--float8-all-gather/--no-float8-all-gather", default=None,
+              help="With --float8: FSDP2 gathers the linear weights in float8 (off: in bf16; torchtitan turns it "
+                   "off without dp_shard ranks).  [default: yes]")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
 @click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (1F1B schedule).")
+@click.option("--pp", type=int, default=1, show_default=True,
+              help="Pipeline-parallel degree; --grad-accumulation is the micro-batches per step.")
+@click.option("--pp-schedule", type=click.Choice(["1F1B", "Interleaved1F1B"]), default="1F1B", show_default=True,
+              help="torch.distributed.pipelining schedule with --pp (Interleaved1F1B: two stages per rank).")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
 @click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")
 @click.option("--precise", is_flag=True, help="Measure with PyTorch on fake tensors (needs the [precise] extra: torch, "
@@ -284,7 +295,8 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
              shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, kbit_fp32_casts, float8,
-             tp, cp, pp,
+             float8_all_gather, hf_llama_438,
+             tp, cp, pp, pp_schedule,
              suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
 
@@ -298,6 +310,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
       gpuprov estimate --model 70b --gpus 16 --framework litgpt --no-autocast-fp32-params --json
       gpuprov estimate --model 70b --gpus 64 --tp 8                    # TP 8 x FSDP 8
       gpuprov estimate --model 8b --gpus 8 --cp 4 --seq-len 131072     # context parallel 4
+      gpuprov estimate --model 405b --gpus 512 --tp 8 --pp 8 --grad-accumulation 8 --pp-schedule Interleaved1F1B
     """
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
@@ -367,7 +380,8 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "loss_upcast": ("--loss-upcast", "bool"), "shard_embeddings": ("--shard-embeddings", "bool"),
     "fsdp1_frozen_grads": ("--fsdp1-frozen-grads", "bool"), "compile_loss": ("--compile-loss", "bool"),
     "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
-    "float8": ("--float8", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
+    "float8": ("--float8", "bool"), "float8_all_gather": ("--float8-all-gather", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
+    "hf_llama_438": ("--hf-llama-438", "bool"),
 }
 
 
@@ -403,6 +417,8 @@ def command_words(model_name, gpu_slug, framework, shape: dict, grad_accumulatio
     for flag in ("tp", "cp", "pp"):
         if shape.get(flag, 1) > 1:
             words.append(("--" + flag, str(shape[flag])))
+    if shape.get("pp", 1) > 1 and shape.get("pp_schedule", "1F1B") != "1F1B":
+        words.append(("--pp-schedule", str(shape["pp_schedule"])))
     if shape["task"] != "full":
         words += [("--lora-rank", str(shape["lora_rank"])), ("--lora-targets", str(shape["lora_targets"]))]
     if grad_accumulation != 1:

@@ -131,6 +131,40 @@ def kbit_extra_bytes_per_token(arch: ModelArch, autocast: bool) -> int:
     return extra
 
 
+def dense_causal_mask_bytes(arch: ModelArch, s: TrainSetup, elem: int) -> tuple[int, int]:
+    """(the dense causal mask kept from forward to backward, its per-block slice) of transformers 4.38.
+
+    transformers v4.38.2 models/llama/modeling_llama.py: LlamaModel registers a (max_positions, max_positions)
+    bool `causal_mask` buffer and `_update_causal_mask` turns it into
+    `self.causal_mask[None, None, :, :].repeat(batch_size, 1, 1, 1).to(dtype) * min_dtype` every forward (the
+    embeddings' dtype; a buffer doubled once when the sequence is longer). Every decoder block receives it, so the
+    checkpointed blocks keep it as an input until the first block's backward; LlamaSdpaAttention indexes
+    `causal_mask[:, :, cache_position, :kv_len]` (a copy, batch x seq^2) and hands it to SDPA as attn_mask, which
+    keeps it for backward in the block being recomputed. 4.39 dropped the dense mask for SDPA's is_causal
+    (huggingface/transformers PR 29753); Mistral in 4.38 still used _prepare_4d_causal_attention_mask_for_sdpa
+    (None without padding)."""
+    if not s.hf_llama_438 or arch.model_type not in ("llama", "gemma") or not arch.max_position_embeddings:
+        return 0, 0
+    positions = arch.max_position_embeddings
+    if s.seq_len > positions:
+        positions *= 2
+    return s.micro_batch * positions * positions * elem, s.micro_batch * s.seq_len * s.seq_len * elem
+
+
+def hf_buffer_bytes(arch: ModelArch, s: TrainSetup) -> int:
+    """GPU buffers of transformers 4.38's Llama model, which FSDP neither shards nor offloads (only parameters).
+
+    transformers v4.38.2 models/llama/modeling_llama.py: every LlamaAttention builds its own LlamaRotaryEmbedding,
+    which registers `_cos_cached` and `_sin_cached` (max_positions x head_dim, "for BC") in torch's default dtype
+    (fp32 unless the model is built under a torch_dtype; fp32 is assumed), and LlamaModel the bool
+    (max_positions x max_positions) `causal_mask`."""
+    if not s.hf_llama_438 or arch.model_type not in ("llama", "gemma") or not arch.max_position_embeddings:
+        return 0
+    positions = arch.max_position_embeddings
+    head_dim = arch.q_dim // arch.num_attention_heads
+    return arch.num_layers * 2 * positions * head_dim * 4 + positions * positions
+
+
 def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
     """Activation gradients alive while one block runs backward (MLP-wide plus residual)."""
     k = arch.experts_per_token if arch.is_moe else 1
@@ -184,6 +218,12 @@ def activations(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> Activati
     else:
         saved = tokens * (saved_layer * arch.num_layers + final_norm)
     transient = tokens * (recompute + _grad_work_bytes_per_token(arch, a))
+    mask, mask_slice = dense_causal_mask_bytes(arch, s, 4 if (autocast_fp32(s) or kbit_fp32(s)) else a)
+    saved += mask
+    if s.activation_checkpointing != "none":
+        transient += mask_slice  # the recomputed block's attn_mask copy (every block keeps its own without AC)
+    else:
+        saved += arch.num_layers * mask_slice
     if s.task == "qlora":
         transient += 2 * h * max(arch.intermediate_size, arch.q_dim)  # one linear dequantized to bf16 at a time
     if autocast_fp32(s) and s.activation_checkpointing != "none":

@@ -18,7 +18,7 @@ from gpuprov.sizing.types import TrainSetup
 
 # Fields a preset may set: the software stack, not the run's shape (model, tokens, GPUs, layout, LoRA rank).
 SHAPE_FIELDS = ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group", "lora_rank",
-                "lora_targets", "grad_accumulation_steps", "tp", "cp", "pp")
+                "lora_targets", "grad_accumulation_steps", "tp", "cp", "pp", "pp_schedule")
 STACK_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrainSetup) if f.name not in SHAPE_FIELDS)
 
 

@@ -46,6 +46,7 @@ from gpuprov.sizing.arch import ModelArch, check_lora_rank, resolve_lora_targets
 from gpuprov.sizing.memory_weights import (  # noqa: F401 - re-exported
     Weights,
     autocast_fp32,
+    kbit_fp32,
     constants,
     float8_gather,
     frozen_flat_grads,
@@ -198,9 +199,13 @@ def _gathered(x: _Ctx) -> tuple[int, int]:
         units = x.arch.num_layers  # every block stays gathered (parallel.apply keeps the stage's share)
     gathered = units * w.layer_compute_bytes + w.root_compute_bytes
     if s.offload == "full" and x.fsdp:
-        # FSDP1 CPUOffload: each unit's CPU shard is first copied to the GPU (a new tensor, freed at
-        # reshard), then all-gathered (torch.distributed.fsdp._flat_param.pre_unshard)
-        gathered += units * w.layer_compute_bytes // x.shard
+        # FSDP1 CPUOffload: each unit's CPU shard is first copied to the GPU (flat_param_to, a new tensor)
+        # on the pre-unshard stream, then all-gathered (pytorch/pytorch@fe03cf693c7c774a88c01cd0bc52f80402b8437f
+        # torch/distributed/fsdp/_flat_param.py pre_unshard / _all_gather_flat_param; @3ade90a6aaa939cd6238e314c321b9f920db1471
+        # _runtime_utils.py _unshard). The caching allocator serves a stream only from its own blocks
+        # (@eb42ad6eca0ce61e7c581212b4bf32f991425571 c10/cuda/CUDACachingAllocator.cpp get_free_block), so that
+        # stream's pool holds the larger of the root's shard (copied first, at the root's pre-forward) and the blocks'.
+        gathered += max(units * w.layer_compute_bytes, w.root_compute_bytes) // x.shard
     reduce_elem = 4 if s.precision in ("bf16-mixed", "fp32") else 2
     if s.fsdp_version == 1 and s.precision != "fp32" and not fp32_autocast:
         reduce_elem = 2  # FSDP1 MixedPrecision as accelerate builds it: reduce_dtype bf16
@@ -288,13 +293,16 @@ def _phases(x: _Ctx) -> list[_Phase]:
     cache = _autocast_cache(x)
     g = _grads(x)
     step_transient = _step_transient(x.s, w)
-    base = {"parameters": w.params, "optimizer_states": w.optimizer, "fp32_master": w.master,
+    stranded = _stranded_at_loss(x, acts)
+    buffers = act.hf_buffer_bytes(x.arch, x.s)  # resident on every GPU, whatever FSDP shards or offloads
+    base = {"parameters": w.params + buffers, "optimizer_states": w.optimizer, "fp32_master": w.master,
             "comm_buckets": g.comm_buckets}
     in_flight = {"gathered_params": gathered, "autocast_weight_cache": cache, "reduce_scatter_buffers": rs_buffers}
     return [
         _Phase("start of backward (loss)", {
             **base, "gradients": g.during_forward, **in_flight, "activations": acts.saved,
             "logits": lossb.at_backward, "cross_entropy": lossb.cross_entropy,
+            "allocator_fragmentation": stranded,
         }),
         _Phase("backward of the last block", {
             **base, "gradients": g.during_forward + g.head, **in_flight,
@@ -308,15 +316,51 @@ def _phases(x: _Ctx) -> list[_Phase]:
     ]
 
 
+def _stranded_at_loss(x: _Ctx, acts: act.Activations) -> int:
+    """Cached blocks the loss cannot use when an eager full-AC forward reaches an fp32 loss.
+
+    The CUDA caching allocator serves a request only from a free block at least as large on the same stream
+    (best fit), splits blocks but merges only the pieces of one segment, and gives cached segments back only
+    when cudaMalloc fails (pytorch/pytorch@eb42ad6eca0ce61e7c581212b4bf32f991425571
+    c10/cuda/CUDACachingAllocator.cpp get_free_block, try_merge_blocks, release_cached_blocks). Under full AC
+    each block's forward allocates and frees the same working set: the MLP's intermediates (SiLU output,
+    up_proj output and, with a LoRA adapter on up_proj, its base output, lora_B output and scaled copy:
+    transformers v4.38.2 LlamaMLP.forward, peft 0.10.0 tuners/lora/layer.py Linear.forward and bnb.py
+    Linear4bit.forward) beside the residual and the normalised input. Only the final norm reuses those
+    blocks; the fp32 logit-sized buffers of the loss are larger than any of them, and so is the
+    compute-dtype logits block a model frees when it upcasts its own output (transformers < 4.45
+    `logits = logits.float()`). At the start of backward all of that is reserved and idle."""
+    s, arch = x.s, x.arch
+    if s.compile or s.activation_checkpointing != "full" or arch.is_moe or s.chunked_cross_entropy:
+        return 0
+    if x.a != 2 or not s.loss_upcast:
+        return 0
+    adapted = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
+    mlp = (4 if "up_proj" in adapted else 3) * arch.intermediate_size
+    working_set = x.a * (2 * arch.hidden_size + mlp) - acts.final_norm
+    upcast = 0
+    if (s.loss_impl == "hf-legacy" or s.fp32_logits) and not autocast_fp32(s) and not kbit_fp32(s):
+        upcast = x.a * arch.vocab_size  # the bf16 logits freed by the model's .float()
+    return x.tokens * (max(working_set, 0) + upcast)
+
+
+def _reserved(phase: _Phase, s: TrainSetup) -> int:
+    """A phase's live tensors plus the allocator's idle cache (what decides which moment peaks)."""
+    frag = _outside_terms(phase.terms, s)["allocator_fragmentation"]
+    return phase.total() - phase.terms.get("allocator_fragmentation", 0) + frag
+
+
 def _outside_terms(terms: dict[str, int], s: TrainSetup) -> dict[str, int]:
     """Allocator fragmentation, NCCL buffers and the CUDA context on top of the live tensors."""
     c = constants()
     out = dict(terms)
     # Cached-but-unusable blocks: freed tensors whose blocks belong to another stream or do not fit
-    # the next request (eager mode frees many odd-sized intermediates; compile fuses them away).
+    # the next request (eager mode frees many odd-sized intermediates; compile fuses them away). Where a
+    # phase knows the blocks it strands (_stranded_at_loss), those are the floor: both are the same idle cache.
     alloc = c["allocator"]
     frac = alloc["fragmentation_compiled"] if s.compile else alloc["fragmentation_eager"]
-    out["allocator_fragmentation"] = int(sum(out.values()) * frac)
+    stranded = out.pop("allocator_fragmentation", 0)
+    out["allocator_fragmentation"] = max(int(sum(out.values()) * frac), int(stranded))
     nc = c["nccl"]
     if s.gpus > 1:
         out["nccl_buffers"] = int(nc["buffsize_bytes"] * nc["channels"] * nc["connections_per_channel"] * nc["protocol_factor"])
@@ -336,7 +380,7 @@ def estimate_memory(arch: ModelArch, setup: TrainSetup, gpu_memory_bytes: int | 
     tokens = s.seq_len * s.micro_batch
     w = model_states(arch, s, shard)
     x = _Ctx(arch=arch, s=s, w=w, shard=shard, a=a, tokens=tokens)
-    peak = max(parallel.apply(arch, s, _phases(x), tokens, a), key=_Phase.total)
+    peak = max(parallel.apply(arch, s, _phases(x), tokens, a), key=lambda p: _reserved(p, s))
     terms = {t: 0 for t in TERMS}
     terms.update(peak.terms)
     terms = _outside_terms(terms, s)

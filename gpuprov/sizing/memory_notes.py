@@ -32,7 +32,9 @@ def assumptions(
     if s.offload != "none":
         out.append(f"CPU offload of {'optimizer states' if s.offload == 'optimizer' else 'params, grads and optimizer states'}")
     if s.offload == "full" and fsdp:
-        out.append("FSDP CPU offload: each unit's shard is copied to the GPU, then all-gathered (current + prefetched unit, plus the root kept from forward to backward)")
+        out.append("FSDP CPU offload: each unit's shard is copied to the GPU on the pre-unshard stream, then all-gathered"
+                   " (current + prefetched unit, plus the root kept from forward to backward); that stream's cached blocks"
+                   " hold the larger of the root's shard and two blocks' shards")
     attn = "SDPA/FlashAttention (no s^2 scores stored), GQA K/V repeated to the query heads"
     if arch.model_type == "gemma2":
         attn += "; gemma2 attention soft-capping needs flash-attn >= 2.6 for this (eager attention would store s^2 scores)"
@@ -76,6 +78,11 @@ def assumptions(
         " CUDA context and NCCL buffers outside it; near a full GPU the allocator frees its cache and retries,"
         " so torch.cuda.max_memory_reserved() reads at most the GPU's memory less context and NCCL"
     )
+    if s.activation_checkpointing == "full" and not s.compile and not s.chunked_cross_entropy and not arch.is_moe:
+        out.append("at the start of backward the allocator's idle cache is at least what the loss cannot reuse: one"
+                   " block's forward working set (MLP intermediates, residual, normalised input) and, where the model"
+                   " upcasts its own output, the freed compute-dtype logits (a free block serves only smaller requests;"
+                   " segments never merge)")
     out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
     out.extend(parallel.assumptions(arch, s))
     return out
@@ -96,6 +103,10 @@ def stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
             " in that dtype, so the MLP's gate/up/SiLU tensors are saved fp32; adapters fp32"
             + ("; fp32 head, so fp32 logits (no autocast)" if s.precision != "bf16-mixed" else "")
         )
+    if s.hf_llama_438 and arch.model_type in ("llama", "gemma"):
+        out.append("transformers 4.38 Llama code: a dense (batch, 1, max positions, max positions) causal mask in the"
+                   " compute dtype kept from forward to backward (SDPA takes it as attn_mask), and each layer's rotary"
+                   " cos/sin cache buffers (fp32) on every GPU")
     if autocast_fp32(s):
         out.append(
             "torch.autocast over fp32 parameters (no FSDP mixed-precision policy): fp32 weights"

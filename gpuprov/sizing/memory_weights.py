@@ -43,7 +43,8 @@ def kbit_fp32(s: TrainSetup) -> bool:
 
 def float8_gather(s: TrainSetup) -> bool:
     """torchao float8 with FSDP2 float8 all-gather (full training: the float8 linears are trainable)."""
-    return bool(s.float8) and s.task == "full" and s.sharding in ("fsdp", "hsdp") and s.fsdp_version == 2
+    return (bool(s.float8) and bool(getattr(s, "float8_all_gather", True)) and s.task == "full"
+            and s.sharding in ("fsdp", "hsdp") and s.fsdp_version == 2)
 
 
 def unsharded_accumulation(s: TrainSetup) -> bool:

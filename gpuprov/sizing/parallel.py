@@ -21,22 +21,22 @@ runs with that shard degree; this module then scales its phases to one (tp, cp, 
   (`accum_dtype = float32` under `convert_to_f32`), the K/V chunk it sends and the one it
   receives (`kv_rotater`), and the fp32 dK/dV chunks in flight (`dkv_rotater`): term
   `cp_ring_buffers`, one block at a time.
-* PP with 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
-  Clusters Using Megatron-LM", sec. 2.2.1): the first stage holds min(pp, micro-batches)
-  micro-batches of activations in flight plus the embedding; the last stage holds one
-  micro-batch, the final norm, the output head and the logits. Both are sized; the busiest wins.
+* PP (torch.distributed.pipelining under torchtitan, Schedule1F1B or ScheduleInterleaved1F1B): pipeline.py
+  walks each rank's forwards and backwards in the schedule's order and records what the rank holds at each
+  backward (blocks gathered, gradients whole or already reduced, activations in flight, kept outputs); each
+  such moment is sized here; the busiest wins.
 
 Pure arithmetic on the estimate's phases: no I/O.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from gpuprov.errors import GpuprovError
+from gpuprov.sizing import pipeline
 
 # Terms proportional to the parameters one rank holds before FSDP shards them.
 _PARAM_TERMS = ("parameters", "gradients", "optimizer_states", "fp32_master", "comm_buckets",
@@ -105,6 +105,15 @@ def validate(arch: Any, setup: Any) -> None:
         raise GpuprovError(f"context parallelism (load-balanced ring) needs --seq-len a multiple of 2 x --cp = {2 * lay.cp}")
     if lay.pp > arch.num_layers:
         raise GpuprovError(f"--pp {lay.pp} exceeds the {arch.num_layers} layers of {arch.name}")
+    schedule = _schedule(setup)
+    if schedule not in pipeline.SCHEDULES:
+        raise GpuprovError(f"pipeline schedule {schedule!r} is not one of {', '.join(pipeline.SCHEDULES)}")
+    if lay.pp > 1 and schedule == "Interleaved1F1B":
+        n = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
+        if 2 * lay.pp > arch.num_layers:
+            raise GpuprovError(f"Interleaved1F1B runs 2 x --pp {lay.pp} stages, more than the {arch.num_layers} layers of {arch.name}")
+        if n % lay.pp:  # torch ScheduleInterleaved1F1B raises on this
+            raise GpuprovError(f"Interleaved1F1B needs the micro-batches ({n}) to be a multiple of --pp {lay.pp}")
     if setup.sharding == "hsdp":
         group = setup.shard_group if setup.shard_group is not None else min(setup.gpus_per_node, setup.gpus)
         if group % (lay.tp * lay.pp):
@@ -131,66 +140,95 @@ def _norm_params(arch: Any) -> int:
     return per_layer * arch.hidden_size
 
 
+_NONE: pipeline.Part = (0, False, False)
+
+
 @dataclass(frozen=True)
 class Stage:
+    """One moment of one (tp, cp, pp) rank: what it holds when a backward starts (pipeline.Moment in bytes' terms)."""
+
     name: str
-    layers: int
+    layers: int  # blocks on this rank (their sharded states)
     embedding: bool
-    head: bool  # final norm + output head + logits/loss
+    head: bool  # this backward starts at the loss: final norm, output head and logits live
     in_flight: int  # micro-batches of activations held
+    held: pipeline.Part = _NONE  # (blocks, embedding, head) whose sharded states the rank holds
+    gathered: pipeline.Part = _NONE  # ... that FSDP holds gathered now
+    grads: pipeline.Part = _NONE  # ... whose gradients are whole (unsharded) now
+    reduced: pipeline.Part = _NONE  # ... already reduce-scattered this step (sharded fp32 gradients)
+    act_layers: int = 0  # blocks x micro-batches of saved activations
+    outputs: int = 0  # hidden-sized tensors pipelining keeps (output_chunks, receive buffers)
+    logit_chunks: int = 0  # the last stage's kept outputs (vocab-sharded logits)
+    end: bool = False  # the step's backwards are done (optimizer step, output merge)
+
+
+def _schedule(setup: Any) -> str:
+    return getattr(setup, "pp_schedule", "1F1B") or "1F1B"
 
 
 def stages(arch: Any, setup: Any, lay: Layout | None = None) -> list[Stage]:
+    """Every candidate peak: the whole model for pp 1, else each pipeline rank's busiest backwards and its end."""
     lay = lay or layout(setup)
-    layers = math.ceil(arch.num_layers / lay.pp)
     if lay.pp == 1:
-        return [Stage("", arch.num_layers, True, True, 1)]
-    accum = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
-    return [
-        Stage("first pipeline stage", layers, True, False, min(lay.pp, accum)),
-        Stage("last pipeline stage", arch.num_layers - layers * (lay.pp - 1), False, True, 1),
-    ]
+        whole = (arch.num_layers, True, True)
+        return [Stage("", arch.num_layers, True, True, 1, whole, whole, whole, _NONE, arch.num_layers)]
+    n = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
+    fsdp = setup.sharding in ("fsdp", "hsdp")
+    out = []
+    for m in pipeline.moments(arch.num_layers, lay.pp, n, _schedule(setup), fsdp):
+        name = (f"pipeline rank {m.rank} after its last backward" if m.end else
+                f"pipeline stage {m.stage} (rank {m.rank}), backward of micro-batch {m.micro_batch}")
+        out.append(Stage(name, m.held[0], m.held[1], m.loss, m.in_flight, m.held, m.gathered, m.grads, m.reduced,
+                         m.act_layers, m.outputs, m.logit_chunks, m.end))
+    return out
 
 
-def _root_params(arch: Any, st: Stage, tp: int, layer_params: int) -> tuple[float, float]:
-    """(params of the root this stage holds per TP rank, params of the whole root)."""
-    held = arch.embedding_params / tp if st.embedding else 0.0
-    if st.head:
+def _part_params(arch: Any, part: pipeline.Part, tp: int, layer_params: int) -> float:
+    """Parameters of (blocks, embedding, head) one TP rank holds: linears split tp ways, norms whole."""
+    blocks, emb, head = part
+    norms = _norm_params(arch)
+    held = blocks * ((layer_params - norms) / tp + norms)
+    held += arch.embedding_params / tp if emb else 0.0
+    if head:
         held += arch.hidden_size  # final norm, replicated
-        if arch.lm_head_params:
-            held += arch.lm_head_params / tp
-        elif not st.embedding:
-            held += arch.embedding_params / tp  # a tied head on the last stage keeps its own copy
-    return held, arch.params - arch.num_layers * layer_params
+        held += (arch.lm_head_params or (0 if emb else arch.embedding_params)) / tp  # a tied head's own copy
+    return held
 
 
 def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: int, layer_params: int,
-                 whole_stage: bool = False) -> dict[str, int]:
+                 shard: int, piped_fsdp: bool) -> dict[str, int]:
     t, c = lay.tp, lay.cp
-    norms = _norm_params(arch)
-    lf = ((layer_params - norms) / t + norms) / layer_params
-    root_held, root_all = _root_params(arch, st, t, layer_params)
-    stage_params = st.layers * layer_params * lf + root_held
-    frac = stage_params / arch.params
+    frac = {k: _part_params(arch, getattr(st, k), t, layer_params) / arch.params
+            for k in ("held", "gathered", "grads", "reduced")}
     out = dict(terms)
     for k in _PARAM_TERMS:
         if k in out:
-            out[k] = int(out[k] * frac)
+            out[k] = int(out[k] * frac["held"])
+    if piped_fsdp and "gradients" in out:
+        # whole fp32 gradients of the stages between first and last backward, sharded ones of those reduced
+        whole = terms["gradients"]  # the whole model's, unsharded (memory_weights: grad shard 1 under PP)
+        out["gradients"] = int(whole * frac["grads"] + whole / shard * frac["reduced"])
+    root_all = arch.params - arch.num_layers * layer_params
     if "gathered_params" in out and out["gathered_params"]:
         root_bytes = a * root_all
         layer_part = max(0, out["gathered_params"] - root_bytes)
-        if whole_stage:  # every block of the model was counted gathered: this stage keeps its own
-            layer_part *= st.layers / arch.num_layers
-        out["gathered_params"] = int(layer_part * lf + root_bytes * (root_held / root_all if root_all else 0))
+        norms = _norm_params(arch)
+        lf = ((layer_params - norms) / t + norms) / layer_params
+        root_share = (_part_params(arch, (0,) + st.gathered[1:], t, layer_params) / root_all) if root_all else 0
+        if piped_fsdp:  # every block was counted gathered: this rank keeps the stages it has gathered now
+            layer_part *= st.gathered[0] / arch.num_layers
+        else:
+            root_share = (_part_params(arch, (0,) + st.held[1:], t, layer_params) / root_all) if root_all else 0
+        out["gathered_params"] = int(layer_part * lf + root_bytes * root_share)
     if "reduce_scatter_buffers" in out:
-        out["reduce_scatter_buffers"] = int(out["reduce_scatter_buffers"] * lf)
-    layer_share = st.layers / arch.num_layers
+        norms = _norm_params(arch)
+        out["reduce_scatter_buffers"] = int(out["reduce_scatter_buffers"] * ((layer_params - norms) / t + norms) / layer_params)
     for k in _ACT_TERMS:
         if k not in out:
             continue
         v = out[k] / (t * c)
         if k == "activations":
-            v *= layer_share * st.in_flight
+            v *= st.act_layers / arch.num_layers
         if k in ("logits", "cross_entropy") and not st.head:
             v = 0
         out[k] = int(v)
@@ -206,7 +244,7 @@ def _gathered_inputs(arch: Any, setup: Any, lay: Layout, st: Stage, tokens: int,
     full = (tokens / lay.cp) * a * arch.hidden_size * (1 - 1 / lay.tp)  # one full-sequence hidden tensor
     head = int(full) if (st.head and phase == "a") else 0
     if setup.activation_checkpointing == "none":
-        return int(2 * full * st.layers * st.in_flight) + head
+        return int(2 * full * st.act_layers) + head
     return int(2 * full) if phase == "b" else head  # the block being recomputed
 
 
@@ -235,18 +273,29 @@ def ring_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
     return int(local * per_token)
 
 
-def stage_outputs(arch: Any, lay: Layout, st: Stage, tokens: int, a: int) -> int:
-    """What torch.distributed.pipelining keeps of each in-flight micro-batch beside its blocks' saved tensors:
-    the stage's output (torch 2.13 torch/distributed/pipelining/stage.py forward_one_chunk:
-    `self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)` until that micro-batch's backward).
-    Its input is the first block's saved input already; the last stage's output is the loss."""
-    if lay.pp == 1 or st.head:
+def stage_outputs(arch: Any, lay: Layout, st: Stage, tokens: int, a: int, merged: bool = False) -> int:
+    """What torch.distributed.pipelining keeps beside the blocks' saved tensors (pipeline.py): each non-last
+    stage's outputs of this step and its per-micro-batch receive buffers (hidden-sized, sequence-split over TP and
+    CP), and the last stage's outputs: the logits, vocabulary-sharded under loss parallel, twice over while the
+    step merges them (stage.py output_chunks, PipelineScheduleSingle.step -> _merge_outputs)."""
+    if lay.pp == 1:
         return 0
-    return int(st.in_flight * tokens / (lay.tp * lay.cp) * arch.hidden_size * a)
+    local = tokens / lay.cp
+    hidden = local / lay.tp * arch.hidden_size * a
+    logits = local * arch.vocab_size / lay.tp * a
+    return int(st.outputs * hidden + st.logit_chunks * logits * (2 if merged else 1))
+
+
+def _shard(setup: Any) -> int:
+    """FSDP shard degree (memory.py's): gpus, or the HSDP group, over the TP x PP ranks."""
+    group = setup.gpus
+    if setup.sharding == "hsdp":
+        group = setup.shard_group if setup.shard_group is not None else min(setup.gpus_per_node, setup.gpus)
+    return fsdp_degree(setup, group)
 
 
 def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list[Any]:
-    """The phases of every pipeline stage of one (tp, cp, pp) rank; the caller takes the largest."""
+    """The phases of every candidate moment of one (tp, cp, pp) rank; the caller takes the largest."""
     lay = layout(setup)
     if not lay.active:
         return list(phases)
@@ -254,15 +303,21 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
     layer_params = arch.layer_params()
     ring = ring_buffers(arch, setup, tokens, a)
     tp_grads = tp_backward_buffers(arch, setup, tokens, a)
-    keep = lay.pp > 1 and setup.sharding in ("fsdp", "hsdp")  # memory_weights.pipeline_keeps_stage
+    piped = lay.pp > 1 and setup.sharding in ("fsdp", "hsdp")  # memory_weights.pipeline_keeps_stage
+    shard = _shard(setup)
     for st in stages(arch, setup, lay):
-        for tag, ph in zip("abc", phases):
-            terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params, whole_stage=keep)
+        tags = "abc" if lay.pp == 1 else ("ab" if not st.end else ("cm" if st.logit_chunks else "c"))
+        for tag in tags:
+            ph = phases["abc".index(tag if tag != "m" else "c")]
+            terms = _stage_phase(arch, lay, st, ph.terms, a, layer_params, shard, piped)
+            if tag == "m":  # the last stage merging its outputs as the step returns, before the optimizer step
+                terms["optimizer_step_transient"] = 0
             terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
             terms["tp_backward_buffers"] = tp_grads if tag == "b" else 0
             terms["cp_ring_buffers"] = ring if tag == "b" else 0
-            terms["pp_stage_outputs"] = stage_outputs(arch, lay, st, tokens, a) if tag in "ab" else 0
-            name = f"{ph.name}, {st.name}" if st.name else ph.name
+            terms["pp_stage_outputs"] = stage_outputs(arch, lay, st, tokens, a, merged=tag == "m")
+            base = "end of step (outputs merged)" if tag == "m" else ph.name
+            name = f"{base}, {st.name}" if st.name else base
             out.append(replace(ph, name=name, terms=terms))
     return out
 
@@ -287,15 +342,21 @@ def assumptions(arch: Any, setup: Any) -> list[str]:
             " accumulators and K/V + fp32 dK/dV chunks in flight (torch context_parallel)"
         )
     if lay.pp > 1:
+        sched = _schedule(setup)
+        n = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
+        v = pipeline.stages_per_rank(sched)
         out.append(
-            f"PP {lay.pp} 1F1B: first stage holds min(pp, micro-batches) micro-batches in flight plus the embedding,"
-            " and each in-flight micro-batch's stage output (pipelining's fwd_cache); last stage the head and logits;"
-            " the busier stage is reported"
+            f"PP {lay.pp} {sched}, {n} micro-batches, {v} stage(s) per rank (blocks split as torchtitan's"
+            " generate_split_points); each rank's forwards and backwards in the schedule's order (torch pipelining"
+            " schedules.py), its saved activations, kept stage outputs (output_chunks: the last stage's logits for"
+            " every micro-batch, merged as the step returns) and per-micro-batch receive buffers sized at each"
+            " backward; the busiest rank is reported"
         )
         if setup.sharding in ("fsdp", "hsdp"):
             out.append(
                 "FSDP under PP (torchtitan + torch.distributed.pipelining): no reshard after forward, and no reshard or"
-                " gradient sync after each micro-batch's backward, so every stage keeps all its blocks gathered and"
-                " its gradients unsharded (fp32 reduce dtype) until the step's last backward"
+                " gradient sync after each micro-batch's backward, so a stage keeps its blocks gathered from its first"
+                " forward and its gradients unsharded (fp32 reduce dtype) from its first to its last backward, where"
+                " it reduce-scatters and reshards"
             )
     return out

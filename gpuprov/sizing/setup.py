@@ -112,7 +112,7 @@ def _check_shape(seq_len: int, micro_batch: int, gpus: int, gpus_per_node: int |
 def build_setup(
     *, task: str, seq_len: int, micro_batch: int, gpus: int, gpus_per_node: int | None, shard_group: int | None,
     lora_rank: int, lora_targets: Any, grad_accumulation: int = 1, stack: dict | None = None,
-    tp: int = 1, cp: int = 1, pp: int = 1,
+    tp: int = 1, cp: int = 1, pp: int = 1, pp_schedule: str = "1F1B",
 ) -> TrainSetup:
     """The setup `gpuprov estimate` sizes: its shape flags and a resolved stack (resolve_stack)."""
     gpus_per_node = _check_shape(seq_len, micro_batch, gpus, gpus_per_node, lora_rank, grad_accumulation, tp, cp, pp)
@@ -126,16 +126,17 @@ def build_setup(
     return make_setup(
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
         shard_group=shard_group, lora_rank=lora_rank, lora_targets=resolve_lora_targets(lora_targets),
-        tp=tp, cp=cp, pp=pp, grad_accum=grad_accumulation, framework=None, **values)
+        tp=tp, cp=cp, pp=pp, pp_schedule=pp_schedule, grad_accum=grad_accumulation, framework=None, **values)
 
 
 # stack flags whose option name is the TrainSetup field (compile, qlora_base and fsdp_version convert)
 EXPLICIT_STACK = ("sharding", "activation_checkpointing", "precision", "optimizer", "offload", "chunked_cross_entropy",
                   "activation_offloading", "optimizer_impl", "loss_impl", "lora_dropout", "autocast_fp32_params",
                   "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "compile_loss",
-                  "defer_grad_sync", "fp32_logits", "float8", "kbit_fp32_casts")
+                  "defer_grad_sync", "fp32_logits", "float8", "kbit_fp32_casts",
+                  "float8_all_gather", "hf_llama_438")
 SHAPE_OPTIONS = ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group",
-                 "lora_rank", "lora_targets", "tp", "cp", "pp")
+                 "lora_rank", "lora_targets", "tp", "cp", "pp", "pp_schedule")
 
 
 def setup_from_options(p: dict) -> tuple[TrainSetup, dict, dict, dict]:

@@ -482,6 +482,28 @@ def cp_exposed_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gb
     return layer.num_layers * (fwd + bwd)
 
 
+def cp_merge_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, recompute: bool,
+                     hbm_gbytes_per_s: float) -> float:
+    """Per micro-batch: ring attention's memory-bound work between its SDPA calls, HBM bytes / bandwidth.
+
+    torch merges each round's partial output into an fp32 running output with the logsumexp rescale, and in
+    backward accumulates dq/dK/dV in fp32 and concatenates dK/dV for the next rank every round
+    (catalog/data/throughput.yaml model_parallel.cp_ring_memory_bytes, counted op by op for the rank that
+    runs the full local q every round). These run on the compute stream: nothing hides them. `tokens` is
+    the rank's local tokens; q/out are `hidden` wide (query heads x head dim), K/V `kv_width`."""
+    if cp == 1:
+        return 0.0
+    b = assumptions().raw["model_parallel"]["cp_ring_memory_bytes"]
+    eq, ekv = tokens * layer.hidden / tp, tokens * layer.kv_width / tp  # elements of one q-sized / K-sized tensor
+    fwd = (2 * ekv * b["kv_concat_per_kv"] * (cp - 1) + eq * b["out_to_fp32_per_q"] * cp
+           + eq * b["merge_per_q"] * (cp - 1) + eq * b["out_to_bf16_per_q"])
+    bwd = (eq * (b["grad_zeros_per_q"] + b["grad_to_bf16_per_q"] + b["dq_add_per_q"] * cp)
+           + 2 * ekv * (b["grad_zeros_per_kv"] + b["kv_concat_per_kv"] * (cp - 1) + b["grad_add_first_per_kv"]
+                        + b["grad_add_partial_per_kv"] * (cp - 1) + b["dkv_concat_per_kv"] * cp
+                        + b["grad_to_bf16_per_kv"]))
+    return layer.num_layers * (fwd * (2 if recompute else 1) + bwd) / (hbm_gbytes_per_s * 1e9)
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """Pipeline parallelism of one layout: stages (the PP degree), micro-batches per step and model chunks
@@ -551,19 +573,23 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     compute_mb = base.terms["compute_per_micro_batch_s"]
     cp_exposed = _cp_exposed(kw, compute_mb, tokens, stage_layer, tp, cp, ac, cp_bw,
                              a.lat_intra if ring_intra else a.lat_inter)
+    cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
+                                hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
     tp_exposed = max(0.0, tp_s - a.overlap * compute_mb) if async_tp else tp_s
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
-    bubble = pipeline.bubble() * (base.compute_time_s + tp_exposed * shape.grad_accum) if pipeline else 0.0
-    step = base.step_time_s + extra + bubble
+    compute = base.compute_time_s + cp_merge * shape.grad_accum  # the merges run on the compute stream
+    bubble = pipeline.bubble() * (compute + tp_exposed * shape.grad_accum) if pipeline else 0.0
+    step = base.step_time_s + cp_merge * shape.grad_accum + extra + bubble
     exposed = base.exposed_comm_s + extra
     terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, tp_exposed_per_micro_batch_s=tp_exposed,
                  cp_ring_per_micro_batch_s=cp_s,
-                 cp_exposed_per_micro_batch_s=cp_exposed, pipeline_bubble_s=bubble)
+                 cp_exposed_per_micro_batch_s=cp_exposed, cp_merge_per_micro_batch_s=cp_merge,
+                 pipeline_bubble_s=bubble)
     return StepEstimate(
-        step_time_s=step, compute_time_s=base.compute_time_s, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
+        step_time_s=step, compute_time_s=compute, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
         exposed_comm_s=exposed, optimizer_time_s=base.optimizer_time_s,
         tokens_per_s=base.tokens_per_s / pp * base.step_time_s / step,  # the pp stages share one replica's tokens
         mfu=base.mfu * base.step_time_s / step, utilisation=base.utilisation,
-        comm_bytes_per_gpu=base.comm_bytes_per_gpu, bound="communication" if exposed > 0.25 * base.compute_time_s else "compute",
+        comm_bytes_per_gpu=base.comm_bytes_per_gpu, bound="communication" if exposed > 0.25 * compute else "compute",
         terms=terms,
     )

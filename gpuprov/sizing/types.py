@@ -87,9 +87,22 @@ class TrainSetup:
     tp: int = 1
     cp: int = 1
     pp: int = 1
+    # torch.distributed.pipelining schedule with PP (gpuprov.sizing.pipeline.SCHEDULES); the micro-batches of a
+    # step are grad_accumulation_steps (torchtitan's default: the PP degree)
+    pp_schedule: str = "1F1B"
     # torchao float8 linears with FSDP2 float8 all-gather: the decoder blocks' linear weights are gathered
     # (and held unsharded) at 1 byte per parameter
     float8: bool = False
+    # with float8: FSDP2 gathers the linears' weights in float8 (torchao enable_fsdp_float8_all_gather). torchtitan
+    # turns it on only where its config asks and FSDP has dp_shard ranks (torchtitan@9dec370 torchtitan/float8.py:
+    # `parallel_dims.dp_shard_enabled and float8_config.enable_fsdp_float8_all_gather`); off, the gathered weights
+    # are in the compute dtype
+    float8_all_gather: bool = True
+    # transformers 4.38's Llama modelling code: a dense (batch, 1, max_positions, max_positions) additive causal
+    # mask in the compute dtype every forward, handed to every decoder block (4.39 went back to SDPA's
+    # is_causal), and per-attention-layer rotary cos/sin cache buffers (gpuprov.sizing.activations
+    # dense_causal_mask_bytes, hf_buffer_bytes)
+    hf_llama_438: bool = False
 
 
 @dataclass(frozen=True)

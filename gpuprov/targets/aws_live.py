@@ -111,7 +111,8 @@ def subnet_routes(plan: Any, s: dict, run: Runner) -> Check:
 
 def quota(plan: Any, s: dict, run: Runner) -> Check:
     inst = get_instance(s["instance"])
-    entry = (cat.quota("aws") or {}).get("codes", {}).get(TARGET.quota_family(inst.name))
+    quotas = cat.quota("aws") or {}
+    entry = quotas.get("codes", {}).get(TARGET.quota_family(inst.name))
     if entry is None or s["purchase"] in ("reservation", "capacity-block"):
         return Check("skip", "quota (live)", "no vCPU quota applies" if entry else f"no quota code for {inst.name}")
     code = entry["spot" if s["purchase"] == "spot" else "on-demand"]
@@ -123,6 +124,5 @@ def quota(plan: Any, s: dict, run: Runner) -> Check:
     have, need = float(data["Quota"]["Value"]), s["nodes"] * (inst.vcpus or 0)
     if have < need:
         return Check("fail", "quota (live)", f"{code}: {have:.0f} vCPUs allowed, the plan needs {need}",
-                     f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-                     f"--desired-value {need} --region {q(s['region'])}")
+                     quotas["fix"].format(code=q(code), need=need, region=q(s["region"])))
     return Check("ok", "quota (live)", f"{code}: {have:.0f} vCPUs allowed >= {need} needed")

@@ -1,0 +1,49 @@
+"""benchmarks/allocator_replay.py: the caching allocator's rules, and the estimate's idle-cache floor under them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MiB = 2**20
+
+
+def _replay():
+    spec = importlib.util.spec_from_file_location("allocator_replay", REPO / "benchmarks" / "allocator_replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["allocator_replay"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_best_fit_split_and_merge_within_a_segment() -> None:
+    A = _replay().CachingAllocator()
+    big, small = A.malloc(400 * MiB), A.malloc(160 * MiB)
+    A.free(big)
+    A.free(small)
+    assert A.reserved == 560 * MiB and A.idle == 560 * MiB
+    x = A.malloc(150 * MiB)  # best fit: the 160 MiB block, not the 400
+    assert A.reserved == 560 * MiB and x[1][0] == 150 * MiB and len(x[0]) == 2  # split: 10 MiB left
+    y = A.malloc(300 * MiB)  # carved from the 400 MiB segment
+    A.free(y)
+    assert [b[0] for b in y[0]] == [400 * MiB]  # the pieces merged back
+    z = A.malloc(500 * MiB)  # two free segments of 400 and 10 MiB do not merge: a new one
+    assert A.reserved == 1060 * MiB and z is not None
+    assert A.malloc(MiB) is None  # small pool, left out
+
+
+def test_estimate_floor_stays_below_the_replayed_idle_cache() -> None:
+    """The analytic allocator term at the start of backward is a floor of what the replay leaves idle."""
+    mod = _replay()
+    from gpuprov.catalog.models import get_model
+
+    shape = next(s for s in mod.SHAPES if s.name == "7B LoRA bs6")
+    arch = get_model(shape.model)
+    a = mod.replay(arch, shape)
+    assert a.active > 0 and a.reserved >= a.active
+    assert mod.analytic_term(arch, shape) <= a.idle
+    # the loss' fp32 buffers and every saved input are live at that moment
+    T, h, V = shape.batch * shape.seq, arch.hidden_size, arch.vocab_size
+    assert a.active >= 4 * T * V * 4 + arch.num_layers * T * h * 2
