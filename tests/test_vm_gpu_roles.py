@@ -129,7 +129,8 @@ def play(bundle: Path, step: str, extra: dict | None = None, playbook: str = "si
     began = time.monotonic()
     more = ["-e", json.dumps(extra)] if extra else []
     result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", playbook, "-e", "@vars.json", *more],
-                            cwd=bundle, capture_output=True, text=True, env=env, timeout=2400)
+                            cwd=bundle, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                            timeout=2400)
     TIMINGS[step] = time.monotonic() - began
     result.stdout += result.stderr
     print(f"\n[{step}: {TIMINGS[step]:.0f} s] {task_times(result.stdout)}")
@@ -358,7 +359,7 @@ def place_module(guest: Guest, work: Path, kernel: str, version: str | None) -> 
         module = fake_module(folder, version)
         subprocess.run(["scp", *guest.ssh_options(), "-P", str(guest.port), str(module),
                         f"root@127.0.0.1:/lib/modules/{kernel}/updates/dkms/nvidia.ko"], check=True,
-                       capture_output=True)
+                       stdin=subprocess.DEVNULL, capture_output=True)
         guest.ssh(f"depmod -a {kernel}")
 
 

@@ -138,7 +138,8 @@ def play(bundle: Path, *extra: str, tags: str = "storage", check: bool = False,
                ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="False", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_GATHERING="smart", **TASK_TIMER_ENV)
     began = time.monotonic()
-    result = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(cmd, cwd=bundle, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                            timeout=600)
     TIMINGS[step] = time.monotonic() - began
     result.stdout += result.stderr
     print(f"\n[{step}: {TIMINGS[step]:.0f} s] {task_times(result.stdout)}")

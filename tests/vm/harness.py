@@ -208,7 +208,9 @@ class Guest:
             connect_timeout: int = 10) -> subprocess.CompletedProcess:
         cmd = ["ssh", *self.ssh_options(connect_timeout), "-p", str(self.port), "root@127.0.0.1", command]
         try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            # stdin from /dev/null: ssh sets its stdin non-blocking, and an ansible-playbook started
+            # beside it (the other lane) on the same inherited stdin then refuses to run
+            result = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             result = subprocess.CompletedProcess(cmd, 124, exc.stdout or "", f"timeout after {timeout}s")
             if isinstance(result.stdout, bytes):
