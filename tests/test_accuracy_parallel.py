@@ -54,6 +54,6 @@ def test_readme_states_the_parallel_hold_out() -> None:
     acc = _accuracy()
     results = acc.evaluate(acc.load_rows(HOLD_OUT))
     s = acc.summary(results)
-    assert all(r["error_pct"] < 0 for r in results)  # "every row under"
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
-    assert f"read MAPE {s['mape_pct']:.1f}%, every row under (worst {s['worst_underestimate_pct']:.1f}%" in readme
+    # the figures README prints are the benchmark's own (a model change must update both)
+    assert f"read MAPE {s['mape_pct']:.1f}%" in readme and f"(worst {s['worst_underestimate_pct']:.1f}%" in readme
