@@ -145,12 +145,13 @@ def test_schedules_order_forwards_and_backwards_as_torch() -> None:
 
 def test_interleaved_keeps_one_local_stage_of_gradients_whole() -> None:
     """FSDP under PP reduce-scatters a stage at its last backward: with two stages per rank whose backwards
-    do not interleave, half the rank's blocks have whole gradients at a time; 1F1B holds all of them."""
+    do not interleave, half the rank's blocks have whole gradients at a time; 1F1B holds all of them. Beside
+    them the reduce-scatter stream's pool keeps every held block's sharded gradient (FSDP 8) reserved."""
     one = estimate_memory(L405, _piped("1F1B"))
     two = estimate_memory(L405, _piped("Interleaved1F1B"))
     layer_grad = 4 * L405.layer_params() / 8  # fp32, one TP shard
-    assert one.breakdown["gradients"] >= 16 * layer_grad * 0.99
-    assert two.breakdown["gradients"] <= 8.5 * layer_grad
+    assert 16 * layer_grad * (1 + 1 / 8) * 0.99 <= one.breakdown["gradients"] <= 16 * layer_grad * (1 + 1 / 8) * 1.01
+    assert two.breakdown["gradients"] <= (8 + 16 / 8 + 0.5) * layer_grad
     assert two.per_gpu_bytes < one.per_gpu_bytes
     assert any("Interleaved1F1B" in a for a in two.assumptions)
 

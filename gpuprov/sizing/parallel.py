@@ -205,9 +205,13 @@ def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: in
         if k in out:
             out[k] = int(out[k] * frac["held"])
     if piped_fsdp and "gradients" in out:
-        # whole fp32 gradients of the stages between first and last backward, sharded ones of those reduced
+        # whole fp32 gradients of the stages between first and last backward, plus the sharded ones of every
+        # stage the rank holds: FSDP2 allocates them on the reduce-scatter stream (foreach_reduce: reduce_output,
+        # kept as the sharded .grad) and the caching allocator serves a stream only from its own blocks
+        # (c10/cuda/CUDACachingAllocator.cpp get_free_block), so after the first step that stream keeps them
+        # reserved mid-step too, as memory.py counts them for FSDP without PP.
         whole = terms["gradients"]  # the whole model's, unsharded (memory_weights: grad shard 1 under PP)
-        out["gradients"] = int(whole * frac["grads"] + whole / shard * frac["reduced"])
+        out["gradients"] = int(whole * frac["grads"] + whole / shard * frac["held"])
     root_all = arch.params - arch.num_layers * layer_params
     if "gathered_params" in out and out["gathered_params"]:
         root_bytes = a * root_all
