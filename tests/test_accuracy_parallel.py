@@ -45,9 +45,9 @@ def test_pipeline_schedules_order_as_measured_and_errors_stay_bounded() -> None:
     two = results["titan-405b-fsdp8-tp8-pp8-interleaved1f1b"]["estimated_bytes"]
     assert two < one - 4 * 2**30
     s = acc.summary(list(results.values()))
-    assert s["mape_pct"] <= 11.0, acc.render(list(results.values()), precise=False)
-    assert s["worst_underestimate_pct"] >= -18.0
-    assert all(r["error_pct"] < 5.0 for r in results.values())  # none over-estimated: the gap is one-sided
+    assert s["mape_pct"] <= 6.0, acc.render(list(results.values()), precise=False)
+    assert s["worst_underestimate_pct"] >= -14.5
+    assert all(abs(r["error_pct"]) < 15.0 for r in results.values())
 
 
 def test_readme_states_the_parallel_hold_out() -> None:

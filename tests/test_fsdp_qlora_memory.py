@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuprov.catalog.models import get_model
+from gpuprov.sizing import idle_cache
 from gpuprov.sizing.memory import allocator_bytes, constants, estimate_memory, model_states
 from gpuprov.sizing.types import TrainSetup
 
@@ -51,31 +52,38 @@ def test_transformers_438_keeps_a_dense_causal_mask_and_rotary_buffers() -> None
 
 
 def test_loss_strands_the_forward_working_set_and_the_freed_bf16_logits() -> None:
-    """At the start of backward the fp32 loss buffers fit none of the blocks freed before them."""
-    e = estimate_memory(L7B, TrainSetup(**FSDP_QLORA))
+    """At the start of backward the fp32 loss buffers fit none of the blocks freed before them: for this stack
+    the forward's allocation order is replayed (idle_cache.py), and it leaves at least the closed-form floor
+    (one block's working set and the freed bf16 logits) idle."""
+    s = TrainSetup(**FSDP_QLORA)
+    e = estimate_memory(L7B, s)
     assert any("start of backward" in a for a in e.assumptions[:1])
     h, f, V, T = L7B.hidden_size, L7B.intermediate_size, L7B.vocab_size, 10 * 2048
     final_norm = 4 * h + 2 * 2 * h  # what the final RMSNorm saves, carved from those blocks
-    stranded = T * (2 * (2 * h + 4 * f) - final_norm + 2 * V)
-    assert e.breakdown["allocator_fragmentation"] == stranded
+    floor = T * (2 * (2 * h + 4 * f) - final_norm + 2 * V)
+    traced = idle_cache.hf_eager_stranded_at_loss(L7B, s)
+    assert traced is not None and traced > floor
+    assert e.breakdown["allocator_fragmentation"] == traced
     a = allocator_bytes(e)
-    assert a["reserved"] - a["active"] == stranded  # idle cache: reserved, not active
+    assert a["reserved"] - a["active"] == traced  # idle cache: reserved, not active
 
-    # modern HF keeps its bf16 logits (no freed copy); the working set alone is below the generic 10%
+    # modern HF keeps its bf16 logits (no freed copy) and is not the traced stack: the working-set floor
     modern = estimate_memory(L7B, TrainSetup(**{**FSDP_QLORA, "loss_impl": "hf"}))
     live = sum(v for k, v in modern.breakdown.items() if k not in ("allocator_fragmentation", "nccl_buffers",
                                                                    "cuda_context"))
     frac = constants()["allocator"]["fragmentation_eager"]
     assert modern.breakdown["allocator_fragmentation"] == max(int(live * frac), T * (2 * (2 * h + 4 * f) - final_norm))
 
-    # compiled blocks or selective AC: no such working set is modelled, the generic fraction stays
+    # compiled blocks: their own replay; selective AC: no such working set is modelled, the generic fraction stays
     for kw in ({"compile": True}, {"activation_checkpointing": "selective"}):
-        s = replace(TrainSetup(**FSDP_QLORA), **kw)
-        e2 = estimate_memory(L7B, s)
+        s2 = replace(s, **kw)
+        e2 = estimate_memory(L7B, s2)
         live2 = sum(v for k, v in e2.breakdown.items() if k not in ("allocator_fragmentation", "nccl_buffers",
                                                                     "cuda_context"))
-        frac2 = constants()["allocator"]["fragmentation_compiled" if s.compile else "fragmentation_eager"]
-        assert e2.breakdown["allocator_fragmentation"] == int(live2 * frac2)
+        frac2 = constants()["allocator"]["fragmentation_compiled" if s2.compile else "fragmentation_eager"]
+        replayed = idle_cache.compiled_stranded_at_loss(L7B, s2, T, 2, 1, L7B.num_layers)
+        assert (replayed > 0) == s2.compile
+        assert e2.breakdown["allocator_fragmentation"] == max(int(live2 * frac2), replayed)
 
 
 def test_smaller_batches_keep_the_generic_fraction() -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from gpuprov import validators as v
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing import memory_notes, parallel
+from gpuprov.sizing import idle_cache, memory_notes, parallel
 from gpuprov.sizing.activations import (  # noqa: F401 - re-exported: callers size tokens with them
     LOSS_IMPLS,
     autocast_extra_bytes_per_token,
@@ -317,31 +317,43 @@ def _phases(x: _Ctx) -> list[_Phase]:
 
 
 def _stranded_at_loss(x: _Ctx, acts: act.Activations) -> int:
-    """Cached blocks the loss cannot use when an eager full-AC forward reaches an fp32 loss.
+    """Cached blocks the loss cannot use when a full-AC forward reaches an fp32 loss (idle_cache.py).
 
     The CUDA caching allocator serves a request only from a free block at least as large on the same stream
     (best fit), splits blocks but merges only the pieces of one segment, and gives cached segments back only
     when cudaMalloc fails (pytorch/pytorch@eb42ad6eca0ce61e7c581212b4bf32f991425571
-    c10/cuda/CUDACachingAllocator.cpp get_free_block, try_merge_blocks, release_cached_blocks). Under full AC
-    each block's forward allocates and frees the same working set: the MLP's intermediates (SiLU output,
-    up_proj output and, with a LoRA adapter on up_proj, its base output, lora_B output and scaled copy:
-    transformers v4.38.2 LlamaMLP.forward, peft 0.10.0 tuners/lora/layer.py Linear.forward and bnb.py
-    Linear4bit.forward) beside the residual and the normalised input. Only the final norm reuses those
-    blocks; the fp32 logit-sized buffers of the loss are larger than any of them, and so is the
-    compute-dtype logits block a model frees when it upcasts its own output (transformers < 4.45
-    `logits = logits.float()`). At the start of backward all of that is reserved and idle."""
+    c10/cuda/CUDACachingAllocator.cpp get_free_block, try_merge_blocks, release_cached_blocks). The fp32
+    logit-sized buffers of the loss are larger than any block a forward leaves cached, so at the start of
+    backward that cache is reserved and idle. Where the run's stack is one idle_cache.py traces, its allocation
+    order is replayed; elsewhere the working-set floor stands in."""
     s, arch = x.s, x.arch
-    if s.compile or s.activation_checkpointing != "full" or arch.is_moe or s.chunked_cross_entropy:
+    if s.activation_checkpointing != "full" or arch.is_moe or s.chunked_cross_entropy:
         return 0
     if x.a != 2 or not s.loss_upcast:
         return 0
+    if s.compile:
+        return idle_cache.compiled_stranded_at_loss(arch, s, x.tokens, x.a, 1, arch.num_layers)
+    if not autocast_fp32(s) and not kbit_fp32(s):
+        traced = idle_cache.hf_eager_stranded_at_loss(arch, s)
+        if traced is not None:
+            return traced
+    return working_set_floor(arch, s, x.tokens, x.a, acts.final_norm)
+
+
+def working_set_floor(arch: ModelArch, s: TrainSetup, tokens: int, a: int, final_norm: int) -> int:
+    """The least an eager full-AC forward leaves idle at the loss. Each block's forward allocates and frees the
+    same working set: the MLP's intermediates (SiLU output, up_proj output and, with a LoRA adapter on up_proj,
+    its base output, lora_B output and scaled copy: transformers v4.38.2 LlamaMLP.forward, peft 0.10.0
+    tuners/lora/layer.py Linear.forward and bnb.py Linear4bit.forward) beside the residual and the normalised
+    input. Only the final norm reuses those blocks, and the compute-dtype logits a model frees when it upcasts
+    its own output (transformers < 4.45 `logits = logits.float()`) fit none of them."""
     adapted = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
     mlp = (4 if "up_proj" in adapted else 3) * arch.intermediate_size
-    working_set = x.a * (2 * arch.hidden_size + mlp) - acts.final_norm
+    working_set = a * (2 * arch.hidden_size + mlp) - final_norm
     upcast = 0
     if (s.loss_impl == "hf-legacy" or s.fp32_logits) and not autocast_fp32(s) and not kbit_fp32(s):
-        upcast = x.a * arch.vocab_size  # the bf16 logits freed by the model's .float()
-    return x.tokens * (max(working_set, 0) + upcast)
+        upcast = a * arch.vocab_size  # the bf16 logits freed by the model's .float()
+    return tokens * (max(working_set, 0) + upcast)
 
 
 def _reserved(phase: _Phase, s: TrainSetup) -> int:

@@ -83,6 +83,12 @@ def assumptions(
                    " block's forward working set (MLP intermediates, residual, normalised input) and, where the model"
                    " upcasts its own output, the freed compute-dtype logits (a free block serves only smaller requests;"
                    " segments never merge)")
+    if (s.activation_checkpointing == "full" and s.compile and s.compile_scope == "block" and not s.chunked_cross_entropy
+            and not arch.is_moe and s.loss_upcast):
+        out.append("at the start of backward the allocator's idle cache is what the compiled blocks' forwards left cached"
+                   " (norm outputs, float8 casts, TP all-gathers and partial outputs, matmul and attention outputs,"
+                   " replayed through the caching allocator's rules) that the loss's larger logit-sized buffers cannot"
+                   " reuse, plus the compute-dtype logits freed before backward")
     out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
     out.extend(parallel.assumptions(arch, s))
     return out

@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import Any
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing import pipeline
+from gpuprov.sizing import idle_cache, pipeline
 
 # Terms proportional to the parameters one rank holds before FSDP shards them.
 _PARAM_TERMS = ("parameters", "gradients", "optimizer_states", "fp32_master", "comm_buckets",
@@ -290,6 +290,17 @@ def stage_outputs(arch: Any, lay: Layout, st: Stage, tokens: int, a: int, merged
     return int(st.outputs * hidden + st.logit_chunks * logits * (2 if merged else 1))
 
 
+def _stranded_at_loss(arch: Any, setup: Any, lay: Layout, st: Stage, tokens: int, a: int, whole: dict[str, int]) -> int:
+    """The allocator's idle cache when this rank's loss starts (memory.py's floor on fragmentation), at the
+    rank's shapes: compiled blocks are replayed with their TP buffers (idle_cache.py); the eager closed form,
+    sized on the whole sequence and width, shrinks with the rank's tokens and widths. No loss, no floor."""
+    if not st.head:
+        return 0
+    if setup.compile:
+        return idle_cache.compiled_stranded_at_loss(arch, setup, int(tokens / lay.cp), a, lay.tp, st.act_layers)
+    return int(whole.get("allocator_fragmentation", 0) / (lay.tp * lay.cp))
+
+
 def _shard(setup: Any) -> int:
     """FSDP shard degree (memory.py's): gpus, or the HSDP group, over the TP x PP ranks."""
     group = setup.gpus
@@ -320,6 +331,8 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
             terms["tp_backward_buffers"] = tp_grads if tag == "b" else 0
             terms["cp_ring_buffers"] = ring if tag == "b" else 0
             terms["pp_stage_outputs"] = stage_outputs(arch, lay, st, tokens, a, merged=tag == "m")
+            if tag == "a":
+                terms["allocator_fragmentation"] = _stranded_at_loss(arch, setup, lay, st, tokens, a, ph.terms)
             base = "end of step (outputs merged)" if tag == "m" else ph.name
             name = f"{base}, {st.name}" if st.name else base
             out.append(replace(ph, name=name, terms=terms))

@@ -1,0 +1,59 @@
+"""gpuprov.sizing.idle_cache: the idle cache a compiled forward leaves at the loss, replayed through the allocator."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpuprov.catalog.models import get_model
+from gpuprov.sizing import idle_cache
+from gpuprov.sizing.allocator import CachingAllocator
+from gpuprov.sizing.idle_cache import BlockShape, compiled_forward_idle
+from gpuprov.sizing.memory import estimate_memory
+from gpuprov.sizing.types import TrainSetup
+
+MiB, GiB = 2**20, 2**30
+TOKENS = 16 * 8192
+TP8 = BlockShape(tokens=TOKENS, hidden=8192, q=1024, kv=128, ffn=3584, tp=8, a=2, float8=True)
+
+
+def _out(b: BlockShape) -> int:
+    return b.tokens // b.tp * b.hidden * b.a
+
+
+def test_a_forward_keeps_only_each_blocks_output() -> None:
+    A = CachingAllocator()
+    for _ in range(5):
+        idle_cache._block_forward(A, TP8)
+    assert A.active == 5 * _out(TP8)
+    assert A.reserved > A.active  # the transients' segments stay cached
+
+
+def test_a_logit_sized_request_strands_the_cache_and_one_that_fits_reuses_it() -> None:
+    logits32 = TOKENS * 16032 * 4
+    alone = compiled_forward_idle(TP8, 10, (logits32,), ())
+    forward = CachingAllocator()
+    forward.malloc(_out(TP8))
+    for _ in range(10):
+        idle_cache._block_forward(forward, TP8)
+    assert alone == forward.idle > 0  # larger than every cached block: a new segment, the cache untouched
+    fits = compiled_forward_idle(TP8, 10, (_out(TP8), logits32), ())
+    assert fits == alone - _out(TP8)
+
+
+def test_logits_freed_before_backward_stay_idle_when_nothing_later_fits_them() -> None:
+    bf16, fp32 = TOKENS * 16032 * 2, TOKENS * 16032 * 4
+    kept = compiled_forward_idle(TP8, 10, (bf16, fp32), ())
+    freed = compiled_forward_idle(TP8, 10, (bf16, fp32), (0,))
+    assert freed - kept == bf16
+
+
+def test_the_estimate_floors_a_compiled_tp_rank_at_its_replayed_idle_cache() -> None:
+    arch = get_model("llama-3.1-70b")
+    s = TrainSetup(seq_len=8192, micro_batch=16, gpus=256, tp=8, sharding="fsdp", activation_checkpointing="full",
+                   compile=True, float8=True, float8_all_gather=False, loss_impl="native")
+    est = estimate_memory(arch, s)
+    idle = idle_cache.compiled_stranded_at_loss(arch, s, 16 * 8192, 2, 8, arch.num_layers)
+    assert idle > 4 * GiB
+    assert est.breakdown["allocator_fragmentation"] == idle
+    eager = estimate_memory(arch, replace(s, compile=False))
+    assert eager.breakdown["allocator_fragmentation"] != idle
