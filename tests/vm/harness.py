@@ -91,7 +91,10 @@ class Guest:
     # --- power --------------------------------------------------------------------------------
     def command_line(self) -> list[str]:
         pubkey = base64.b64encode((self.key.with_suffix(".pub")).read_bytes().strip()).decode()
-        append = f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet gpuprov.sshkey={pubkey}"
+        # show_status: systemd's start jobs (with their running time) reach the console, which is all a boot
+        # that never brings up SSH leaves to read
+        append = (f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet systemd.show_status=1 "
+                  f"gpuprov.sshkey={pubkey}")
         cmd = [QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-M", "q35", "-m", str(self.memory_mb),
                "-smp", str(self.smp), "-nodefaults", "-display", "none", "-no-user-config",
                "-serial", f"file:{self.console}", "-monitor", f"unix:{self.monitor},server,nowait",
