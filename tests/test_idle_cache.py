@@ -21,11 +21,13 @@ def _out(b: BlockShape) -> int:
 
 
 def test_a_forward_keeps_only_each_blocks_output() -> None:
-    A = CachingAllocator()
-    for _ in range(5):
-        idle_cache._block_forward(A, TP8)
-    assert A.active == 5 * _out(TP8)
-    assert A.reserved > A.active  # the transients' segments stay cached
+    mha = BlockShape(tokens=8192, hidden=4096, q=4096, kv=4096, ffn=11008, tp=1, a=2, float8=False)  # no repeat_kv
+    for shape in (TP8, mha):
+        A = CachingAllocator()
+        for _ in range(5):
+            idle_cache._block_forward(A, shape)
+        assert A.active == 5 * _out(shape)
+        assert A.reserved > A.active  # the transients' segments stay cached
 
 
 def test_a_logit_sized_request_strands_the_cache_and_one_that_fits_reuses_it() -> None:

@@ -10,9 +10,10 @@ are traced, each as its code allocates and frees:
   and fuses elementwise chains into their producers, leaving the norm outputs, the matmul and attention outputs
   and the collectives' buffers). With TP + sequence parallelism (parallelisms/parallelize_llama.py apply_tp) each
   norm output is a sequence shard all-gathered to the full sequence before the colwise matmuls, and each rowwise
-  matmul's full-sequence partial output is reduce-scattered back; with float8 linears the input is cast to float8
-  first (torchao float8_tensor_parallel Float8ColwiseParallel: the gather moves float8). Only a block's output
-  outlives it (full AC saves each block's input). Async TP (symmetric-memory fused collectives) is not replayed.
+  matmul's full-sequence partial output is reduce-scattered back; with float8 linears the sharded input is cast to
+  float8 first and gathered in float8 (docs/float8.md at that commit: "float8 all-gather ... for TP (by default for
+  Float8Linear)"). Only a block's output outlives it (full AC saves each block's input). Async TP
+  (symmetric-memory fused collectives) is not replayed.
 * `hf_eager_stranded_at_loss`: transformers v4.38.2 LlamaDecoderLayer / LlamaRMSNorm / LlamaSdpaAttention /
   LlamaMLP under reentrant checkpointing (the forward runs without grad: every intermediate is freed as soon as
   Python drops it), peft 0.10.0 LoRA Linear.forward (bnb Linear4bit.forward: dequantized weight, then the
@@ -81,9 +82,13 @@ def _block_forward(A: CachingAllocator, b: BlockShape):
     A.free(x)
     rot = A.malloc(T * b.q * a)  # rotary q
     A.free(q)
-    keys, values = A.malloc(T * b.q * a), A.malloc(T * b.q * a)  # rotary + repeat_kv, materialised
-    A.free(k)
-    A.free(v)
+    if b.kv < b.q:  # rotary k, then repeat_kv's expand + reshape copies of K and V at the query width
+        keys, values = A.malloc(T * b.q * a), A.malloc(T * b.q * a)
+        A.free(k)
+        A.free(v)
+    else:  # repeat_kv returns V itself
+        keys, values = A.malloc(T * b.kv * a), v
+        A.free(k)
     attn = A.malloc(T * b.q * a)
     for t in (rot, keys, values):
         A.free(t)
@@ -122,8 +127,9 @@ def compiled_stranded_at_loss(arch: Any, s: Any, tokens: int, a: int, tp: int, b
     compiled_forward_idle); 0 where the run is not that stack.
 
     The requests after the blocks are the final norm's output, under TP the head's all-gathered input, the logits
-    in the compute dtype (freed before backward where the loop drops them or the model upcasts its own output) and the fp32 logits
-    the loss upcasts to; each fp32 logit-sized buffer is larger than any cached block, so one stands for all."""
+    in the compute dtype (freed before backward where the loop drops them or the model upcasts its own output)
+    and the fp32 logits the loss upcasts to; each fp32 logit-sized buffer is larger than any cached block, so one
+    stands for all."""
     if not s.compile or s.compile_scope != "block" or s.activation_checkpointing != "full" or arch.is_moe:
         return 0
     if s.chunked_cross_entropy or a != 2 or not s.loss_upcast:
