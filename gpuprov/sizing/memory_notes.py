@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprov.sizing import parallel
+from gpuprov.sizing import idle_cache, parallel
 from gpuprov.sizing.activations import LOSS_IMPLS
 from gpuprov.sizing.arch import ModelArch
 from gpuprov.sizing.memory_weights import (
@@ -10,6 +10,7 @@ from gpuprov.sizing.memory_weights import (
     constants,
     float8_gather,
     frozen_flat_grads,
+    kbit_fp32,
     loss_compiled,
     unsharded_accumulation,
 )
@@ -78,7 +79,13 @@ def assumptions(
         " CUDA context and NCCL buffers outside it; near a full GPU the allocator frees its cache and retries,"
         " so torch.cuda.max_memory_reserved() reads at most the GPU's memory less context and NCCL"
     )
-    if s.activation_checkpointing == "full" and not s.compile and not s.chunked_cross_entropy and not arch.is_moe:
+    traced = (not autocast_fp32(s) and not kbit_fp32(s) and s.loss_upcast
+              and idle_cache.hf_eager_stranded_at_loss(arch, s) is not None)
+    if traced:
+        out.append("at the start of backward the allocator's idle cache is what the eager forward left cached"
+                   " (transformers 4.38 Llama blocks, peft LoRA, the legacy loss, op by op, replayed through the"
+                   " caching allocator's rules) that the loss's larger logit-sized buffers cannot reuse")
+    elif s.activation_checkpointing == "full" and not s.compile and not s.chunked_cross_entropy and not arch.is_moe:
         out.append("at the start of backward the allocator's idle cache is at least what the loss cannot reuse: one"
                    " block's forward working set (MLP intermediates, residual, normalised input) and, where the model"
                    " upcasts its own output, the freed compute-dtype logits (a free block serves only smaller requests;"
