@@ -73,6 +73,15 @@ def assumptions(
         out.append("gradients held through forward (gradient accumulation / comm buffers / FSDP reduce-scatter stream cache)")
     else:
         out.append("no gradient accumulation: zero_grad(set_to_none=True) frees gradients before forward")
+    out.extend(_allocator_notes(arch, s))
+    out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
+    out.extend(parallel.assumptions(arch, s))
+    return out
+
+
+def _allocator_notes(arch: ModelArch, s: TrainSetup) -> list[str]:
+    """What the caching allocator holds beyond the live tensors: its fragmentation and the idle cache at the loss."""
+    out = []
     frag = constants()["allocator"]["fragmentation_compiled" if s.compile else "fragmentation_eager"]
     out.append(
         f"PyTorch caching allocator: +{frag:.0%} over live tensors for fragmentation (reserved vs allocated);"
@@ -96,8 +105,6 @@ def assumptions(
                    " (norm outputs, float8 casts, TP all-gathers and partial outputs, matmul and attention outputs,"
                    " replayed through the caching allocator's rules) that the loss's larger logit-sized buffers cannot"
                    " reuse, plus the compute-dtype logits freed before backward")
-    out.append("weights loaded sharded (meta-device init + sharded load); loaders that first put the whole model on every GPU need more at start-up")
-    out.extend(parallel.assumptions(arch, s))
     return out
 
 
