@@ -26,7 +26,8 @@ if str(REPO) not in sys.path:
 
 CASES = [
     dict(model="70b", tokens=20 * 10**9),
-    dict(model="70b", tokens=2 * 10**11, deadline_hours=30 * 24),
+    # 200B tokens in 30 days: a batch wide enough for ~100+ GPUs (8 sequences would cap the data parallelism)
+    dict(model="70b", tokens=2 * 10**11, deadline_hours=30 * 24, global_batch=256),
     dict(model="llama-3.1-8b", tokens=10**11),
     dict(model="llama-3.1-8b", tokens=5 * 10**10, deadline_hours=48),
     dict(model="llama-3.1-8b", task="lora", tokens=10**9),
@@ -51,12 +52,12 @@ def _score(c, objective: str):
     return {"cost": c.cost_usd, "time": c.time_hours, "gpus": c.total_gpus}[objective]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-brute", action="store_true", help="speed only")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from gpuprov.catalog.gpus import get_gpu
     from gpuprov.catalog.instances import list_instances

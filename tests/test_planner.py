@@ -127,6 +127,21 @@ def test_deadline_and_budget_are_honoured():
         make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, budget_usd=10))
 
 
+def test_deadline_miss_names_the_batch_when_nodes_cannot_help():
+    # 2 sequences per step: the fastest run already puts each on its own data-parallel rank, so the
+    # hint is the global batch, not --max-nodes (which the user may have raised already)
+    spec = dict(model="llama-3.1-8b", tokens=50 * 10**9, deadline_hours=48, cloud="aws", max_nodes=64)
+    with pytest.raises(GpuprovError) as err:
+        make_plan(TrainingSpec(global_batch=2, **spec))
+    msg = str(err.value)
+    assert "raise --global-batch" in msg and "--max-nodes" not in msg
+    assert make_plan(TrainingSpec(global_batch=256, **spec)).time_hours <= 48
+    # where more nodes would help, the node cap is still what the message names
+    with pytest.raises(GpuprovError, match=r"allow more nodes \(--max-nodes\)"):
+        make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, deadline_hours=48, cloud="aws",
+                               global_batch=256, max_nodes=1))
+
+
 def test_objectives_rank_differently():
     base = dict(model="llama-3.1-8b", tokens=10 * 10**9, cloud="aws")
     cheap = make_plan(TrainingSpec(objective="cost", **base))

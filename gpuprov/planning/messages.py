@@ -44,6 +44,19 @@ def _floor_with_many_gpus(spec: Any, arch: Any, miss: Miss, estimator: Estimator
     return estimator(arch, setup).per_gpu_bytes
 
 
+def _constrained_hint(spec: Any, fastest: Any) -> str:
+    """What to relax when runs fit but miss the deadline or budget. A sample is never split across
+    data-parallel ranks, so once the fastest run gives every sequence of the global batch its own rank
+    (TP/CP at the node's width), more nodes cannot make it faster: the batch is what to raise."""
+    if spec.deadline_hours is not None and fastest is not None:
+        sequences = fastest.batch_tokens // max(1, spec.seq_len)
+        if fastest.dp >= sequences:
+            return (f"more nodes cannot help: the fastest run already gives each of the global batch's {sequences:,} "
+                    f"sequences ({spec.seq_len:,} tokens) its own data-parallel rank; raise --global-batch, relax "
+                    f"--deadline/--budget or train fewer tokens")
+    return "relax --deadline/--budget, allow more nodes (--max-nodes) or train fewer tokens"
+
+
 def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: list[Any],
                          gpu_lookup: Callable[[str], Any], estimator: Estimator | None = None) -> str:
     """One line: what the spec needs, the nearest miss, and what to relax."""
@@ -57,7 +70,7 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
             parts.append(f"the cheapest ({c.instance.name} x{c.nodes}) costs ${c.cost_usd:,.0f} > budget "
                          f"${spec.budget_usd:,.0f}")
         return ("configurations fit in memory but none meets the constraints: "
-                + "; ".join(parts) + "; relax --deadline/--budget, allow more nodes (--max-nodes) or train fewer tokens")
+                + "; ".join(parts) + "; " + _constrained_hint(spec, f))
     miss = result.nearest_miss
     if miss is None:
         scope = f"cloud {spec.cloud}" + (f", GPUs {','.join(spec.gpus)}" if spec.gpus else "")
