@@ -230,4 +230,7 @@ def measure(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help") or not Path(sys.argv[1]).is_file():
+        print("usage: python gpu_day_titan.py CONFIG_JSON  (train.yaml as JSON; gpu_day.py runs it)", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(measure(json.loads(Path(sys.argv[1]).read_text()))))
