@@ -84,7 +84,7 @@ def test_gpuprov_preset_matches_the_bundled_trainer_code() -> None:
     stack = frameworks.gpuprov_stack("full", "fsdp")
     assert ("fully_shard(" in train) == (stack["fsdp_version"] == 2)
     assert "MixedPrecisionPolicy(" in train and stack["autocast_fp32_params"] is False
-    assert ("torch.compile(block)" in train) == stack["compile"]
+    assert ("replace_blocks(blocks, torch.compile)" in train) == stack["compile"]  # each block compiled
     assert ("fully_shard(embed" in train) == stack["shard_embeddings"]
     assert ("del logits" in train) == (stack["loss_impl"] == "native")
     assert ".float()" in train and stack["loss_upcast"] is True

@@ -5,7 +5,9 @@ step is the mean over the global batch's trained tokens (an all-reduced count ac
 micro-batches, as torchtitan and transformers' num_items_in_batch); a per-micro-batch mean would
 make the gradient depend on how the batch is split. Same saved weights, same 8-sample global
 batches, fp32: 1 process x 4 accumulation, FSDP 2 x 2 accumulation, FSDP 4, HSDP 2 x 2, DDP 2,
-TP 2 x FSDP 2 log the same losses to 1e-5 over 6 steps. Six short torchrun launches.
+TP 2 x FSDP 2, and pipelines (PP 2 x FSDP 2 under 1F1B, PP 2 x 2 stages interleaved x TP 2, PP 2 x
+HSDP 2x1) log the same losses to 1e-5 over 6 steps. Nine short torchrun launches; the pipeline's
+resume, validation and export against one process: two launches per schedule.
 """
 
 from __future__ import annotations
@@ -70,14 +72,19 @@ LAYOUTS = {
     "PP 2 x FSDP 2, 1F1B": dict(gpus=4, sharding="fsdp", micro=1, accum=4, pp=2),
     "PP 2 interleaved x TP 2": dict(gpus=4, sharding="fsdp", micro=2, accum=4, tp=2, pp=2,
                                     pp_schedule="Interleaved1F1B"),
+    # two "nodes", one stage each, its two ranks HSDP replicas
+    "PP 2 x HSDP 2x1": dict(gpus=4, nodes=2, sharding="hsdp", micro=1, accum=4, pp=2, replicate=2),
 }
 
 
 def run_layout(root: Path, base: Path, data: Path, layout: dict) -> dict[int, float]:
+    layout = dict(layout)
+    replicate = layout.pop("replicate", 1)
     launch = render(root, **layout)
     pp = ("--set", f"parallel.pp={layout['pp']}", "--set", f"parallel.pp_schedule={layout.get('pp_schedule', '1F1B')}",
-          "--set", f"parallel.shard={layout['gpus'] // layout['pp']}") if layout.get("pp", 1) > 1 else ()
-    args = (*pp,"--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+          "--set", f"parallel.replicate={replicate}",
+          "--set", f"parallel.shard={layout['gpus'] // layout['pp'] // replicate}") if layout.get("pp", 1) > 1 else ()
+    args = (*pp, "--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
             "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
             "--set", "export.at_end=false")
     nodes = layout.get("nodes", 1)
