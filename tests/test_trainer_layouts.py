@@ -11,6 +11,7 @@ TP 2 x FSDP 2 log the same losses to 1e-5 over 6 steps. Six short torchrun launc
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,12 @@ def masked_data(root: Path) -> Path:
     return root
 
 
-def render(root: Path, *, gpus: int, sharding: str, micro: int, accum: int, nodes: int = 1, tp: int = 1) -> Path:
+def render(root: Path, *, gpus: int, sharding: str, micro: int, accum: int, nodes: int = 1, tp: int = 1,
+           pp: int = 1, pp_schedule: str = "1F1B") -> Path:
     plan = sample_plan("aws", nodes, "hsdp" if sharding == "hsdp" else "fsdp", "full")
     per_node = gpus // nodes
     shard = {"hsdp": per_node, "ddp": 1}.get(sharding, gpus)
-    assert micro * accum * gpus // tp == GLOBAL_BATCH
+    assert micro * accum * gpus // (tp * pp) == GLOBAL_BATCH
     cluster = plan.cluster.model_copy(update=dict(
         nodes=nodes, gpus_per_node=per_node, total_gpus=gpus, sharding=sharding, shard_group=shard,
         replicate=gpus // shard, tp=tp, activation_checkpointing="none", micro_batch=micro, grad_accum=accum,
@@ -63,12 +65,19 @@ LAYOUTS = {
     "HSDP 2x2": dict(gpus=4, nodes=2, sharding="hsdp", micro=1, accum=2),
     "DDP 2": dict(gpus=2, sharding="ddp", micro=4, accum=1),
     "TP 2 x FSDP 2, accum 2": dict(gpus=4, sharding="fsdp", micro=2, accum=2, tp=2),
+    # pipeline: 2 stages of 2 blocks x FSDP 2 (4 micro-batches through 1F1B), and 2 ranks x 2 stages
+    # of one block each (Interleaved1F1B) x TP 2
+    "PP 2 x FSDP 2, 1F1B": dict(gpus=4, sharding="fsdp", micro=1, accum=4, pp=2),
+    "PP 2 interleaved x TP 2": dict(gpus=4, sharding="fsdp", micro=2, accum=4, tp=2, pp=2,
+                                    pp_schedule="Interleaved1F1B"),
 }
 
 
 def run_layout(root: Path, base: Path, data: Path, layout: dict) -> dict[int, float]:
     launch = render(root, **layout)
-    args = ("--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+    pp = ("--set", f"parallel.pp={layout['pp']}", "--set", f"parallel.pp_schedule={layout.get('pp_schedule', '1F1B')}",
+          "--set", f"parallel.shard={layout['gpus'] // layout['pp']}") if layout.get("pp", 1) > 1 else ()
+    args = (*pp,"--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
             "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
             "--set", "export.at_end=false")
     nodes = layout.get("nodes", 1)
@@ -114,3 +123,58 @@ def first_batch_losses(base: Path, data: Path) -> tuple[float, float]:
     split = [float(F.cross_entropy(logits[i:i + 2].flatten(0, 1), labels[i:i + 2].flatten(), ignore_index=-100))
              for i in range(0, GLOBAL_BATCH, 2)]
     return token_mean, sum(split) / len(split)
+
+
+def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path):
+    """PP 2 x FSDP 2 (1F1B) against one process, from the same base and data: validation losses
+    (3 micro-batches a rank, run through the schedule in a padded round of 4) agree; a resume from
+    the step-3 checkpoint logs the same losses for steps 4-6; the export (one safetensors shard per
+    stage and an index) loads in transformers with the one-process export's weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = save_tiny_base(tmp_path / "base")
+    data = masked_data(tmp_path / "data")
+    rng = np.random.default_rng(5)
+    (data / "val").mkdir()
+    rng.integers(0, 512, 8 * SEQ + 1, dtype=np.uint16).tofile(data / "val" / "part-00000.bin")
+    np.ones(8 * SEQ + 1, dtype=np.uint8).tofile(data / "val" / "part-00000.mask")
+    extra = ("--set", "export.at_end=true", "--set", "export.dtype=float32", "--set", "data.validation.every_steps=3",
+             "--set", "data.validation.batches=3")
+
+    def run(root: Path, layout: dict, *more: str) -> Path:
+        launch = render(root, **layout)
+        pp = layout.get("pp", 1)
+        sets = ("--set", f"parallel.pp={pp}", "--set", f"parallel.shard={layout['gpus'] // pp}") if pp > 1 else ()
+        finish(start(launch, *sets, "--set", f"data.path={data}", "--set", "model.init=pretrained",
+                     "--set", f"model.pretrained_path={base}", "--set", "precision.param_dtype=float32",
+                     "--set", "precision.reduce_dtype=float32", "--set", "checkpoint.every_steps=3",
+                     *extra, *more, port=free_port()))
+        return launch
+
+    one = run(tmp_path / "one", dict(gpus=1, sharding="fsdp", micro=2, accum=4))  # validates the same 6 samples
+    piped = run(tmp_path / "pp", dict(gpus=4, sharding="fsdp", micro=1, accum=4, pp=2))
+    (ref,), (first,) = runs(one), runs(piped)
+    val = lambda run: {r["step"]: r["val_loss"] for r in run if "val_loss" in r}  # noqa: E731
+    assert sorted(val(ref)) == [3, 6] and val(first) == pytest.approx(val(ref), rel=1e-5)
+    assert losses(first) == pytest.approx(losses(ref), rel=1e-5)
+
+    ckpts = sorted((piped.parent / "scratch" / "checkpoints").glob("*/step-*"))
+    assert [c.name for c in ckpts] == ["step-00000003", "step-00000006"]
+    shutil.rmtree(ckpts[-1])  # as if the job died after step 3's checkpoint
+    second_out = finish(start(piped, "--set", "parallel.pp=2", "--set", "parallel.shard=2", "--set", f"data.path={data}",
+                              "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+                              "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
+                              "--set", "checkpoint.every_steps=3", *extra, port=free_port()))
+    assert "at step 3" in second_out
+    second = runs(piped)[1]
+    assert sorted(losses(second)) == [4, 5, 6]
+    assert losses(second) == pytest.approx({s: v for s, v in losses(first).items() if s > 3}, rel=1e-5)
+
+    exports = [next((launch.parent / "scratch" / "checkpoints").glob("*/export/step-00000006")) for launch in (one, piped)]
+    shards = sorted(p.name for p in exports[1].glob("*.safetensors"))
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    a, b = (AutoModelForCausalLM.from_pretrained(e, dtype=torch.float32).state_dict() for e in exports)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)

@@ -102,8 +102,12 @@ def layout_module():
 def test_mesh_shape_is_checked_against_the_world(layout_module):
     m = layout_module
     par = dict(sharding="hsdp", replicate=2, shard=8, tp=4, cp=2)
-    assert m.layout_from(par, 16).shape == (2, 1, 2, 4)
-    assert m.layout_from(dict(par, sharding="fsdp", replicate=1, shard=16, cp=1), 16).shape == (1, 4, 1, 4)
+    assert m.layout_from(par, 16).shape == (1, 2, 1, 2, 4)  # (pp, dp_replicate, dp_shard, cp, tp)
+    assert m.layout_from(dict(par, sharding="fsdp", replicate=1, shard=16, cp=1), 16).shape == (1, 1, 4, 1, 4)
+    # pipeline stages are the outer dimension: shard counts one stage's GPUs
+    assert m.layout_from(dict(par, sharding="fsdp", replicate=1, shard=8, cp=1, pp=2), 16).shape == (2, 1, 2, 1, 4)
+    with pytest.raises(SystemExit, match=r"pp 2 x dp_replicate 1 x dp_shard 4 x cp 1 x tp 4 = 32 GPUs"):
+        m.layout_from(dict(par, sharding="fsdp", replicate=1, shard=16, cp=1, pp=2), 16)
     with pytest.raises(SystemExit, match="torchrun started 8 processes"):
         m.layout_from(par, 8)
     with pytest.raises(SystemExit, match="not a multiple of tp 4 x cp 2"):

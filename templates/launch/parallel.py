@@ -1,14 +1,14 @@
-"""Tensor and context parallelism for gpuprov's trainer: torchtitan's 4-D device mesh and TP plan.
+"""Tensor, context and pipeline parallelism for gpuprov's trainer: torchtitan's device mesh and TP plan.
 
-Shipped beside train.py; its mesh is built only when train.yaml asks for parallel.tp or
-parallel.cp above 1. The layout follows torchtitan (torchtitan@9dec370
+Shipped beside train.py; its mesh is built only when train.yaml asks for parallel.tp, parallel.cp
+or parallel.pp above 1 (the pipeline stages themselves: train_pipeline.py). The layout follows torchtitan (torchtitan@9dec370
 torchtitan/parallelisms/parallel_dims.py and parallelize_llama.py `apply_tp`), mapped onto
 Hugging Face Llama-family module names:
 
-  mesh      (dp_replicate, dp_shard, cp, tp), row-major: tp ranks are consecutive (one node's
-            NVLink domain), FSDP2 shards over dp_shard x cp (torchtitan's "dp_shard_cp", named
-            "shard" here as in train.py), HSDP replicates over dp_replicate ("replicate");
-            data-parallel ranks ("dp") are dp_replicate x dp_shard.
+  mesh      (pp, dp_replicate, dp_shard, cp, tp), row-major: tp ranks are consecutive (one node's
+            NVLink domain), a pipeline stage's ranks too; FSDP2 shards over dp_shard x cp
+            (torchtitan's "dp_shard_cp", named "shard" here as in train.py), HSDP replicates over
+            dp_replicate ("replicate"); data-parallel ranks ("dp") are dp_replicate x dp_shard.
   TP plan   embed_tokens rowwise (output sequence-sharded), every RMSNorm SequenceParallel,
             attention / MLP inputs all-gathered (PrepareModuleInput), q/k/v and gate/up
             colwise, o/down rowwise back to sequence shards, lm_head colwise with vocab-sharded
@@ -18,8 +18,8 @@ Hugging Face Llama-family module names:
             attention handles the CUDA flash / memory-efficient / cuDNN SDPA kernels only, so CP
             refuses to start on CPU (gloo) with one clear line.
 
-train.yaml's parallel.shard counts the GPUs of one model replica (tp x cp x dp_shard), so
-replicate x shard = world size holds for every layout.
+train.yaml's parallel.shard counts the GPUs of one replica of one pipeline stage (tp x cp x
+dp_shard), so pp x replicate x shard = world size holds for every layout.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 class LayoutError(SystemExit):
@@ -47,36 +47,37 @@ class Layout:
     dp_shard: int
     cp: int
     tp: int
+    pp: int = 1  # outermost, as torchtitan's mesh: a stage's ranks are consecutive
 
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.dp_replicate, self.dp_shard, self.cp, self.tp)
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
 
 def enabled(par: dict) -> bool:
-    return int(par.get("tp", 1)) * int(par.get("cp", 1)) > 1
+    return int(par.get("tp", 1)) * int(par.get("cp", 1)) * int(par.get("pp", 1)) > 1
 
 
 def layout_from(par: dict, world: int) -> Layout:
     """The 4-D mesh shape from train.yaml's parallel section, checked against the world size."""
-    tp, cp = int(par.get("tp", 1)), int(par.get("cp", 1))
+    tp, cp, pp = int(par.get("tp", 1)), int(par.get("cp", 1)), int(par.get("pp", 1))
     replicate, shard, sharding = int(par["replicate"]), int(par["shard"]), par["sharding"]
-    if tp < 1 or cp < 1:
-        raise LayoutError(f"parallel.tp {tp} and parallel.cp {cp} must be positive")
+    if tp < 1 or cp < 1 or pp < 1:
+        raise LayoutError(f"parallel.tp {tp}, parallel.cp {cp} and parallel.pp {pp} must be positive")
     if sharding not in ("fsdp", "hsdp"):
-        raise LayoutError(f"parallel.tp/cp combine with sharding fsdp or hsdp, not {sharding}")
+        raise LayoutError(f"parallel.tp/cp/pp combine with sharding fsdp or hsdp, not {sharding}")
     if sharding == "fsdp" and replicate != 1:
         raise LayoutError(f"parallel.sharding fsdp needs parallel.replicate 1, got {replicate}")
     if shard % (tp * cp):
         raise LayoutError(f"parallel.shard {shard} (GPUs of one replica) is not a multiple of tp {tp} x cp {cp}")
-    lay = Layout(replicate, shard // (tp * cp), cp, tp)
+    lay = Layout(replicate, shard // (tp * cp), cp, tp, pp)
     if lay.world != world:
         raise LayoutError(
-            f"mesh dp_replicate {lay.dp_replicate} x dp_shard {lay.dp_shard} x cp {cp} x tp {tp} = {lay.world} GPUs, "
+            f"mesh pp {pp} x dp_replicate {lay.dp_replicate} x dp_shard {lay.dp_shard} x cp {cp} x tp {tp} = {lay.world} GPUs, "
             f"but torchrun started {world} processes: fix train.yaml or the launch")
     return lay
 
@@ -88,7 +89,8 @@ def build_mesh(device_type: str, lay: Layout) -> DeviceMesh:
     mesh["dp_shard", "cp"]._flatten("shard")
     mesh["dp_replicate"]._flatten("replicate")
     mesh["dp_replicate", "dp_shard"]._flatten("dp")  # ranks that read different data
-    mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")  # ranks whose loss partial sums add up
+    mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")  # one stage's ranks whose loss partial sums add up
+    mesh["pp", "dp_replicate", "dp_shard", "cp"]._flatten("loss")  # ... with the stages (only the last has a loss)
     return mesh
 
 
@@ -123,8 +125,10 @@ def runtime(par: dict, runtime_cls: Any, rank: int, world: int, local_rank: int,
     dp = mesh["dp"]
     # CPU init draws each local shard from the rank's own generator: seed by (shard, tp) coordinate
     shard_rank = mesh["shard"].get_local_rank() * lay.tp + mesh["tp"].get_local_rank()
+    pp = mesh["pp"]
     return runtime_cls(rank, world, local_rank, device, fsdp_mesh(mesh, par["sharding"]), dp.get_local_rank(),
-                       dp.size(), shard_rank, dp_group=dp.get_group(), loss_group=mesh["dp_cp"].get_group())
+                       dp.size(), shard_rank, dp_group=dp.get_group(), loss_group=mesh["loss"].get_group(),
+                       pp_rank=pp.get_local_rank(), pp_group=pp.get_group() if lay.pp > 1 else None)
 
 
 # ---------------------------------------------------------------------------- tensor parallel
@@ -147,13 +151,16 @@ def check_divisible(config: Any, tp: int) -> None:
             raise LayoutError(f"parallel.tp {tp} does not divide the model's {name} {value}")
 
 
-def tp_plan(num_layers: int, float8: bool = False) -> dict[str, Any]:
+def tp_plan(layers: list[str] | int, float8: bool = False, embed: bool = True, head: bool = True) -> dict[str, Any]:
     """torchtitan's apply_tp plan, in Hugging Face module names.
 
     float8 (torchao tensorwise float8 linears, converted before TP): the blocks' linears and their
     inputs take torchao's float8 TP styles, so the sequence-parallel all-gathers move float8, as
     torchtitan's apply_tp does with enable_float8_tensorwise_tp; embeddings, norms and the head stay
     plain (they are not float8 linears).
+
+    `layers`: the blocks' names under model.layers (a count: 0 .. n-1); a pipeline stage passes its own
+    blocks (their global indices) and whether it holds the embedding and the final norm + head.
     """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -172,13 +179,14 @@ def tp_plan(num_layers: int, float8: bool = False) -> dict[str, Any]:
         )
 
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
-    plan: dict[str, Any] = {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "model.norm": SequenceParallel(),
+    plan: dict[str, Any] = {}
+    if embed:
+        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if head:
+        plan["model.norm"] = SequenceParallel()
         # vocab-sharded logits as a DTensor: cross-entropy runs under loss_parallel()
-        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    }
-    for i in range(num_layers):
+        plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+    for i in (range(layers) if isinstance(layers, int) else layers):
         p = f"model.layers.{i}"
         plan.update({
             f"{p}.input_layernorm": SequenceParallel(),
@@ -225,7 +233,10 @@ def parallelize(model: torch.nn.Module, float8: bool = False) -> torch.nn.Module
     check_divisible(model.config, st.layout.tp)
     if getattr(model.config, "tie_word_embeddings", False):
         raise LayoutError("tensor parallelism here shards embed_tokens rowwise and lm_head colwise; tied embeddings need an untied model")
-    parallelize_module(model, st.mesh["tp"], tp_plan(len(decoder.layers), float8))
+    layers = decoder.layers
+    names = list(layers.keys()) if isinstance(layers, torch.nn.ModuleDict) else len(layers)
+    plan = tp_plan(names, float8, embed=decoder.embed_tokens is not None, head=decoder.norm is not None)
+    parallelize_module(model, st.mesh["tp"], plan)
     return model
 
 

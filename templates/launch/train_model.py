@@ -127,9 +127,10 @@ def lora_config(cfg: Config):
                       task_type="CAUSAL_LM", base_model_name_or_path=cfg.model.pretrained_path)
 
 
-def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder-layer list (model.model.layers in Llama-style models, also under a peft wrapper)."""
-    lists = [m for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)
+def transformer_blocks(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder-layer list (model.model.layers in Llama-style models, also under a peft wrapper; a
+    pipeline stage keeps its blocks in a ModuleDict under their global index)."""
+    lists = [m for name, m in model.named_modules() if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict))
              and name.split(".")[-1] in ("layers", "h", "blocks")]
     if not lists:
         raise ConfigError(f"cannot find the transformer blocks of {type(model).__name__}")
@@ -164,7 +165,13 @@ def selective_ac_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_activation_checkpointing(blocks: torch.nn.ModuleList, mode: str) -> None:
+def replace_blocks(blocks: torch.nn.Module, wrap) -> None:
+    """Each block of a ModuleList or ModuleDict replaced by wrap(block), under the same name."""
+    for name, block in list(blocks.named_children()):
+        blocks.register_module(name, wrap(block))
+
+
+def apply_activation_checkpointing(blocks: torch.nn.Module, mode: str) -> None:
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -177,13 +184,12 @@ def apply_activation_checkpointing(blocks: torch.nn.ModuleList, mode: str) -> No
                        context_fn=selective_ac_context)
     else:
         raise ConfigError(f"unknown parallel.activation_checkpointing {mode!r}")
-    for i, block in enumerate(blocks):
-        blocks[i] = wrap(block)
+    replace_blocks(blocks, wrap)
 
 
-def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, cfg: Config, rt: Runtime) -> torch.nn.Module:
-    """FSDP2: fully_shard each transformer block, then the root (embeddings, final norm, LM head)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+def fsdp_kwargs(model: torch.nn.Module, cfg: Config, rt: Runtime) -> dict:
+    """fully_shard's mesh, mixed-precision policy, offload policy and ignored parameters."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     prec, par = cfg.precision, cfg.parallel
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[prec.param_dtype], reduce_dtype=DTYPES[prec.reduce_dtype])
@@ -194,13 +200,20 @@ def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, cfg: Config
         # FSDP2 offloads parameters, gradients and the optimizer step together; there is no
         # optimizer-only variant, so "optimizer" uses less GPU memory than planned, never more.
         offload = CPUOffloadPolicy(pin_memory=True)
-    # fsdp/hsdp free the gathered weights after forward (ZeRO-3); zero1/zero2 keep them until
-    # backward (FSDP2 has no optimizer-only sharding: zero1 runs as zero2).
-    reshard = par.sharding in ("fsdp", "hsdp")
     # QLoRA: the NF4 base stays whole on every GPU (the plan sizes it so); FSDP2 would turn
     # bitsandbytes' Params4bit into plain DTensors and lose their quant_state. Adapters are sharded.
     ignored = {p for p in model.parameters() if type(p).__name__ == "Params4bit"} or None
-    kw = dict(mesh=rt.mesh, mp_policy=mp, offload_policy=offload, ignored_params=ignored)
+    return dict(mesh=rt.mesh, mp_policy=mp, offload_policy=offload, ignored_params=ignored)
+
+
+def shard_model(model: torch.nn.Module, blocks: torch.nn.ModuleList, cfg: Config, rt: Runtime) -> torch.nn.Module:
+    """FSDP2: fully_shard each transformer block, then the root (embeddings, final norm, LM head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    kw = fsdp_kwargs(model, cfg, rt)
+    # fsdp/hsdp free the gathered weights after forward (ZeRO-3); zero1/zero2 keep them until
+    # backward (FSDP2 has no optimizer-only sharding: zero1 runs as zero2).
+    reshard = cfg.parallel.sharding in ("fsdp", "hsdp")
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is embed.weight
     if not tied:
@@ -223,12 +236,11 @@ def final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
     return getattr(inner, "norm", None) if inner is not None else None
 
 
-def apply_compile(blocks: torch.nn.ModuleList, cfg: Config, rt: Runtime) -> None:
+def apply_compile(blocks: torch.nn.Module, cfg: Config, rt: Runtime) -> None:
     """torch.compile each block (torchtitan's unit): fused norms and activations, fewer kernels."""
     if not cfg.efficiency.compile or not rt.is_cuda:
         return  # CPU runs (tests, smoke runs) stay eager: compile there only costs time
-    for i, block in enumerate(blocks):
-        blocks[i] = torch.compile(block)
+    replace_blocks(blocks, torch.compile)
 
 
 def apply_float8(model: torch.nn.Module, cfg: Config, rt: Runtime) -> bool:
@@ -301,7 +313,8 @@ def depth_scale_residuals(model: torch.nn.Module) -> int:
     """Residual-branch output projections drawn at std / sqrt(2 * layers), as torchtitan's Llama
     init (and GPT-2's): the sum of 2L residual branches then keeps the stream's variance at
     initialisation. Scaling an N(0, std) draw by c is an N(0, c * std) draw, shard by shard."""
-    layers = len(transformer_blocks(model))
+    # the whole model's depth (a pipeline stage holds only some of its blocks)
+    layers = getattr(model.config, "num_hidden_layers", None) or len(transformer_blocks(model))
     factor = 1.0 / math.sqrt(2.0 * layers)
     scaled = 0
     for name, module in model.named_modules():
@@ -402,6 +415,10 @@ def prepare_model(cfg: Config, rt: Runtime, from_checkpoint: bool) -> tuple[torc
 
     Returns (model, float8). Tensor/context parallelism (launch/parallel.py) hooks in here.
     """
+    if cfg.parallel.pp > 1:
+        import train_pipeline
+
+        return train_pipeline.prepare_stages(cfg, rt, from_checkpoint)
     model, on_meta = build_model(cfg, rt)
     if cfg.task.kind in ("lora", "qlora"):
         model = apply_lora(model, cfg)

@@ -11,7 +11,9 @@ Standalone on purpose: the cluster runs it without gpuprov installed. Needs torc
 The files beside this one, one job each (the layout follows torchtitan's train.py):
   train_config.py      train.yaml as typed sections; a wrong or unknown key is a one-line error
   train_runtime.py     process group, device, DeviceMesh (1-D FSDP, 2-D HSDP), logging helpers
-  parallel.py          tensor / context parallelism on torchtitan's 4-D mesh (parallel.tp, cp > 1)
+  parallel.py          tensor / context / pipeline parallelism on torchtitan's mesh (parallel.tp, cp, pp > 1)
+  train_pipeline.py    pipeline stages (torch.distributed.pipelining, 1F1B / Interleaved1F1B): the split,
+                       the schedule over the step's micro-batches, the grad norm and the export
   train_model.py       model on the meta device, LoRA, AC, compile, float8, fully_shard, init or
                        pretrained safetensors onto the shards, and the loss (token_loss_sum)
   train_data.py        memory-mapped token windows, loss masks, per-document positions
@@ -41,6 +43,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import parallel  # noqa: E402
+import train_pipeline  # noqa: E402
 from train_checkpoint import (  # noqa: E402,F401
     Checkpointer, TrainState, check_shared_dir, export_dir, export_model, latest_checkpoint, load_checkpoint,
     resolve_checkpoint)
@@ -103,19 +106,20 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     """
     n_global = global_token_count(batches, rt)
     scale = rt.grad_average / max(1, n_global)
-    loss_sum = torch.zeros((), device=rt.device)
-    for m, batch in enumerate(batches):
-        batch = batch.to(rt.device)
-        positions = None if cfg.model_parallel else batch.positions
-        with grad_sync(model, rt, last=m == len(batches) - 1), layout_context(cfg, batch):
-            with amp or contextlib.nullcontext():
-                loss = token_loss_sum(model, batch.inputs, batch.labels, positions)
-            (loss * scale).backward()
-        loss_sum += local_value(loss.detach()).float()
+    pipe = getattr(model, "pipeline", None)
+    if pipe is not None:  # parallel.pp: the schedule runs every micro-batch's forward and backward
+        inputs, labels = stacked(batches, rt.device)
+        with parallel.step_context(inputs, labels):
+            loss_sum = pipe.run(inputs, labels, scale)
+    else:
+        loss_sum = accumulate(model, batches, cfg, rt, scale, amp)
     loss_v = float(sum_over(loss_sum, rt.loss_group, rt.world)) / max(1, n_global)
     params = [p for p in model.parameters() if p.requires_grad]
-    clip = cfg.optimizer.grad_clip
-    grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))))
+    clip = cfg.optimizer.grad_clip if cfg.optimizer.grad_clip > 0 else float("inf")
+    if pipe is not None:
+        grad_norm = float(train_pipeline.grad_norm_and_clip(params, clip, pipe.group))
+    else:
+        grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(params, clip)))
     # the loss and the norm are global (the same on every rank), so every rank decides alike
     skipped = not (torch.isfinite(torch.tensor(loss_v)) and torch.isfinite(torch.tensor(grad_norm)))
     if not skipped:
@@ -126,6 +130,26 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
             precompute_float8_dynamic_scale_for_fsdp(model)
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_v, grad_norm, n_global, skipped)
+
+
+def accumulate(model: torch.nn.Module, batches: list[Batch], cfg: Config, rt: Runtime, scale: float,
+               amp=None) -> torch.Tensor:
+    """Forward and backward of each micro-batch in turn; returns this rank's summed cross-entropy."""
+    loss_sum = torch.zeros((), device=rt.device)
+    for m, batch in enumerate(batches):
+        batch = batch.to(rt.device)
+        positions = None if cfg.model_parallel else batch.positions
+        with grad_sync(model, rt, last=m == len(batches) - 1), layout_context(cfg, batch):
+            with amp or contextlib.nullcontext():
+                loss = token_loss_sum(model, batch.inputs, batch.labels, positions)
+            (loss * scale).backward()
+        loss_sum += local_value(loss.detach()).float()
+    return loss_sum
+
+
+def stacked(batches: list[Batch], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batches as one batch (the pipeline schedule splits it back, in order)."""
+    return (torch.cat([b.inputs for b in batches]).to(device), torch.cat([b.labels for b in batches]).to(device))
 
 
 def step_batches(data: TokenWindows, samples_seen: int, cfg: Config, rt: Runtime) -> list[Batch]:
@@ -140,8 +164,19 @@ def validation_loss(model, data: TokenWindows, cfg: Config, rt: Runtime) -> floa
     """Token-mean loss over data.validation.batches micro-batches per rank."""
     model.eval()
     micro, total, count = cfg.batch.micro_batch, torch.zeros((), device=rt.device), 0
-    for b in range(cfg.data.validation.batches):
-        batch = data.micro_batch((b * rt.dp_size + rt.dp_rank) * micro, micro).to(rt.device)
+    pipe = getattr(model, "pipeline", None)
+    batches = [data.micro_batch((b * rt.dp_size + rt.dp_rank) * micro, micro) for b in range(cfg.data.validation.batches)]
+    if pipe is not None:  # the schedule's forward-only pass, grad_accum micro-batches at a time
+        n = cfg.batch.grad_accum
+        # whole rounds of n: padded with micro-batches that carry no label (no loss, not counted)
+        batches += [Batch(batches[0].inputs, torch.full_like(batches[0].labels, -100))] * (-len(batches) % n)
+        for r in range(0, len(batches), n):
+            inputs, labels = stacked(batches[r:r + n], rt.device)
+            with parallel.step_context(inputs, labels):
+                total += pipe.run(inputs, labels, 1.0, train=False)
+        count = sum(int(b.labelled) for b in batches)
+    for batch in batches if pipe is None else ():
+        batch = batch.to(rt.device)
         with layout_context(cfg, batch):
             loss = token_loss_sum(model, batch.inputs, batch.labels, None if cfg.model_parallel else batch.positions)
         total += local_value(loss).float()
@@ -187,7 +222,7 @@ def setup(cfg: Config) -> Run:
     latest = latest_checkpoint(ck_root, rt) if cfg.checkpoint.resume else None
     model, fp8 = prepare_model(cfg, rt, from_checkpoint=latest is not None)
     optimizer = build_optimizer(model, cfg, rt)
-    state = TrainState(model, optimizer, frozen_ok=cfg.task.kind != "full")
+    state = TrainState(model, optimizer, frozen_ok=cfg.task.kind != "full", flatten=cfg.parallel.pp > 1)
     if latest is not None:
         load_checkpoint(state, latest)
         log(f"resumed from {latest} at step {state.step} (samples seen {state.samples_seen})")
@@ -209,15 +244,16 @@ def announce(run: Run) -> None:
                        "sharding": par.sharding, "mesh": mesh, "total_params": total, "trainable_params": trainable,
                        "trainable": names, "data": run.data.path or "synthetic", "dtypes": param_dtypes(run.model),
                        "document_attention": run.data.eos is not None and not cfg.model_parallel})
+    pipe = f"pipeline {par.pp} x {par.pp_schedule} (params counted: this rank's stages), " if par.pp > 1 else ""
     log(f"{cfg.model.name}: {total:,} params ({trainable:,} trainable), task {cfg.task.kind}, "
-        f"{par.sharding} on {rt.world} x {rt.device.type} mesh {None if mesh is None else tuple(mesh)}, "
+        f"{par.sharding} on {rt.world} x {rt.device.type} mesh {None if mesh is None else tuple(mesh)}, {pipe}"
         f"AC {par.activation_checkpointing}, micro-batch {b.micro_batch} x accum {b.grad_accum} x seq {b.seq_len}, "
         f"data {run.data.path or 'synthetic'}")
     if run.data.eos is not None and not cfg.model_parallel:
         check_document_attention()
     if run.data.eos is not None and cfg.model_parallel:
-        log("data: tensor/context parallelism here runs one causal sequence per window "
-            "(document attention is off under parallel.tp/cp)")
+        log("data: tensor/context/pipeline parallelism here runs one causal sequence per window "
+            "(document attention is off under parallel.tp/cp/pp)")
 
 
 def train(cfg: Config) -> None:

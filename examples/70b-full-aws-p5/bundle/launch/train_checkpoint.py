@@ -23,7 +23,7 @@ from train_runtime import DTYPES, Runtime, log
 class TrainState(Stateful):
     """What a resume needs: model, optimizer, step and data position (samples consumed)."""
 
-    def __init__(self, model, optimizer, frozen_ok: bool):
+    def __init__(self, model, optimizer, frozen_ok: bool, flatten: bool = False):
         self.model, self.optimizer = model, optimizer
         self.step = 0
         self.samples_seen = 0
@@ -32,9 +32,12 @@ class TrainState(Stateful):
 
         # LoRA: the frozen base is not saved each time (it never changes); so loading must not
         # demand it (strict off), and load_state_dict checks that every trainable weight came back.
+        # Pipeline stages: each rank's optimizer holds other parameters under the same group numbers,
+        # so its groups are saved per parameter name (torchtitan flattens them for PP too).
         self.frozen_ok = frozen_ok
-        self.options = StateDictOptions(ignore_frozen_params=frozen_ok)
-        self.load_options = StateDictOptions(ignore_frozen_params=frozen_ok, strict=not frozen_ok)
+        self.options = StateDictOptions(ignore_frozen_params=frozen_ok, flatten_optimizer_state_dict=flatten)
+        self.load_options = StateDictOptions(ignore_frozen_params=frozen_ok, strict=not frozen_ok,
+                                             flatten_optimizer_state_dict=flatten)
 
     def state_dict(self):
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -163,6 +166,13 @@ def export_model(model: torch.nn.Module, cfg: Config, rt: Runtime, out: Path, me
     copy when asked. Rank 0 gathers the full state on CPU (the collective needs every rank)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    if cfg.parallel.pp > 1:
+        import train_pipeline
+
+        train_pipeline.export_stages(model, cfg, rt, out)
+        log(f"exported model to {out} ({cfg.parallel.pp} pipeline stages, one safetensors shard each)")
+        dist.barrier()
+        return out
     lora = cfg.task.kind != "full"
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora)
     sd = get_model_state_dict(model, options=opts)

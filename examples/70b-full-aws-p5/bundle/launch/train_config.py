@@ -63,6 +63,8 @@ class ParallelSection:
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     tp: int = 1
     cp: int = 1
+    pp: int = 1  # pipeline stages (world = pp x replicate x shard); micro-batches per step = batch.grad_accum
+    pp_schedule: Literal["1F1B", "Interleaved1F1B"] = "1F1B"
     offload: Literal["none", "optimizer", "full"] = "none"
 
     def as_dict(self) -> dict:
@@ -212,7 +214,7 @@ class Config:
 
     @property
     def model_parallel(self) -> bool:
-        return self.parallel.tp * self.parallel.cp > 1
+        return self.parallel.tp * self.parallel.cp * self.parallel.pp > 1
 
 
 # YAML keys that are Python keywords
@@ -302,6 +304,7 @@ def check(cfg: Config) -> Config:
     positive = {"batch.micro_batch": cfg.batch.micro_batch, "batch.grad_accum": cfg.batch.grad_accum,
                 "batch.seq_len": cfg.batch.seq_len, "parallel.replicate": cfg.parallel.replicate,
                 "parallel.shard": cfg.parallel.shard, "parallel.tp": cfg.parallel.tp, "parallel.cp": cfg.parallel.cp,
+                "parallel.pp": cfg.parallel.pp,
                 "logging.every_steps": cfg.logging.every_steps}
     for name, value in positive.items():
         if value < 1:

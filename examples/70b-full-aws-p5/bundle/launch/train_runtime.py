@@ -91,6 +91,8 @@ class Runtime:
     # up to the global loss (data x context-parallel ranks; tensor-parallel ranks hold copies)
     dp_group: object = None
     loss_group: object = None
+    pp_rank: int = 0  # pipeline rank (parallel.pp > 1: launch/train_pipeline.py)
+    pp_group: object = None
 
     @property
     def is_cuda(self) -> bool:

@@ -1,0 +1,311 @@
+"""Pipeline parallelism for gpuprov's trainer (parallel.pp > 1), as torchtitan runs it.
+
+* Stages: the blocks split into pp x v stages (v = 1 for 1F1B, 2 for Interleaved1F1B), the first
+  stage num_layers // stages blocks, the middle ones one more while the remainder lasts, the last the
+  rest; rank r runs stages r, r + pp, ... (pytorch/torchtitan@9dec370ad26b5f8e9a7333a0e36165018262644b
+  torchtitan/parallelisms/pipelining_utils.py generate_split_points, stage_ids_this_rank "loop").
+  gpuprov's estimate splits them the same way (gpuprov/sizing/pipeline.py split_layers).
+* Each stage is a pruned copy of the whole model, built on the meta device (torchtitan
+  pipeline_llama.py): the embedding on the first stage only, the final norm and head on the last,
+  the blocks kept under their global index (model.layers.<i>), so pretrained files and checkpoints
+  keep Hugging Face names whatever the split.
+* FSDP2 per stage with no reshard after forward (torchtitan apply_fsdp under PP);
+  torch.distributed.pipelining then skips gradient sync and reshard for every micro-batch but the
+  last (stage.py backward_maybe_with_nosync), as the plan sizes it.
+* The schedule runs the step's micro-batches (batch.grad_accum of batch.micro_batch samples): the
+  loss of each, on the last stage, is its summed cross-entropy times the step's scale (global token
+  count, as train.py), with the schedule's own 1/n gradient scaling off, so gradients equal the
+  unpipelined trainer's.
+* The gradient norm sums the squared norms of all stages over the pipeline group (torchtitan
+  clip_grad_norm_ with pp_mesh).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from train_config import Config, ConfigError
+
+SCHEDULES = {"1F1B": "Schedule1F1B", "Interleaved1F1B": "ScheduleInterleaved1F1B"}
+
+
+def stages_per_rank(schedule: str) -> int:
+    return 2 if schedule == "Interleaved1F1B" else 1
+
+
+def split_layers(num_layers: int, total_stages: int) -> list[int]:
+    """Blocks per stage, as torchtitan's generate_split_points places the split points."""
+    base, extra = divmod(num_layers, total_stages)
+    out = []
+    for i in range(total_stages - 1):
+        n = base
+        if i > 0 and extra > 0:
+            n, extra = base + 1, extra - 1
+        out.append(n)
+    out.append(num_layers - sum(out))
+    return out
+
+
+def stage_bounds(num_layers: int, total_stages: int) -> list[tuple[int, int]]:
+    """[start, stop) block indices of every stage."""
+    bounds, start = [], 0
+    for n in split_layers(num_layers, total_stages):
+        bounds.append((start, start + n))
+        start += n
+    return bounds
+
+
+def stage_ids(pp_rank: int, pp: int, per_rank: int) -> tuple[int, ...]:
+    return tuple(pp_rank + s * pp for s in range(per_rank))
+
+
+def check(cfg: Config, config) -> None:
+    """One-line refusals for what this pipeline does not run."""
+    par = cfg.parallel
+    if par.pp_schedule not in SCHEDULES:
+        raise ConfigError(f"parallel.pp_schedule {par.pp_schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if cfg.task.kind != "full":
+        raise ConfigError("parallel.pp runs full training only (LoRA/QLoRA adapters train data-parallel)")
+    if par.sharding not in ("fsdp", "hsdp"):
+        raise ConfigError(f"parallel.pp needs sharding fsdp or hsdp, not {par.sharding}")
+    if par.cp > 1:  # the stages would need ring attention's load-balanced positions; not built here
+        raise ConfigError("parallel.pp does not combine with parallel.cp in this trainer: use one of them")
+    layers = int(config.num_hidden_layers)
+    total = par.pp * stages_per_rank(par.pp_schedule)
+    if total > layers:
+        raise ConfigError(f"parallel.pp {par.pp} x {stages_per_rank(par.pp_schedule)} stage(s) per rank = {total} "
+                          f"stages, more than the model's {layers} blocks")
+    n = cfg.batch.grad_accum
+    if par.pp_schedule == "Interleaved1F1B" and n % par.pp:
+        raise ConfigError(f"Interleaved1F1B needs batch.grad_accum ({n} micro-batches) to be a multiple of parallel.pp {par.pp}")
+    if getattr(config, "tie_word_embeddings", False):
+        raise ConfigError("parallel.pp puts the embedding and the head on different stages: tied embeddings need an untied model")
+
+
+# ---------------------------------------------------------------------------- stage models
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")):
+        raise ConfigError(f"parallel.pp needs a Llama-family model (model.embed_tokens / layers / norm / rotary_emb); "
+                          f"got {type(model).__name__}")
+    return inner
+
+
+def prune(model: torch.nn.Module, start: int, stop: int, first: bool, last: bool) -> torch.nn.Module:
+    """A copy of the (meta) model holding one stage: blocks [start, stop) under their global names."""
+    stage = copy.deepcopy(model)
+    inner = _decoder(stage)
+    inner.layers = torch.nn.ModuleDict({str(i): inner.layers[i] for i in range(start, stop)})
+    if not first:
+        inner.embed_tokens = None
+    if not last:
+        inner.norm = None
+        stage.lm_head = None
+    stage.forward = types.MethodType(stage_forward, stage)
+    return stage
+
+
+def stage_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Token ids (first stage) or hidden states in; hidden states or logits (last stage) out.
+
+    The same steps as the model's own forward (transformers LlamaModel.forward): positions, causal
+    mask and rotary tables for the whole sequence, then this stage's blocks. Under TP the hidden
+    states are sequence-sharded (s / tp tokens), so the sequence length comes from the stage."""
+    inner = self.model
+    h = inner.embed_tokens(x) if inner.embed_tokens is not None else x
+    seq = h.shape[1] * self.gpuprov_seq_shards
+    positions = torch.arange(seq, device=h.device).unsqueeze(0)
+    masks = sys.modules[type(inner).__module__].create_causal_mask
+    shape = h.new_empty((h.shape[0], seq, 0))  # only its batch, length, dtype and device are read
+    mask = masks(config=self.config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=positions)
+    rope = inner.rotary_emb(h, position_ids=positions)
+    for block in inner.layers.values():
+        out = block(h, attention_mask=mask, position_embeddings=rope, position_ids=positions)
+        h = out[0] if isinstance(out, tuple) else out
+    if inner.norm is None:
+        return h
+    logits = self.lm_head(inner.norm(h))
+    cap = getattr(self.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+class StageModels(torch.nn.ModuleList):
+    """This rank's stage models (one, or two under Interleaved1F1B): what train.py, the optimizer and
+    the checkpoints see as "the model"."""
+
+    @property
+    def config(self):
+        return self[0].config
+
+    def get_output_embeddings(self):
+        return None  # the loss runs in the schedule, on the last stage's logits
+
+
+def hf_key(name: str) -> str:
+    """A StageModels parameter's name without the stage index ("1.model.layers.9..." -> "model.layers.9...")."""
+    head, _, rest = name.partition(".")
+    return rest if head.isdigit() else name
+
+
+# ---------------------------------------------------------------------------- the schedule
+
+
+@dataclass
+class Pipeline:
+    """The schedule over this rank's stages, and where the step's loss comes from."""
+
+    schedule: object
+    first: bool  # this rank runs stage 0 (feeds the token ids)
+    last: bool  # this rank runs the last stage (holds the labels and the losses)
+    group: object  # the pipeline process group (grad-norm sums)
+    scale: float = 1.0  # the current step's loss scale (train.py: grad_average / global token count)
+    losses: list = field(default_factory=list)
+
+    def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+        return loss * self.scale
+
+    def run(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True) -> torch.Tensor:
+        """Forward (and backward) of every micro-batch; the summed cross-entropy on the last stage, 0 elsewhere."""
+        self.scale, self.losses = scale, []
+        args = (inputs,) if self.first else ()
+        target = labels if self.last else None
+        losses = self.losses if self.last else None
+        if train:
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        else:
+            self.schedule.eval(*args, target=target, losses=losses)
+        if not self.last:
+            return torch.zeros((), device=labels.device)
+        total = torch.stack([_local(x).detach().float() for x in self.losses]).sum()
+        return total / scale
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def build(stages: list[torch.nn.Module], ids: tuple[int, ...], total: int, cfg: Config, device: torch.device,
+          group) -> Pipeline:
+    """PipelineStage per stage model, and the schedule over batch.grad_accum micro-batches."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    pipe_stages = [PipelineStage(m, i, total, device, group=group) for m, i in zip(stages, ids)]
+    cls = getattr(schedules, SCHEDULES[cfg.parallel.pp_schedule])
+    pipe = Pipeline(schedule=None, first=0 in ids, last=total - 1 in ids, group=group)
+    multi = stages_per_rank(cfg.parallel.pp_schedule) > 1
+    pipe.schedule = cls(pipe_stages if multi else pipe_stages[0], n_microbatches=cfg.batch.grad_accum,
+                        loss_fn=pipe.loss_fn, scale_grads=False)
+    return pipe
+
+
+def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, group) -> torch.Tensor:
+    """The whole model's gradient norm (every stage's squared norm summed over the pipeline group), then
+    clip by it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    device = params[0].device if params else None
+    norm = _local(torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)) if grads else torch.zeros((), device=device)
+    squared = norm.float() ** 2
+    dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
+    norm = squared.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
+
+
+# ---------------------------------------------------------------------------- building this rank's stages
+
+
+def prepare_stages(cfg: Config, rt, from_checkpoint: bool) -> tuple[StageModels, bool]:
+    """This rank's stages as they train: float8, then per stage TP, AC, compile, FSDP2 and the weights,
+    in the order prepare_model uses for the whole model; then the PipelineStages and the schedule."""
+    import parallel
+    from train_model import (apply_activation_checkpointing, apply_compile, apply_float8, build_model,
+                             materialise, transformer_blocks)
+
+    whole, on_meta = build_model(cfg, rt)
+    check(cfg, whole.config)
+    fp8 = apply_float8(whole, cfg, rt)
+    par = cfg.parallel
+    total = par.pp * stages_per_rank(par.pp_schedule)
+    bounds = stage_bounds(int(whole.config.num_hidden_layers), total)
+    ids = stage_ids(rt.pp_rank, par.pp, stages_per_rank(par.pp_schedule))
+    models = StageModels()
+    for i in ids:
+        stage = prune(whole, *bounds[i], first=i == 0, last=i == total - 1)
+        stage.gpuprov_seq_shards = par.tp  # sequence parallelism splits the hidden states tp ways
+        stage = parallel.parallelize(stage, fp8)
+        blocks = transformer_blocks(stage)
+        apply_activation_checkpointing(blocks, par.activation_checkpointing)
+        apply_compile(blocks, cfg, rt)
+        shard_stage(stage, blocks, cfg, rt)
+        materialise(stage, on_meta, cfg, rt, from_checkpoint)
+        models.append(stage)
+    del whole
+    models.pipeline = build(list(models), ids, total, cfg, rt.device, rt.pp_group)
+    return models, fp8
+
+
+def shard_stage(stage: torch.nn.Module, blocks: torch.nn.Module, cfg: Config, rt) -> None:
+    """FSDP2 on one stage: each block, then the stage (embedding / final norm / head with it), none
+    resharded after forward: the stage's micro-batches reuse the gathered weights (torchtitan
+    apply_fsdp: reshard_after_forward = not pp_enabled)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from train_model import fsdp_kwargs
+
+    kw = fsdp_kwargs(stage, cfg, rt)
+    for block in blocks.children():
+        fully_shard(block, reshard_after_forward=False, **kw)
+    fully_shard(stage, reshard_after_forward=False, **kw)
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def export_stages(models: StageModels, cfg: Config, rt, out) -> None:
+    """Hugging Face format from the stages: the first rank of each pipeline rank's group writes its
+    stages' weights as one safetensors shard, rank 0 the index (model.safetensors.index.json, what
+    from_pretrained reads for a sharded checkpoint) and config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from train_model import hf_name
+    from train_runtime import DTYPES
+
+    dtype = DTYPES[cfg.export.dtype]
+    pp = cfg.parallel.pp
+    writer = rt.rank % (rt.world // pp) == 0  # pp is the mesh's outer dimension: a stage's ranks are consecutive
+    tensors = {}
+    for k, v in models.state_dict().items():
+        # one tensor at a time: all of a stage's ranks gather it, its first rank keeps it on the host
+        full = v.full_tensor() if hasattr(v, "full_tensor") else v
+        if writer:
+            tensors[hf_name(hf_key(k))] = full.detach().to("cpu", dtype).contiguous()
+        del full
+    name = f"model-{rt.pp_rank + 1:05d}-of-{pp:05d}.safetensors"
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+    shards: list = [None] * rt.world
+    dist.all_gather_object(shards, (name, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values()))
+                           if writer else None)
+    if rt.rank == 0:
+        index = {"metadata": {"total_size": sum(s[2] for s in shards if s)},
+                 "weight_map": {k: s[0] for s in shards if s for k in s[1]}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+        config = models.config
+        import transformers
+
+        setattr(config, "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype", cfg.export.dtype)
+        config.use_cache = True
+        config.save_pretrained(str(out))
