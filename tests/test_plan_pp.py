@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,6 +20,9 @@ from gpuprov.render.launch import render_launch
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.sizing.setup import arch_from_plan, setup_from_plan
 from gpuprov.spec import TrainingSpec
+
+
+LAUNCH = Path(__file__).resolve().parents[1] / "templates" / "launch"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -99,10 +104,22 @@ def test_train_yaml_carries_the_pipeline_and_a_mesh_of_every_gpu():
     assert (par["pp"], par["pp_schedule"]) == (4, "Interleaved1F1B")
     assert par["pp"] * par["replicate"] * par["shard"] == plan.cluster.total_gpus == 16
     assert batch["grad_accum"] == plan.cluster.grad_accum and batch["grad_accum"] % 4 == 0
-    # without PP the keys stay out: a train.yaml the trainer without pipeline support still reads
     flat = yaml.safe_load(render_launch(make_plan(TrainingSpec(model="llama-3.1-8b", tokens=10**9,
                                                                gpu_count=8)))["train.yaml"])
-    assert "pp" not in flat["parallel"] and "pp_schedule" not in flat["parallel"]
+    assert (flat["parallel"]["pp"], flat["parallel"]["pp_schedule"]) == (1, "1F1B")
+    # the trainer reads it and builds a mesh of exactly the plan's GPUs
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(LAUNCH))
+    try:
+        cfg_mod, par_mod = importlib.import_module("train_config"), importlib.import_module("parallel")
+        read = cfg_mod.from_dict(cfg)
+        assert (read.parallel.pp, read.parallel.pp_schedule) == (4, "Interleaved1F1B")
+        lay = par_mod.layout_from(read.parallel.as_dict(), plan.cluster.total_gpus)
+        assert lay.world == 16 and lay.shape[0] == 4
+    finally:
+        sys.path.remove(str(LAUNCH))
+        for name in ("train_config", "parallel"):
+            sys.modules.pop(name, None)
 
 
 def test_plan_cli_and_spec_file_take_pp(tmp_path):
