@@ -80,6 +80,14 @@ def test_plan_pp_fixes_the_degree_fills_the_pipeline_and_sizes_what_estimate_siz
     assert again.per_gpu_bytes == plan.memory.per_gpu_bytes
 
 
+def test_long_sequences_under_pp_get_no_context_parallelism():
+    """The planner tries CP from 16k tokens, but the trainer's pipeline runs without it."""
+    kw = dict(model="llama-3.1-8b", tokens=10**9, seq_len=32768, gpu_count=16, global_batch=16)
+    assert make_plan(TrainingSpec(**kw)).cluster.cp > 1  # without PP this spec trains with CP
+    plan = make_plan(TrainingSpec(**kw, pp=2))
+    assert plan.cluster.pp == 2 and plan.cluster.cp == 1
+
+
 def test_hsdp_layouts_under_pp_keep_whole_stages():
     """Every layout the search walks with PP is FSDP or HSDP whose replica holds whole TP x CP x PP groups."""
     lays = _layouts(32, 8, 4, [(1, 1), (4, 1)], pp=2)
@@ -140,10 +148,14 @@ def test_plan_cli_and_spec_file_take_pp(tmp_path):
 def test_pipeline_combinations_the_trainer_cannot_run_exit_2_in_one_line():
     _one_line_error(_cli("plan", "--model", "8b", "--pp", "2", "--task", "lora"), "--pp", "--task full")
     _one_line_error(_cli("plan", "--model", "8b", "--pp", "2", "--task", "qlora"), "--pp", "--task full")
-    layers = get_model("llama-3.2-1b").num_layers  # 16 blocks: 2 x 12 interleaved stages are too many
-    _one_line_error(_cli("plan", "--model", "llama-3.2-1b", "--pp", "12", "--pp-schedule", "Interleaved1F1B"),
+    layers = get_model("llama-3.1-8b").num_layers  # 32 blocks: 2 x 17 interleaved stages are too many
+    _one_line_error(_cli("plan", "--model", "8b", "--pp", "17", "--pp-schedule", "Interleaved1F1B"),
                     "Interleaved1F1B", f"{layers} layers", "--pp-schedule 1F1B")
-    _one_line_error(_cli("plan", "--model", "llama-3.2-1b", "--pp", str(layers + 1)), f"{layers} layers")
+    _one_line_error(_cli("plan", "--model", "8b", "--pp", str(layers + 1)), f"{layers} layers")
+    # what the trainer's pipeline refuses (catalog trainer.yaml pipeline: with_cp, tied_embeddings)
+    assert get_model("llama-3.2-1b").tie_word_embeddings
+    _one_line_error(_cli("plan", "--model", "llama-3.2-1b", "--pp", "2"), "--pp", "ties them")
+    _one_line_error(_cli("plan", "--model", "8b", "--pp", "2", "--cp", "2", "--seq-len", "32768"), "--cp")
     bad = _cli("plan", "--model", "8b", "--pp", "2", "--pp-schedule", "GPipe")  # click's usage error, as every choice's
     assert bad.returncode == 2 and "--pp-schedule" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     # a batch too small to fill the pipeline on any cluster: says so instead of "nothing fits"

@@ -142,6 +142,12 @@ def pipeline_degree(spec: Any, arch: Any) -> tuple[int, str]:
                            f"training only; {spec.task} adapters train data-parallel)")
     if schedule not in facts["schedules"]:
         raise GpuprovError(f"--pp-schedule {schedule} is not one the trainer runs ({', '.join(facts['schedules'])})")
+    if (getattr(spec, "cp", None) or 1) > 1 and not facts["with_cp"]:
+        raise GpuprovError("--pp does not combine with --cp in the bundle's trainer (its stages run no ring "
+                           "attention): use one of them")
+    if arch.tie_word_embeddings and not facts["tied_embeddings"]:
+        raise GpuprovError(f"--pp puts the embedding and the output head on different stages; {arch.display_name} "
+                           "ties them, and the bundle's trainer pipelines untied models only")
     stages = pp * stages_per_rank(schedule)
     if stages > arch.num_layers:
         what = f"{schedule} runs {stages_per_rank(schedule)} stages per rank: {stages} stages" \
@@ -181,6 +187,8 @@ def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tupl
         bool(gpu.nvlink_gbytes_per_s) and gpus_per_node % t == 0 and arch.num_attention_heads % t == 0
         and arch.num_kv_heads % t == 0 and arch.intermediate_size % t == 0 and seq % t == 0
         and not arch.tie_word_embeddings)]
+    if (getattr(spec, "pp", None) or 1) > 1 and not load_data("trainer.yaml")["pipeline"]["with_cp"]:
+        cps = [1]  # the trainer's pipeline stages run no ring attention (pipeline_degree refuses a fixed --cp)
     ok_cp = [c for c in cps if c == 1 or seq % (2 * c) == 0]
     return [(t, c) for t in ok_tp for c in ok_cp]
 
