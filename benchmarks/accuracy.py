@@ -67,8 +67,10 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # on 2024-04-18, commit 467933f)
     ("AnswerDotAI/fsdp_qlora", "fsdp-qlora", {"hf_llama_438": True}),
     # pytorch/torchtitan benchmarks of 2024-12: torch.optim.AdamW built without `fused` (foreach), and the
-    # root fully_shard(model) held embeddings and output together (no separate units yet)
-    ("pytorch/torchtitan", "torchtitan", {"optimizer_impl": "foreach", "shard_embeddings": False}),
+    # root fully_shard(model) held embeddings and output together (no separate units yet); with PP its
+    # pp_schedule.step kept the last stage's logits (no return_outputs then)
+    ("pytorch/torchtitan", "torchtitan", {"optimizer_impl": "foreach", "shard_embeddings": False,
+                                          "pp_keeps_logits": True}),
     ("pytorch/torchtune", "torchtune", {}),
     # Lightning-AI/lit-gpt finetune/lora.py at 8641822 (Oct 2023): FSDPStrategy (FSDP1) with
     # auto_wrap_policy={Block} and use_orig_params=True (adapters inside each Block's flat parameter);
@@ -81,7 +83,7 @@ SOURCE_FRAMEWORKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 STACK_ONLY_FIELDS = ("loss_impl", "lora_dropout", "optimizer_impl", "fsdp_version", "autocast_fp32_params",
                      "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "qlora_base_replicated",
                      "compile_loss", "defer_grad_sync", "fp32_logits", "kbit_fp32_casts",
-                     "float8_all_gather", "hf_llama_438")
+                     "float8_all_gather", "hf_llama_438", "pp_keeps_logits")
 
 
 def framework_of(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

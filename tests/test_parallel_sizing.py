@@ -157,11 +157,19 @@ def test_interleaved_keeps_one_local_stage_of_gradients_whole() -> None:
 
 
 def test_last_stage_keeps_every_micro_batch_logits() -> None:
-    s = _piped("1F1B")
+    s = _piped("1F1B", pp_keeps_logits=True)  # torchtitan of Dec 2024: step() kept and merged the outputs
     last = [st for st in parallel.stages(L405, s) if st.head]
     assert last and max(st.logit_chunks for st in last) == 8
+    # gpuprov's trainer: the last stage's forward ends in the loss, so no logits wait and none merge
+    plain = _piped("1F1B")
+    assert all(st.logit_chunks == 0 for st in parallel.stages(L405, plain))
+
     lay = parallel.layout(s)
     logits = 4 * 8192 * L405.vocab_size / 8 * 2  # bf16, vocabulary-sharded (loss parallel)
+    # interleaved, the last pipeline rank is the busiest: several micro-batches' logits are what it sheds
+    kept = estimate_memory(L405, _piped("Interleaved1F1B", pp_keeps_logits=True))
+    ends_in_loss = estimate_memory(L405, _piped("Interleaved1F1B"))
+    assert kept.breakdown["pp_stage_outputs"] - ends_in_loss.breakdown["pp_stage_outputs"] > 5 * logits
     merged = max(parallel.stage_outputs(L405, lay, st, 4 * 8192, 2, merged=True) for st in parallel.stages(L405, s)
                  if st.end and st.logit_chunks)
     assert merged >= 16 * logits  # the kept chunks and their torch.cat as the step returns

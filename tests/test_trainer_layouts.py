@@ -125,11 +125,13 @@ def first_batch_losses(base: Path, data: Path) -> tuple[float, float]:
     return token_mean, sum(split) / len(split)
 
 
-def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path):
-    """PP 2 x FSDP 2 (1F1B) against one process, from the same base and data: validation losses
-    (3 micro-batches a rank, run through the schedule in a padded round of 4) agree; a resume from
-    the step-3 checkpoint logs the same losses for steps 4-6; the export (one safetensors shard per
-    stage and an index) loads in transformers with the one-process export's weights."""
+@pytest.mark.parametrize("layout", ["PP 2 x FSDP 2, 1F1B", "PP 2 interleaved x TP 2"])
+def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout):
+    """PP 2 x FSDP 2 (1F1B), and 2 ranks x 2 stages (Interleaved1F1B) x TP 2, against one process from
+    the same base and data: validation losses (3 micro-batches a rank, through the stages in a
+    padded round of 4) agree; a resume from the step-3 checkpoint logs the same losses for steps
+    4-6; the export (one safetensors shard per pipeline rank and an index) loads in transformers
+    with the one-process export's weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -145,7 +147,8 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path):
     def run(root: Path, layout: dict, *more: str) -> Path:
         launch = render(root, **layout)
         pp = layout.get("pp", 1)
-        sets = ("--set", f"parallel.pp={pp}", "--set", f"parallel.shard={layout['gpus'] // pp}") if pp > 1 else ()
+        sets = ("--set", f"parallel.pp={pp}", "--set", f"parallel.pp_schedule={layout.get('pp_schedule', '1F1B')}",
+                "--set", f"parallel.shard={layout['gpus'] // pp}") if pp > 1 else ()
         finish(start(launch, *sets, "--set", f"data.path={data}", "--set", "model.init=pretrained",
                      "--set", f"model.pretrained_path={base}", "--set", "precision.param_dtype=float32",
                      "--set", "precision.reduce_dtype=float32", "--set", "checkpoint.every_steps=3",
@@ -153,7 +156,7 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path):
         return launch
 
     one = run(tmp_path / "one", dict(gpus=1, sharding="fsdp", micro=2, accum=4))  # validates the same 6 samples
-    piped = run(tmp_path / "pp", dict(gpus=4, sharding="fsdp", micro=1, accum=4, pp=2))
+    piped = run(tmp_path / "pp", LAYOUTS[layout])
     (ref,), (first,) = runs(one), runs(piped)
     val = lambda run: {r["step"]: r["val_loss"] for r in run if "val_loss" in r}  # noqa: E731
     assert sorted(val(ref)) == [3, 6] and val(first) == pytest.approx(val(ref), rel=1e-5)
@@ -162,7 +165,9 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path):
     ckpts = sorted((piped.parent / "scratch" / "checkpoints").glob("*/step-*"))
     assert [c.name for c in ckpts] == ["step-00000003", "step-00000006"]
     shutil.rmtree(ckpts[-1])  # as if the job died after step 3's checkpoint
-    second_out = finish(start(piped, "--set", "parallel.pp=2", "--set", "parallel.shard=2", "--set", f"data.path={data}",
+    schedule = LAYOUTS[layout].get("pp_schedule", "1F1B")
+    second_out = finish(start(piped, "--set", "parallel.pp=2", "--set", "parallel.shard=2",
+                              "--set", f"parallel.pp_schedule={schedule}", "--set", f"data.path={data}",
                               "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
                               "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
                               "--set", "checkpoint.every_steps=3", *extra, port=free_port()))

@@ -174,12 +174,13 @@ def stages(arch: Any, setup: Any, lay: Layout | None = None) -> list[Stage]:
         return [Stage("", arch.num_layers, True, True, 1, whole, whole, whole, _NONE, arch.num_layers)]
     n = int(getattr(setup, "grad_accumulation_steps", 1) or 1)
     fsdp = setup.sharding in ("fsdp", "hsdp")
+    keeps_logits = bool(getattr(setup, "pp_keeps_logits", False))  # else the last stage's forward ends in its loss
     out = []
     for m in pipeline.moments(arch.num_layers, lay.pp, n, _schedule(setup), fsdp):
         name = (f"pipeline rank {m.rank} after its last backward" if m.end else
                 f"pipeline stage {m.stage} (rank {m.rank}), backward of micro-batch {m.micro_batch}")
         out.append(Stage(name, m.held[0], m.held[1], m.loss, m.in_flight, m.held, m.gathered, m.grads, m.reduced,
-                         m.act_layers, m.outputs, m.logit_chunks, m.end))
+                         m.act_layers, m.outputs, m.logit_chunks if keeps_logits else 0, m.end))
     return out
 
 
@@ -365,9 +366,10 @@ def assumptions(arch: Any, setup: Any) -> list[str]:
         out.append(
             f"PP {lay.pp} {sched}, {n} micro-batches, {v} stage(s) per rank (blocks split as torchtitan's"
             " generate_split_points); each rank's forwards and backwards in the schedule's order (torch pipelining"
-            " schedules.py), its saved activations, kept stage outputs (output_chunks: the last stage's logits for"
-            " every micro-batch, merged as the step returns) and per-micro-batch receive buffers sized at each"
-            " backward; the busiest rank is reported"
+            " schedules.py), its saved activations, kept stage outputs (output_chunks"
+            + (": the last stage's logits for every micro-batch, merged as the step returns" if setup.pp_keeps_logits
+               else "; the last stage's forward ends in its loss, so it keeps no logits") +
+            ") and per-micro-batch receive buffers sized at each backward; the busiest rank is reported"
         )
         if setup.sharding in ("fsdp", "hsdp"):
             out.append(

@@ -106,6 +106,12 @@ class TrainSetup:
     # is_causal), and per-attention-layer rotary cos/sin cache buffers (gpuprov.sizing.activations
     # dense_causal_mask_bytes, hf_buffer_bytes)
     hf_llama_438: bool = False
+    # with PP: the last stage keeps every micro-batch's logits until the step ends and concatenates them as the
+    # step returns (torch.distributed.pipelining output_chunks + _merge_outputs, as torchtitan@9dec370 ran it:
+    # pp_schedule.step without return_outputs). Off: its forward ends in the loss (gpuprov
+    # templates/launch/train_pipeline.py stage_forward) or the schedule is told not to keep outputs
+    # (torchtitan@b5bcd76 trainer.py: return_outputs=False)
+    pp_keeps_logits: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,13 @@
 * FSDP2 per stage with no reshard after forward (torchtitan apply_fsdp under PP);
   torch.distributed.pipelining then skips gradient sync and reshard for every micro-batch but the
   last (stage.py backward_maybe_with_nosync), as the plan sizes it.
-* The schedule runs the step's micro-batches (batch.grad_accum of batch.micro_batch samples): the
-  loss of each, on the last stage, is its summed cross-entropy times the step's scale (global token
-  count, as train.py), with the schedule's own 1/n gradient scaling off, so gradients equal the
-  unpipelined trainer's.
+* The schedule runs the step's micro-batches (batch.grad_accum of batch.micro_batch samples). The last
+  stage's forward ends in the micro-batch's summed cross-entropy, taken as the unpipelined trainer
+  takes it (chunked head, or fp32 cross-entropy with the logits freed at once), so no logits wait in
+  the schedule's kept outputs; the schedule backpropagates it times the step's scale (global token
+  count, as train.py) with its own 1/n gradient scaling off: gradients equal the unpipelined trainer's.
+* torch 2.7 (what the bundle installs) and later: step(return_outputs=...) and schedule.eval exist
+  only in later releases, so the forward-only pass sets the schedule's backward flag off itself.
 * The gradient norm sums the squared norms of all stages over the pipeline group (torchtitan
   clip_grad_norm_ with pp_mesh).
 """
@@ -114,12 +117,15 @@ def prune(model: torch.nn.Module, start: int, stop: int, first: bool, last: bool
     return stage
 
 
-def stage_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """Token ids (first stage) or hidden states in; hidden states or logits (last stage) out.
+def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """Token ids (first stage) or hidden states in; hidden states out, or on the last stage the
+    micro-batch's summed cross-entropy (shape [1]).
 
     The same steps as the model's own forward (transformers LlamaModel.forward): positions, causal
     mask and rotary tables for the whole sequence, then this stage's blocks. Under TP the hidden
-    states are sequence-sharded (s / tp tokens), so the sequence length comes from the stage."""
+    states are sequence-sharded (s / tp tokens), so the sequence length comes from the stage. The
+    loss is taken inside the last stage, as train_model.token_loss_sum takes it (chunked head or
+    fp32 cross-entropy, logits freed before backward), so no stage keeps logits between micro-batches."""
     inner = self.model
     h = inner.embed_tokens(x) if inner.embed_tokens is not None else x
     seq = h.shape[1] * self.gpuprov_seq_shards
@@ -133,9 +139,26 @@ def stage_forward(self, x: torch.Tensor) -> torch.Tensor:
         h = out[0] if isinstance(out, tuple) else out
     if inner.norm is None:
         return h
-    logits = self.lm_head(inner.norm(h))
-    cap = getattr(self.config, "final_logit_softcapping", None)
-    return torch.tanh(logits / cap) * cap if cap else logits
+    return loss_sum(self, inner.norm(h), labels).reshape(1)  # [1]: the schedule concatenates outputs
+
+
+def loss_sum(stage: torch.nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    from train_model import ChunkedLossHead
+
+    head = stage.lm_head
+    if isinstance(head, ChunkedLossHead):
+        head.labels = labels
+        try:
+            return head(h)  # the head returns the summed loss, chunk by chunk
+        finally:
+            head.labels = None
+    logits = head(h)
+    cap = getattr(stage.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+    del logits
+    return loss
 
 
 class StageModels(torch.nn.ModuleList):
@@ -165,29 +188,68 @@ class Pipeline:
 
     schedule: object
     first: bool  # this rank runs stage 0 (feeds the token ids)
-    last: bool  # this rank runs the last stage (holds the labels and the losses)
-    group: object  # the pipeline process group (grad-norm sums)
+    last: bool  # this rank runs the last stage (its outputs are the losses)
+    group: object  # the pipeline process group (grad-norm sums, forward-only sends)
+    stages: dict = field(default_factory=dict)  # global stage index -> this rank's stage model
+    total: int = 1  # stages in the pipeline
+    hidden_dtype: torch.dtype = torch.float32  # what flows between stages (FSDP's compute dtype)
     scale: float = 1.0  # the current step's loss scale (train.py: grad_average / global token count)
     losses: list = field(default_factory=list)
 
-    def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
-        return loss * self.scale
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """What the schedule backpropagates: the last stage's summed cross-entropy, scaled."""
+        return output.sum() * self.scale
 
     def run(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True) -> torch.Tensor:
-        """Forward (and backward) of every micro-batch; the summed cross-entropy on the last stage, 0 elsewhere."""
+        """Forward (and backward) of every micro-batch; the summed cross-entropy on the last stage, 0 elsewhere.
+        Labels go to every stage as a keyword (only the last reads them); the schedule splits them."""
         self.scale, self.losses = scale, []
         args = (inputs,) if self.first else ()
-        target = labels if self.last else None
-        losses = self.losses if self.last else None
+        sched = self.schedule
         if train:
-            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+            extra = {"return_outputs": False} if _takes(sched.step, "return_outputs") else {}
+            sched.step(*args, target=labels if self.last else None, losses=self.losses if self.last else None,
+                       labels=labels, **extra)
+            outputs = self.losses
         else:
-            self.schedule.eval(*args, target=target, losses=losses)
+            outputs, scale = self.forward_only(inputs, labels), 1.0
         if not self.last:
             return torch.zeros((), device=labels.device)
-        total = torch.stack([_local(x).detach().float() for x in self.losses]).sum()
-        return total / scale
+        return torch.stack([_local(x).detach().float().sum() for x in outputs]).sum() / scale
+
+
+    def forward_only(self, inputs: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+        """Every micro-batch through every stage in stage order, sends and receives blocking (validation).
+        Torch 2.7's 1F1B schedules always run backward (schedule.eval came later), so this walks the
+        stages itself; every rank loops over the same stages, so each send meets its receive."""
+        pp, rank, out = dist.get_world_size(self.group), dist.get_rank(self.group), []
+        peer = lambda r: dist.get_global_rank(self.group, r)  # noqa: E731
+        for ids, lab in zip(self.schedule_chunks(inputs), self.schedule_chunks(labels)):
+            h = ids
+            for g in range(self.total):
+                owner, prev = g % pp, (g - 1) % pp
+                if owner != rank:
+                    continue
+                if g > 0 and prev != rank:
+                    shape = (ids.shape[0], ids.shape[1] // self.stages[g].gpuprov_seq_shards, self.stages[g].config.hidden_size)
+                    h = torch.empty(shape, dtype=self.hidden_dtype, device=ids.device)
+                    dist.recv(h, src=peer(prev), group=self.group)
+                h = self.stages[g](h, labels=lab)
+                if g < self.total - 1 and (g + 1) % pp != rank:
+                    dist.send(h.contiguous(), dst=peer((g + 1) % pp), group=self.group)
+            if self.last:
+                out.append(h)
+        return out
+
+    def schedule_chunks(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """The micro-batches the schedule would make of a stacked batch (equal splits along the batch)."""
+        return list(t.tensor_split(self.schedule._n_microbatches))
+
+
+def _takes(fn, name: str) -> bool:
+    import inspect
+
+    return name in inspect.signature(fn).parameters
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -201,23 +263,33 @@ def build(stages: list[torch.nn.Module], ids: tuple[int, ...], total: int, cfg: 
 
     pipe_stages = [PipelineStage(m, i, total, device, group=group) for m, i in zip(stages, ids)]
     cls = getattr(schedules, SCHEDULES[cfg.parallel.pp_schedule])
-    pipe = Pipeline(schedule=None, first=0 in ids, last=total - 1 in ids, group=group)
+    pipe = Pipeline(schedule=None, first=0 in ids, last=total - 1 in ids, group=group,
+                    stages=dict(zip(ids, stages)), total=total, hidden_dtype=hidden_dtype(cfg))
     multi = stages_per_rank(cfg.parallel.pp_schedule) > 1
     pipe.schedule = cls(pipe_stages if multi else pipe_stages[0], n_microbatches=cfg.batch.grad_accum,
                         loss_fn=pipe.loss_fn, scale_grads=False)
     return pipe
 
 
+def hidden_dtype(cfg: Config) -> torch.dtype:
+    from train_runtime import DTYPES
+
+    return DTYPES[cfg.precision.param_dtype]  # FSDP2's MixedPrecisionPolicy computes every stage in it
+
+
 def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, group) -> torch.Tensor:
     """The whole model's gradient norm (every stage's squared norm summed over the pipeline group), then
-    clip by it."""
-    grads = [p.grad for p in params if p.grad is not None]
-    device = params[0].device if params else None
-    norm = _local(torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)) if grads else torch.zeros((), device=device)
-    squared = norm.float() ** 2
+    clip by it. clip_grad_norm_ with no limit gives this stage's norm over its DTensor shards (torch 2.7
+    has no get_total_norm / clip_grads_with_norm_)."""
+    norm = _local(torch.nn.utils.clip_grad_norm_(params, float("inf"))).float()
+    squared = norm ** 2
     dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
     norm = squared.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    coef = max_norm / (float(norm) + 1e-6)
+    if coef < 1.0:  # a non-finite norm gives no coefficient below 1: that step is skipped anyway
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
     return norm
 
 
@@ -229,10 +301,11 @@ def prepare_stages(cfg: Config, rt, from_checkpoint: bool) -> tuple[StageModels,
     in the order prepare_model uses for the whole model; then the PipelineStages and the schedule."""
     import parallel
     from train_model import (apply_activation_checkpointing, apply_compile, apply_float8, build_model,
-                             materialise, transformer_blocks)
+                             install_chunked_loss, materialise, transformer_blocks)
 
     whole, on_meta = build_model(cfg, rt)
     check(cfg, whole.config)
+    install_chunked_loss(whole, cfg)
     fp8 = apply_float8(whole, cfg, rt)
     par = cfg.parallel
     total = par.pp * stages_per_rank(par.pp_schedule)
