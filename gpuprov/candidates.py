@@ -29,11 +29,12 @@ def purchase_of(cand: Any) -> str:
     return "on-demand"
 
 
-def layout_label(sharding: str, shard_group: int, total_gpus: int, tp: int = 1, cp: int = 1) -> str:
-    """How the GPUs split the work, numbers multiplying to the GPU count: "TP8 x FSDP 16", "HSDP 8x4"."""
-    mp = tp * cp
+def layout_label(sharding: str, shard_group: int, total_gpus: int, tp: int = 1, cp: int = 1, pp: int = 1) -> str:
+    """How the GPUs split the work, numbers multiplying to the GPU count: "TP8 x FSDP 16", "HSDP 8x4",
+    "PP4 x TP8 x FSDP 2". `shard_group`: the GPUs of one model replica, all its pipeline stages."""
+    mp = tp * cp * pp
     dp = total_gpus // mp
-    head = "".join(f"{name}{n} x " for name, n in (("TP", tp), ("CP", cp)) if n > 1)
+    head = "".join(f"{name}{n} x " for name, n in (("PP", pp), ("TP", tp), ("CP", cp)) if n > 1)
     if sharding == "hsdp":
         shard = max(1, shard_group // mp)
         return f"{head}HSDP {shard}x{dp // shard}"
@@ -59,7 +60,7 @@ def candidate_rows(spec: Any, arch: Any, result: Any, best: Any, estimator: Call
             price_per_hour_usd=None if price is None else round(price * c.nodes, 2),
             time_hours=round(c.time_hours, 3), cost_usd=None if c.cost_usd is None else round(c.cost_usd, 2),
             mfu=c.step.mfu, per_gpu_bytes=mem.per_gpu_bytes, gpu_memory_bytes=c.gpu.memory_bytes,
-            sharding=c.sharding, layout=layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp),
+            sharding=c.sharding, layout=layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp, c.pp),
             bound=c.step.bound, chosen=c is best))
     return rows
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuprov.sizing.types import PpSchedule
 from gpuprov.spec import HostEntry, TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
@@ -108,19 +109,27 @@ class Cluster(_Strict):
     nodes: int
     total_gpus: int
     sharding: Literal["none", "ddp", "zero1", "zero2", "fsdp", "hsdp"]
-    shard_group: int  # GPUs one model replica is sharded over (fsdp: total_gpus; ddp: 1)
-    replicate: int  # total_gpus // shard_group
+    # GPUs one pipeline stage's model replica is sharded over (tp x cp x dp_shard; fsdp: total_gpus / pp;
+    # ddp: 1) and the replicas of it (HSDP): pp x replicate x shard_group = total_gpus, train.yaml's mesh
+    shard_group: int
+    replicate: int  # total_gpus // (pp x shard_group)
     activation_checkpointing: Literal["none", "selective", "full"]
     micro_batch: int
     grad_accum: int
     seq_len: int
-    global_batch_tokens: int  # micro_batch * seq_len * grad_accum * (total_gpus / model-parallel)
+    global_batch_tokens: int  # micro_batch * seq_len * grad_accum * (total_gpus / (tp * cp * pp))
     precision: str
     optimizer: str
     offload: str
     tp: int = 1  # tensor-parallel degree (+ sequence parallel), inside one node's NVLink domain
     cp: int = 1  # context-parallel degree (ring attention), folded into FSDP's shard dimension
-    pp: int = 1  # pipeline stages
+    pp: int = 1  # pipeline stages; grad_accum is then the pipeline micro-batches of a step (>= pp)
+    pp_schedule: PpSchedule = "1F1B"  # torch.distributed.pipelining schedule (with pp > 1)
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs holding one whole model replica, every pipeline stage of it: the estimator's shard group."""
+        return self.shard_group * self.pp
 
 
 class Training(_Strict):

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, 
 
 from gpuprov import validators as v
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.types import Offload, Optimizer, Precision, Task
+from gpuprov.sizing.types import Offload, Optimizer, PpSchedule, Precision, Task
 
 Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
 Objective = Literal["cost", "time", "gpus"]
@@ -150,7 +150,9 @@ class TrainingSpec(BaseModel):
 
     tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
-    pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages (1F1B); default 1")
+    pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default 1 (the planner tries no PP)")
+    pp_schedule: PpSchedule = Field(
+        "1F1B", description="torch.distributed.pipelining schedule with pp > 1 (Interleaved1F1B: two stages per rank)")
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 

@@ -97,6 +97,8 @@ def test_rendered_train_yaml_passes_the_trainers_typed_config(cloud, nodes, shar
     assert set(typing.get_args(types.Offload)) <= choices(module.ParallelSection, "offload")
     assert set(typing.get_args(types.Optimizer)) <= choices(module.OptimizerSection, "name")
     assert set(typing.get_args(typing.get_type_hints(Cluster)["sharding"])) <= choices(module.ParallelSection, "sharding")
+    assert set(typing.get_args(typing.get_type_hints(Cluster)["pp_schedule"])) == \
+        choices(module.ParallelSection, "pp_schedule") == set(types.PP_SCHEDULES)
     with pytest.raises(SystemExit, match="task.kind: 'qlora4' is not one of full"):
         module.from_dict({**yaml.safe_load(render_launch(sample_plan(cloud, nodes, sharding, task))["train.yaml"]),
                           "task": {"kind": "qlora4"}})
@@ -111,8 +113,8 @@ def test_train_yaml_carries_the_plan(sharding, task):
     assert cfg["task"]["kind"] == task
     assert cfg["parallel"] == {"sharding": sharding, "replicate": c.replicate, "shard": c.shard_group,
                                "nodes": 2, "gpus_per_node": 8, "activation_checkpointing": "selective",
-                               "offload": "none", "tp": 1, "cp": 1}
-    assert cfg["parallel"]["replicate"] * cfg["parallel"]["shard"] == c.total_gpus
+                               "offload": "none", "tp": 1, "cp": 1, "pp": 1, "pp_schedule": "1F1B"}
+    assert cfg["parallel"]["pp"] * cfg["parallel"]["replicate"] * cfg["parallel"]["shard"] == c.total_gpus
     assert cfg["precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32", "master_dtype": "float32",
                                 "tf32": False}
     assert cfg["batch"] == {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "seq_len": c.seq_len,

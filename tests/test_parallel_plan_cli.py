@@ -22,18 +22,15 @@ def test_fixed_tp_reaches_the_plan_json_and_the_report() -> None:
 
 
 def test_layouts_the_trainer_cannot_run_exit_2_in_one_line() -> None:
-    for args, words in ((("--pp", "2"), "pipeline"), (("--task", "lora", "--tp", "2"), "--task full")):
+    for args, words in ((("--pp", "2", "--task", "lora"), "--task full"), (("--task", "lora", "--tp", "2"), "--task full")):
         p = _plan("--model", "70b", *args)
         assert p.returncode == 2, (args, p.stderr)
         assert words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    # the PP refusal says why from the trainer's catalog facts and names their source
+    # the trainer runs pipeline stages (catalog facts with their source): plan lays PP out (tests/test_plan_pp.py)
     from gpuprov.catalog import load_data
 
     facts = load_data("trainer.yaml")["pipeline"]
-    assert facts["stages"] is False and facts["source"]
-    pp = _plan("--model", "70b", "--pp", "4")
-    assert pp.returncode == 2 and facts["why"] in pp.stderr and "templates/launch/parallel.py" in pp.stderr, pp.stderr
-    assert "estimate --pp" in pp.stderr and "Traceback" not in pp.stderr
+    assert facts["stages"] is True and facts["source"] and "full" in facts["tasks"]
     bad = _plan("--model", "70b", "--tp", "0")  # click's range check, as for every count flag
     assert bad.returncode == 2 and "--tp" in bad.stderr and "Traceback" not in bad.stderr
 

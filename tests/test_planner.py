@@ -234,6 +234,10 @@ def _assert_not_worse(planned, brute, objective):
     # float8 where measured (the Hopper nodes), bf16 elsewhere: the bounds count the faster compute
     dict(model="llama-3.1-8b", tokens=10**10, max_nodes=4, float8=True),
     dict(model="70b", tokens=10**10, max_nodes=4, float8=True, objective="time"),
+    # a fixed pipeline: the micro-batch count enters the memory (in-flight and kept micro-batches)
+    dict(model="70b", tokens=10**10, max_nodes=4, pp=2, global_batch=64),
+    dict(model="llama-3.1-8b", tokens=10**10, max_nodes=4, pp=4, pp_schedule="Interleaved1F1B", global_batch=64,
+         objective="time"),
 ])
 def test_planner_matches_brute_force_real_estimator(kw):
     spec = TrainingSpec(**kw)

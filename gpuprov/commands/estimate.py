@@ -17,7 +17,8 @@ from gpuprov.sizing.setup import setup_from_options
 from gpuprov.sizing.suggest import flags_of
 from gpuprov.sizing.suggest import suggest as find
 from gpuprov.sizing.types import (
-    AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, SHARDINGS, TASKS,
+    AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS, SHARDINGS,
+    TASKS,
 )
 from gpuprov.sizing.why import notes as why_notes
 from gpuprov.units import GiB as GIB
@@ -286,7 +287,7 @@ class _FrameworkChoice(click.Choice):
 @click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
 @click.option("--pp", type=int, default=1, show_default=True,
               help="Pipeline-parallel degree; --grad-accumulation is the micro-batches per step.")
-@click.option("--pp-schedule", type=click.Choice(["1F1B", "Interleaved1F1B"]), default="1F1B", show_default=True,
+@click.option("--pp-schedule", type=click.Choice(PP_SCHEDULES), default="1F1B", show_default=True,
               help="torch.distributed.pipelining schedule with --pp (Interleaved1F1B: two stages per rank).")
 @click.option("--suggest", is_flag=True, help="Also list the cheapest changes that make it fit (automatic when it does not).")
 @click.option("--fail-if-not-fits", is_flag=True, help="Exit 3 when the estimate does not fit (for pipelines).")

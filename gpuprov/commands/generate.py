@@ -53,7 +53,7 @@ def _summary(plan, where: str, files: int) -> str:
     cost = "" if plan.cost_usd is None else f", ~${plan.cost_usd:,.0f}"
     unused = hosts_left_out(plan) if c.cloud == "onprem" else []
     left_out = f"; hosts left out: {', '.join(h.name for h in unused)} (see README.md)" if unused else ""
-    layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)  # as plan's table names it
+    layout = layout_label(c.sharding, c.replica_gpus, c.total_gpus, c.tp, c.cp, c.pp)  # as plan's table names it
     return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
             f"{layout}, {plan.training.steps:,} optimizer steps, ~{plan.time_hours:,.1f} h{cost}{left_out}")
 

@@ -73,7 +73,7 @@ def _mfu_text(plan) -> str:
 
 def _replica_words(c) -> str:
     """Model states are compared per model replica: HSDP/DDP replicas hold copies, not more states."""
-    return "all GPUs" if c.replicate == 1 else f"one replica ({c.shard_group} GPUs; {c.replicate} replicas hold copies)"
+    return "all GPUs" if c.replicate == 1 else f"one replica ({c.replica_gpus} GPUs; {c.replicate} replicas hold copies)"
 
 
 def _token_count(n: int) -> str:
@@ -171,7 +171,7 @@ def render_plan(plan) -> str:
     out.append(f"Chosen: {c.nodes} x {c.instance_type} ({where}) = {c.total_gpus} x {plan.gpu.name}")
 
     # one name for the layout everywhere (the table, generate's summary, README, topology.svg)
-    layout = layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)
+    layout = layout_label(c.sharding, c.replica_gpus, c.total_gpus, c.tp, c.cp, c.pp)
     out.append(f"  layout {layout}, activation checkpointing {c.activation_checkpointing}, "
                f"micro-batch {c.micro_batch}, grad accumulation {c.grad_accum}, global batch "
                f"{c.global_batch_tokens:,} tokens")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PRECISIONS, TASKS
+from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS, TASKS
 from gpuprov.spec import TrainingSpec
 from gpuprov.specfile import apply_units, build_spec, load_hosts, load_spec_data
 from gpuprov.targets import CHOICES
@@ -68,7 +68,9 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "placement_group": (("--placement-group",), str, "AWS: an existing placement group to launch into"),
     "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
     "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
-    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1)"),
+    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1: the planner tries no PP)"),
+    "pp_schedule": (("--pp-schedule",), click.Choice(PP_SCHEDULES),
+                    "Pipeline schedule with --pp (Interleaved1F1B: two stages per rank)"),
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
               "Scheduler: auto (Slurm on multi-node clusters), install, existing (on-prem site Slurm: jobs only), none"),
     "float8": (("--float8/--no-float8",), None, "Allow torchao float8 training where a measured speed-up covers the "

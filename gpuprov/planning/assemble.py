@@ -17,7 +17,9 @@ from gpuprov.plan import (
     Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, RunBreakdown, Storage, Throughput,
     Training,
 )
-from gpuprov.planning.messages import _notes, loss_reason, nothing_fits_message, rule_of_thumb_bytes_per_param
+from gpuprov.planning.messages import (
+    _notes, loss_reason, nothing_fits_message, pipeline_note, rule_of_thumb_bytes_per_param,
+)
 from gpuprov.planning.onprem import _prefer_every_host, hosts_note
 from gpuprov.planning.search import search
 from gpuprov.planning.space import (
@@ -152,7 +154,8 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
         + unknown_host_notes(inst, best.nodes)
         + [n for n in (storage_describe(best.storage, best.time_hours) if best.storage else "",) if n]
-        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note) if n]
+        + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note,
+                       pipeline_note(spec, arch, best)) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
                                       bringup["shared_storage"])
         + bringup_plan.access_notes(bringup["access"], best.time_hours),
@@ -175,10 +178,12 @@ def _cluster(spec: Any, inst: Any, best: Candidate) -> Cluster:
     return Cluster(
         cloud=inst.cloud, region=spec.region or inst.region, instance_type=inst.name, gpu=best.gpu.slug,
         gpus_per_node=inst.gpus, nodes=best.nodes, total_gpus=best.total_gpus, sharding=best.sharding,
-        shard_group=best.shard_group, replicate=best.total_gpus // best.shard_group,
+        # train.yaml's mesh is pp x replicate x shard: one stage's share of the replica's GPUs
+        shard_group=best.shard_group // best.pp, replicate=best.total_gpus // best.shard_group,
         activation_checkpointing=best.activation_checkpointing, micro_batch=best.micro_batch,
         grad_accum=best.grad_accum, seq_len=spec.seq_len, global_batch_tokens=best.batch_tokens,
-        precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload, tp=best.tp, cp=best.cp)
+        precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload, tp=best.tp, cp=best.cp, pp=best.pp,
+        pp_schedule=best.pp_schedule)
 
 
 def _training(spec: Any, arch: Any, best: Candidate) -> Training:

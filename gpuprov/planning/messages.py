@@ -12,6 +12,7 @@ from gpuprov.recipes import global_batch_tokens
 from gpuprov.planning.space import (
     Candidate, Estimator, Miss, SearchResult, _lora_targets, stack_for,
 )
+from gpuprov.sizing.pipeline import split_layers, stages_per_rank
 from gpuprov.sizing.setup import make_setup
 from gpuprov.units import GiB, tb
 from gpuprov.sizing.throughput import float8_refusal, float8_step_kw
@@ -72,6 +73,8 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
         return ("configurations fit in memory but none meets the constraints: "
                 + "; ".join(parts) + "; " + _constrained_hint(spec, f))
     miss = result.nearest_miss
+    if miss is None and (getattr(spec, "pp", None) or 1) > 1 and result.searched and not result.memory_calls:
+        return _unfilled_pipeline(spec)
     if miss is None:
         scope = f"cloud {spec.cloud}" + (f", GPUs {','.join(spec.gpus)}" if spec.gpus else "")
         if spec.gpu_count:
@@ -120,6 +123,32 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
             f"single node holds {node_txt}; nearest miss {miss.instance.name} x{miss.nodes} {miss.sharding}: "
             f"{miss.per_gpu_bytes / GiB:,.1f} GiB per GPU vs {miss.usable_bytes / GiB:,.1f} GiB usable; "
             + "; ".join(hint))
+
+
+def _unfilled_pipeline(spec: Any) -> str:
+    """Every layout was left out before sizing: with --pp no batch shape forms the global batch."""
+    multiple = " (a multiple of --pp for Interleaved1F1B)" if spec.pp_schedule == "Interleaved1F1B" else ""
+    return (f"--pp {spec.pp} leaves no batch shape: a step runs at least {spec.pp} pipeline micro-batches{multiple} "
+            "of one sequence or more on every data-parallel rank (GPUs / (tp x cp x pp)), past the global batch on "
+            "every cluster searched; raise --global-batch, or use fewer GPUs (--gpus, --max-nodes) or a larger --tp")
+
+
+def pipeline_note(spec: Any, arch: Any, best: Candidate) -> str | None:
+    """How the plan lays out --pp: stages, micro-batches per step and why that count."""
+    if best.pp == 1:
+        return None
+    v = stages_per_rank(best.pp_schedule)
+    split = split_layers(arch.num_layers, best.pp * v)
+    rule = ("that are multiples of pp (ScheduleInterleaved1F1B refuses others)" if v > 1
+            else "of at least pp (fewer leave stages idle)")
+    bubble = best.step.terms.get("pipeline_bubble_s", 0.0)
+    return (f"Pipeline: PP {best.pp} {best.pp_schedule}, {v} stage(s) per rank, blocks per stage {list(split)} "
+            f"(torchtitan's split); each optimizer step runs grad accumulation = {best.grad_accum} pipeline "
+            f"micro-batches of {best.micro_batch} sample(s) per data-parallel rank (train.yaml batch.grad_accum); the "
+            f"planner keeps only counts {rule}; the schedule's bubble "
+            f"((p-1)/(v m) of the compute) is {bubble:,.3f} s of each step; mesh pp {best.pp} x replicate "
+            f"{best.total_gpus // best.shard_group} x shard {best.shard_group // best.pp}, FSDP2 per stage without "
+            "reshard after forward")
 
 
 def _gpus_that_fit(miss: Miss, margin: float) -> list[str]:

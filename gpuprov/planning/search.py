@@ -15,12 +15,12 @@ from gpuprov.storage_cost import (
 )
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
-    _mp_degrees, _pool, objective_key, stack_for,
+    _mp_degrees, _pool, objective_key, pipeline_degree, pipeline_micro_batches, stack_for,
 )
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, StepEstimate, assumptions, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
-    intra_node_gbytes, layout_step_estimate, tp_gpu_seconds_per_token, utilisation,
+    intra_node_gbytes, layout_step_estimate, pipelined, tp_gpu_seconds_per_token, utilisation,
 )
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
 from gpuprov.targets import get_target
@@ -66,6 +66,7 @@ class _Search:
         self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
             if self.task != "full" else arch.params
         self.seq, self.tokens = spec.seq_len, spec.tokens
+        self.pp, self.pp_schedule = pipeline_degree(spec, arch)  # --pp fixes it; the search tries no PP itself
         # the batch a fine-tuning recipe publishes depends on the data-parallel ranks (gpuprov/recipes.py);
         # it never shrinks as ranks grow, so the widest batch bounds every walk
         self.gbt_cache: dict[int, int] = {}
@@ -118,14 +119,18 @@ class _Search:
 
     # ---------------------------------------------------------------- memory
     @staticmethod
-    def _family(gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> tuple:
+    def _accum(lay: _Layout, ga: int) -> int | bool:
+        """What the estimate sees of accumulation: without PP only whether gradients live between
+        micro-batches (ga > 1); with PP the count, the pipeline micro-batches in flight and kept."""
+        return ga if lay.pp > 1 else ga > 1
+
+    @classmethod
+    def _family(cls, gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> tuple:
         sg = lay.sg if lay.sharding in ("hsdp", "ddp") else 0
-        return (gpn, lay.sharding, sg, ac, mb, ga > 1, lay.tp, lay.cp, lay.f8)
+        return (gpn, lay.sharding, sg, ac, mb, cls._accum(lay, ga), lay.tp, lay.cp, lay.f8, lay.pp)
 
     def memory(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int) -> MemoryEstimate:
-        # the estimate sees accumulation only as "gradients live between micro-batches" (ga > 1):
-        # the planner lays out no pipeline stages, whose in-flight micro-batches would count ga
-        key = (total, gpn, lay, ac, mb, ga > 1)
+        key = (total, gpn, lay, ac, mb, self._accum(lay, ga))
         est = None if self.exhaustive else self.mem_cache.get(key)
         if est is None:
             spec = self.spec
@@ -134,7 +139,7 @@ class _Search:
                 sharding=lay.sharding, shard_group=lay.sg if lay.sharding == "hsdp" else None,
                 activation_checkpointing=ac, precision=spec.precision, optimizer=spec.optimizer,
                 offload=spec.offload, lora_rank=spec.lora_rank, lora_targets=self.targets, grad_accum=ga,
-                tp=lay.tp, cp=lay.cp,
+                tp=lay.tp, cp=lay.cp, pp=lay.pp, pp_schedule=self.pp_schedule,
                 framework=getattr(spec, "framework", "gpuprov"), stack=self.stack_f8 if lay.f8 else self.stack,
             )
             est = self.estimator(self.arch, setup)
@@ -154,7 +159,7 @@ class _Search:
 
     def fsdp_missed(self, total: int, gpn: int, lay: _Layout, ac: str, mb: int, ga: int, usable: int) -> bool | None:
         """False when FSDP over all the GPUs (same TP x CP, same shape) already misses: HSDP holds at least as much."""
-        flat = self.mem_cache.get((total, gpn, lay._replace(sharding="fsdp", sg=total), ac, mb, ga > 1))
+        flat = self.mem_cache.get((total, gpn, lay._replace(sharding="fsdp", sg=total), ac, mb, self._accum(lay, ga)))
         return False if flat is not None and flat.per_gpu_bytes > usable else None
 
     # ---------------------------------------------------------------- bounds
@@ -215,13 +220,15 @@ class _Search:
     def batch_shapes(self, dp: int) -> list[tuple[int, int, int]]:
         """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
 
-        `dp` counts data-parallel ranks: the GPUs over tp x cp (one sample spans a TP x CP group)."""
+        `dp` counts data-parallel ranks: the GPUs over tp x cp x pp (one sample spans a TP x CP x PP group).
+        With PP the accumulation steps are the pipeline's micro-batches: only counts the schedule runs and
+        that fill the pipeline (pipeline_micro_batches)."""
         out = self.shape_cache.get(dp)
         if out is None:
             out, gbt = [], self.gbt_at(dp)
             for mb in MICRO_BATCHES:
                 per_step_tokens = mb * self.seq * dp
-                ga = max(1, round(gbt / per_step_tokens))
+                ga = pipeline_micro_batches(self.pp, self.pp_schedule, round(gbt / per_step_tokens))
                 batch = ga * per_step_tokens
                 if abs(batch - gbt) <= self.tol * gbt:
                     out.append((mb, ga, batch))
@@ -299,7 +306,7 @@ class _Search:
         top = self.walk_top.get(slot.inst.name)
         if top is None or lay.sharding not in ("fsdp", "zero2") or slot.nodes >= top:
             return False  # the widest slot itself is estimated (and its miss recorded) as before
-        key = (slot.inst.gpu, slot.usable, slot.gpn, top, lay.sharding, lay.tp, lay.cp, lay.f8, ac, mb, ga > 1)
+        key = (slot.inst.gpu, slot.usable, slot.gpn, top, lay.sharding, lay.tp, lay.cp, lay.pp, lay.f8, ac, mb, ga > 1)
         far = self.probe_cache.get(key)
         if far is None:
             far = self.probe_cache[key] = self._farthest_miss(slot, lay, ac, mb, ga > 1, top)
@@ -326,15 +333,16 @@ class _Search:
         out = None if self.exhaustive else self.step_cache.get(key)
         if out is None:
             spec, arch, gpu = self.spec, self.arch, slot.gpu
-            shape = Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=lay.sharding, shard_group=lay.sg,
-                          micro_batch=mb, grad_accum=ga, seq_len=self.seq)
+            shape, pipeline = pipelined(Shape(nodes=slot.nodes, gpus_per_node=slot.gpn, sharding=lay.sharding,
+                                              shard_group=lay.sg, micro_batch=mb, grad_accum=ga, seq_len=self.seq),
+                                        lay.pp, self.pp_schedule)
             out = self.step_cache[key] = layout_step_estimate(
                 shape=shape, tp=lay.tp, cp=lay.cp, layer=self.layer, ac=ac,
                 flops=self.flops_by_ac[ac], peak_tflops=gpu.bf16_tflops, util=slot.util,
                 hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=slot.intra, inter_gbytes=slot.inter,
                 params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
                 optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
-                pipeline=None, async_tp=False,  # the trainer runs neither pipeline stages nor async TP
+                pipeline=pipeline, async_tp=False,  # the trainer runs no async TP
                 **(self.float8_kw(gpu) if lay.f8 else {}),
             )
         return out
@@ -371,7 +379,7 @@ class _Search:
         storage = hours * storage_usd_per_hour(terms)
         cost = None if price is None else hours * slot.nodes * price + storage
         return Candidate(slot.inst, gpu, slot.nodes, lay.sharding, lay.sg, ac, mb, ga, batch, steps, None, step,
-                         hours, cost, lay.tp, lay.cp, lay.f8, checkpoint_hours=ckpt_h,
+                         hours, cost, lay.tp, lay.cp, lay.pp, self.pp_schedule, lay.f8, checkpoint_hours=ckpt_h,
                          storage_usd=storage if price is not None else 0.0, preemption_hours=lost, storage=terms)
 
     def storage(self, cloud: str, nodes: int) -> StorageTerms:
@@ -441,6 +449,7 @@ class _Search:
         degrees = self.degrees(inst)
         if not degrees:
             return  # a fixed --tp this machine cannot host (no NVLink, or not a divisor of its GPUs)
+        # no pp factor: a step runs at least pp pipeline micro-batches, so PP leaves the smallest batch as it was
         max_mp = max(t * c for t, c in degrees)
         descending = self.objective == "time" and not self.exhaustive
         order = self.node_order(inst, top, only_nodes)
@@ -461,7 +470,7 @@ class _Search:
     def walk_slot(self, slot: _Slot, degrees: list[tuple[int, int]]) -> None:
         """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
         missed: set[tuple[int, int]] = set()  # (tp, cp) whose FSDP fits nothing on this slot
-        for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees):
+        for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees, self.pp):
             lay = lay._replace(f8=self.float8_on(slot.gpu, lay.tp))
             if lay.sharding == "hsdp" and (lay.tp, lay.cp) in missed and not self.exhaustive:
                 continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either

@@ -13,6 +13,7 @@ from gpuprov.catalog import load_data
 from gpuprov.catalog.regions import check_region
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.arch import resolve_lora_targets
+from gpuprov.sizing.pipeline import stages_per_rank
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import StepEstimate, assumptions
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate, TrainSetup
@@ -29,7 +30,7 @@ class Candidate:
     gpu: Any  # GpuSpec
     nodes: int
     sharding: str
-    shard_group: int
+    shard_group: int  # GPUs of one model replica, every pipeline stage of it (the estimator's shard group)
     activation_checkpointing: str
     micro_batch: int
     grad_accum: int
@@ -41,6 +42,8 @@ class Candidate:
     cost_usd: float | None
     tp: int = 1  # tensor-parallel degree (inside one node)
     cp: int = 1  # context-parallel degree
+    pp: int = 1  # pipeline stages (fixed by --pp); grad_accum is then the pipeline micro-batches per step
+    pp_schedule: str = "1F1B"  # torch.distributed.pipelining schedule (with pp > 1)
     float8: bool = False  # torchao float8 linears (the spec allowed it and a measurement covers the GPU)
     checkpoint_hours: float | None = 0.0  # checkpoint writes training waits for (None: not modelled)
     storage_usd: float = 0.0  # shared filesystem + boot disks over the run (in cost_usd)
@@ -53,12 +56,12 @@ class Candidate:
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks: the GPUs over one TP x CP group (one sample spans the group)."""
-        return self.total_gpus // (self.tp * self.cp)
+        """Data-parallel ranks: the GPUs over one TP x CP x PP group (one sample spans the group)."""
+        return self.total_gpus // (self.tp * self.cp * self.pp)
 
     def key(self) -> tuple:
         return (self.instance.cloud, self.instance.name, self.nodes, self.sharding, self.shard_group,
-                self.activation_checkpointing, self.micro_batch, self.tp, self.cp)
+                self.activation_checkpointing, self.micro_batch, self.tp, self.cp, self.pp)
 
 
 @dataclass
@@ -127,6 +130,44 @@ def _shardings(total: int, gpus_per_node: int, nodes: int) -> list[tuple[str, in
     return out
 
 
+def pipeline_degree(spec: Any, arch: Any) -> tuple[int, str]:
+    """(pp, schedule) the plan lays out: --pp fixes it (the search tries no PP by itself); one-line errors
+    for what the trainer's pipeline cannot run (catalog/data/trainer.yaml `pipeline`)."""
+    pp = getattr(spec, "pp", None) or 1
+    if pp == 1:
+        return 1, "1F1B"
+    facts, schedule = load_data("trainer.yaml")["pipeline"], spec.pp_schedule
+    if spec.task not in facts["tasks"]:
+        raise GpuprovError(f"--pp applies to --task {'/'.join(facts['tasks'])} (the trainer pipelines full "
+                           f"training only; {spec.task} adapters train data-parallel)")
+    if schedule not in facts["schedules"]:
+        raise GpuprovError(f"--pp-schedule {schedule} is not one the trainer runs ({', '.join(facts['schedules'])})")
+    if (getattr(spec, "cp", None) or 1) > 1 and not facts["with_cp"]:
+        raise GpuprovError("--pp does not combine with --cp in the bundle's trainer (its stages run no ring "
+                           "attention): use one of them")
+    if arch.tie_word_embeddings and not facts["tied_embeddings"]:
+        raise GpuprovError(f"--pp puts the embedding and the output head on different stages; {arch.display_name} "
+                           "ties them, and the bundle's trainer pipelines untied models only")
+    stages = pp * stages_per_rank(schedule)
+    if stages > arch.num_layers:
+        what = f"{schedule} runs {stages_per_rank(schedule)} stages per rank: {stages} stages" \
+            if stages != pp else f"--pp {pp} stages"
+        raise GpuprovError(f"{what}, more than the {arch.num_layers} layers of {arch.display_name}: use a smaller --pp"
+                           + (" or --pp-schedule 1F1B" if stages != pp and pp <= arch.num_layers else ""))
+    return pp, schedule
+
+
+def pipeline_micro_batches(pp: int, schedule: str, wanted: int) -> int:
+    """The accumulation steps nearest `wanted` that the schedule runs and that fill the pipeline: at least pp
+    micro-batches (fewer leave stages idle; torchtitan's default is pp), a multiple of pp for Interleaved1F1B
+    (torch's ScheduleInterleaved1F1B refuses others)."""
+    if pp == 1:
+        return max(1, wanted)
+    if schedule == "Interleaved1F1B":
+        return pp * max(1, round(wanted / pp))
+    return max(pp, wanted)
+
+
 def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tuple[int, int]]:
     """(tp, cp) pairs worth trying: TP inside the NVLink domain of one node, CP for long sequences.
 
@@ -134,10 +175,6 @@ def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tupl
     plan is for full training)."""
 
     fixed_tp, fixed_cp = getattr(spec, "tp", None), getattr(spec, "cp", None)
-    if (getattr(spec, "pp", None) or 1) > 1:
-        pp = load_data("trainer.yaml")["pipeline"]
-        raise GpuprovError(f"--pp is refused by plan: {pp['why']} [source: {pp['source'].split(' (')[0]}];"
-                           " size a PP layout with `gpuprov estimate --pp`")
     if spec.task != "full":
         if (fixed_tp or 1) * (fixed_cp or 1) > 1:
             raise GpuprovError("--tp/--cp apply to --task full (LoRA/QLoRA adapters train data-parallel)")
@@ -150,35 +187,40 @@ def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tupl
         bool(gpu.nvlink_gbytes_per_s) and gpus_per_node % t == 0 and arch.num_attention_heads % t == 0
         and arch.num_kv_heads % t == 0 and arch.intermediate_size % t == 0 and seq % t == 0
         and not arch.tie_word_embeddings)]
+    if (getattr(spec, "pp", None) or 1) > 1 and not load_data("trainer.yaml")["pipeline"]["with_cp"]:
+        cps = [1]  # the trainer's pipeline stages run no ring attention (pipeline_degree refuses a fixed --cp)
     ok_cp = [c for c in cps if c == 1 or seq % (2 * c) == 0]
     return [(t, c) for t in ok_tp for c in ok_cp]
 
 
 class _Layout(NamedTuple):
-    """How one slot's GPUs split the work: data-parallel sharding (shard group) x TP x CP."""
+    """How one slot's GPUs split the work: data-parallel sharding (shard group) x TP x CP x PP."""
 
     sharding: str
-    sg: int
+    sg: int  # GPUs of one model replica, all its pipeline stages
     tp: int = 1
     cp: int = 1
     f8: bool = False  # torchao float8 on this slot's GPU (_Search.float8_on)
+    pp: int = 1
 
     @property
     def mp(self) -> int:
-        """GPUs one sample spans (a TP x CP group acts as one data-parallel rank)."""
-        return self.tp * self.cp
+        """GPUs one sample spans (a TP x CP x PP group acts as one data-parallel rank)."""
+        return self.tp * self.cp * self.pp
 
 
-def _layouts(total: int, gpus_per_node: int, nodes: int, degrees: list[tuple[int, int]]) -> list[_Layout]:
-    """The data-parallel choices of _shardings, plus FSDP/HSDP over what TP and CP leave
-    (torchtitan: FSDP over dp_shard x cp, TP innermost). Each (tp, cp)'s FSDP comes before its HSDPs."""
-    out = [_Layout(s, sg) for s, sg in _shardings(total, gpus_per_node, nodes)] if (1, 1) in degrees else []
+def _layouts(total: int, gpus_per_node: int, nodes: int, degrees: list[tuple[int, int]], pp: int = 1) -> list[_Layout]:
+    """The data-parallel choices of _shardings, plus FSDP/HSDP over what TP, CP and PP leave
+    (torchtitan: FSDP over dp_shard x cp, TP innermost). Each (tp, cp)'s FSDP comes before its HSDPs.
+    Pipeline stages run FSDP or HSDP only (the trainer's FSDP2 per stage; sizing/parallel.py validate)."""
+    out = [_Layout(s, sg) for s, sg in _shardings(total, gpus_per_node, nodes)] \
+        if (1, 1) in degrees and pp == 1 else []
     for tp, cp in degrees:
-        mp = tp * cp
+        mp = tp * cp * pp
         if mp == 1 or total % mp:
             continue
-        out.append(_Layout("fsdp", total, tp, cp))
-        out += [_Layout("hsdp", k * gpus_per_node, tp, cp) for k in range(1, nodes)
+        out.append(_Layout("fsdp", total, tp, cp, pp=pp))
+        out += [_Layout("hsdp", k * gpus_per_node, tp, cp, pp=pp) for k in range(1, nodes)
                 if nodes % k == 0 and (k * gpus_per_node) % mp == 0]
     return out
 
@@ -248,6 +290,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
         lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        grad_accum=c.grad_accum, tp=c.tp, cp=c.cp, framework=getattr(spec, "framework", "gpuprov"),
+        grad_accum=c.grad_accum, tp=c.tp, cp=c.cp, pp=c.pp, pp_schedule=c.pp_schedule,
+        framework=getattr(spec, "framework", "gpuprov"),
         stack=stack_for(spec, arch, c.tp, c.float8),
     )

@@ -13,6 +13,7 @@ from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
+    pipelined,
 )
 from gpuprov.units import GiB, TB
 
@@ -46,8 +47,9 @@ def _inputs(spec: Any, plan: Any) -> _Inputs:
     fl = flops_per_token(arch, c.seq_len, plan.task, trainable, c.activation_checkpointing)
     intra, link = intra_node_gbytes(gpu)
     inter = inter_node_gbytes(plan.fabric.name, plan.fabric.gbps_per_gpu) if c.nodes > 1 else 0.0
-    shape = Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding, shard_group=c.shard_group,
-                  micro_batch=c.micro_batch, grad_accum=c.grad_accum, seq_len=c.seq_len)
+    shape, pipeline = pipelined(Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding,
+                                      shard_group=c.replica_gpus, micro_batch=c.micro_batch, grad_accum=c.grad_accum,
+                                      seq_len=c.seq_len), c.pp, c.pp_schedule)
     layer = LayerShape(arch.num_layers, arch.hidden_size,
                        arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
     st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
@@ -55,7 +57,7 @@ def _inputs(spec: Any, plan: Any) -> _Inputs:
                               hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
                               params=plan.model.params, trainable=trainable, num_layers=arch.num_layers,
                               task=plan.task, optimizer=c.optimizer, precision=c.precision, offload=c.offload,
-                              pcie_gen=gpu.pcie_gen, **_float8_kw(plan, arch))
+                              pcie_gen=gpu.pcie_gen, pipeline=pipeline, **_float8_kw(plan, arch))
     return _Inputs(plan, arch, gpu, assumptions(), fl, st, intra, link, inter)
 
 
@@ -73,7 +75,7 @@ def _memory(x: _Inputs) -> list[str]:
     out.append(f"   usable = {m.gpu_memory_bytes / GiB:,.2f} GiB x (1 - {m.safety_margin:g}) = {usable / GiB:,.2f} GiB "
                f"-> headroom {m.headroom_bytes / GiB:,.2f} GiB")
     one = m.model_states_bytes // c.replicate  # HSDP/DDP replicas hold copies, not more states
-    who = "all GPUs" if c.replicate == 1 else f"one replica ({c.shard_group} GPUs; {c.replicate} replicas hold copies)"
+    who = "all GPUs" if c.replicate == 1 else f"one replica ({c.replica_gpus} GPUs; {c.replicate} replicas hold copies)"
     out.append(f"   model states, {who} (weights + grads + optimizer) = {one / GiB:,.1f} GiB"
                f"   | rule of thumb: 18 B x N = {m.rule_of_thumb_bytes / GiB:,.1f} GiB "
                f"({(one - m.rule_of_thumb_bytes) / m.rule_of_thumb_bytes:+.1%})")
@@ -108,7 +110,10 @@ def _compute(x: _Inputs) -> list[str]:
     if plan.task == "qlora":
         out.append(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
     split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""
-    out.append(f"   per micro-batch: {c.micro_batch} x {c.seq_len} tokens x {x.fl.executed:.4g} / "
+    what, samples = "per micro-batch", c.micro_batch
+    if c.pp > 1:  # the schedule's pass over a data-parallel rank's local batch, each stage 1/pp of the work
+        what, samples, split = "per step (local batch)", c.micro_batch * c.grad_accum, f" / (tp {c.tp} x cp {c.cp} x pp {c.pp})"
+    out.append(f"   {what}: {samples} x {c.seq_len} tokens x {x.fl.executed:.4g} / "
                f"({peak:g}e12 x {st.utilisation:.3f}){split} = {st.terms['compute_per_micro_batch_s']:,.3f} s")
     return out
 
@@ -170,15 +175,18 @@ def _comm(x: _Inputs) -> list[str]:
 def _step(x: _Inputs) -> list[str]:
     plan, terms = x.plan, x.st.terms
     c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
-    ranks = (f"{c.total_gpus // (c.tp * c.cp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}))"
-             if c.tp * c.cp > 1 else f"{c.total_gpus}")
+    pp = f" x pp {c.pp}" if c.pp > 1 else ""
+    ranks = (f"{c.total_gpus // (c.tp * c.cp * c.pp)} data-parallel ranks (GPUs / (tp {c.tp} x cp {c.cp}{pp}))"
+             if c.tp * c.cp * c.pp > 1 else f"{c.total_gpus}")
+    # PP: one pass over the local batch (the schedule's micro-batches), idle for the pipeline's bubble
+    times, bubble = (1, f" + pipeline bubble {terms['pipeline_bubble_s']:,.3f}") if c.pp > 1 else (c.grad_accum, "")
     overhead = float(x.a.raw["run"]["overhead_hours"])
     run = plan.run
     ideal = 6 * plan.model.params * plan.training.tokens / (c.total_gpus * peak * 1e12 * t.mfu_assumed) / 3600
     out = ["6. Step, time and cost",
-           f"   step = {c.grad_accum} x ({terms['compute_per_micro_batch_s']:,.3f} + "
+           f"   step = {times} x ({terms['compute_per_micro_batch_s']:,.3f} + "
            f"{terms['exposed_per_micro_batch_s']:,.3f}) + {terms['exposed_sync_s']:,.3f} + {terms['tail_s']:,.3f} + "
-           f"optimizer {terms['optimizer_s']:,.3f} = {t.step_time_s:,.3f} s",
+           f"optimizer {terms['optimizer_s']:,.3f}{bubble} = {t.step_time_s:,.3f} s",
            f"   tokens per step = {c.micro_batch} x {c.seq_len} x {ranks} x {c.grad_accum} = "
            f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
            f"{plan.training.steps:,}",

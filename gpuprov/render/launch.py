@@ -76,10 +76,10 @@ def _context(plan: Plan) -> dict:
             raise GpuprovError(f"fabric variable {key!r} is not a valid environment variable name")
     if plan.stack is None:
         raise GpuprovError("the plan records no training stack for the trainer: run `gpuprov plan` again")
-    if plan.cluster.replicate * plan.cluster.shard_group != plan.cluster.total_gpus and \
-            plan.cluster.sharding in ("fsdp", "hsdp", "zero1", "zero2"):
-        raise GpuprovError(f"plan mesh replicate {plan.cluster.replicate} x shard {plan.cluster.shard_group} "
-                           f"!= {plan.cluster.total_gpus} GPUs")
+    c = plan.cluster
+    if c.pp * c.replicate * c.shard_group != c.total_gpus and c.sharding in ("fsdp", "hsdp", "zero1", "zero2"):
+        raise GpuprovError(f"plan mesh pp {c.pp} x replicate {c.replicate} x shard {c.shard_group} "
+                           f"!= {c.total_gpus} GPUs")
     if plan.task != "full" and not (plan.training.lora_rank and plan.training.lora_alpha):
         raise GpuprovError(f"task {plan.task} needs lora_rank and lora_alpha in the plan")
     vocab = int(plan.model.hf_config.get("vocab_size") or 0)

@@ -55,7 +55,7 @@ def _summary(plan) -> list[str]:
                               if plan.task != "full" else "")],
         ["Where", f"{where}: {c.nodes} x `{c.instance_type}` ({price})"],
         ["GPUs", f"{c.total_gpus} x {plan.gpu.name} ({c.gpus_per_node} per node, {gib(plan.gpu.memory_bytes)} each)"],
-        ["Parallelism", layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)],
+        ["Parallelism", layout_label(c.sharding, c.replica_gpus, c.total_gpus, c.tp, c.cp, c.pp)],
         ["Batch", f"micro-batch {c.micro_batch} x seq {c.seq_len} x grad-accum {c.grad_accum} "
                   f"= {c.global_batch_tokens:,} tokens per step"],
         ["Precision / optimizer", f"{c.precision}, {c.optimizer}, offload {c.offload}, "
@@ -452,7 +452,7 @@ def render_topology(plan) -> str:
         _text(20, 22, f"{plan.model.display_name} ({plan.task}): {c.nodes} x {c.instance_type}, "
                       f"{c.total_gpus} x {plan.gpu.name}", 15, weight="bold"),
         _text(20, 38, f"{c.cloud}{' ' + c.region if c.region else ''} | "
-                      f"{layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp)} | "
+                      f"{layout_label(c.sharding, c.replica_gpus, c.total_gpus, c.tp, c.cp, c.pp)} | "
                       f"{_fabric_words(plan)}", 12),
         _text(20, 52, _summary_line(plan), 12),
     ]

@@ -34,7 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-SCHEDULES = ("1F1B", "Interleaved1F1B")
+from gpuprov.sizing.types import PP_SCHEDULES
+
+SCHEDULES = PP_SCHEDULES
 
 
 def stages_per_rank(schedule: str) -> int:

@@ -50,11 +50,11 @@ def setup_from_plan(plan: Any) -> TrainSetup:
     return make_setup(
         task=plan.task, seq_len=c.seq_len, micro_batch=c.micro_batch, gpus=c.total_gpus,
         gpus_per_node=c.gpus_per_node, sharding=c.sharding,
-        shard_group=c.shard_group if c.sharding == "hsdp" else None,
+        shard_group=c.replica_gpus if c.sharding == "hsdp" else None,  # the estimator's group spans the stages
         activation_checkpointing=c.activation_checkpointing, precision=c.precision, optimizer=c.optimizer,
         offload=c.offload, lora_rank=t.lora_rank or 16,
         lora_targets=tuple(t.lora_targets) if plan.task != "full" else LORA_TARGET_PRESETS["all-linear"],
-        tp=c.tp, cp=c.cp, pp=c.pp, grad_accum=c.grad_accum,
+        tp=c.tp, cp=c.cp, pp=c.pp, pp_schedule=c.pp_schedule, grad_accum=c.grad_accum,
         framework=plan.spec.framework, stack=plan.stack)
 
 

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from gpuprov.catalog import load_data
+from gpuprov.sizing.pipeline import stages_per_rank
 
 
 @dataclass(frozen=True)
@@ -519,6 +520,17 @@ class Pipeline:
         if self.stages <= 1:
             return 0.0
         return (self.stages - 1) / (max(1, self.stages_per_rank) * max(1, self.micro_batches))
+
+
+def pipelined(shape: Shape, pp: int, schedule: str) -> tuple[Shape, Pipeline | None]:
+    """The shape and Pipeline layout_step_estimate times a plan's PP layout with. The plan's micro_batch x
+    grad_accum samples are one data-parallel rank's local batch, which the schedule splits into grad_accum
+    pipeline micro-batches in one step (torchtitan train step: pp_schedule.step over the whole batch), so FSDP's
+    collectives run once per step: the shape carries the local batch and no accumulation."""
+    if pp <= 1:
+        return shape, None
+    local = replace(shape, micro_batch=shape.micro_batch * shape.grad_accum, grad_accum=1)
+    return local, Pipeline(stages=pp, micro_batches=shape.grad_accum, stages_per_rank=stages_per_rank(schedule))
 
 
 def _cp_exposed(kw: dict[str, Any], compute_mb: float, tokens: float, layer: LayerShape, tp: int, cp: int, ac: str,

@@ -18,6 +18,8 @@ Offload = Literal["none", "optimizer", "full"]
 CompileScope = Literal["block", "model"]
 LossImpl = Literal["hf", "hf-legacy", "native"]
 OptimizerImpl = Literal["fused", "foreach"]
+# torch.distributed.pipelining schedules the trainer runs and the estimator walks (sizing/pipeline.py)
+PpSchedule = Literal["1F1B", "Interleaved1F1B"]
 
 TASKS: tuple[str, ...] = ("full", "lora", "qlora")
 SHARDINGS: tuple[str, ...] = ("none", "ddp", "zero1", "zero2", "fsdp", "hsdp")
@@ -29,6 +31,7 @@ COMPILE_SCOPES: tuple[str, ...] = ("block", "model")
 LOSS_IMPL_NAMES: tuple[str, ...] = ("hf", "hf-legacy", "native")
 OPTIMIZER_IMPLS: tuple[str, ...] = ("fused", "foreach")
 FSDP_VERSIONS: tuple[int, ...] = (1, 2)
+PP_SCHEDULES: tuple[str, ...] = ("1F1B", "Interleaved1F1B")
 LORA_TARGET_PRESETS: dict[str, tuple[str, ...]] = {
     "qv": ("q_proj", "v_proj"),
     "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
