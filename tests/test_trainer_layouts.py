@@ -46,15 +46,16 @@ def masked_data(root: Path) -> Path:
 
 
 def render(root: Path, *, gpus: int, sharding: str, micro: int, accum: int, nodes: int = 1, tp: int = 1,
-           pp: int = 1, pp_schedule: str = "1F1B") -> Path:
+           pp: int = 1, pp_schedule: str = "1F1B", replicate: int | None = None) -> Path:
+    """A plan of this layout rendered as the cluster gets it (train.yaml's parallel section from the Plan)."""
     plan = sample_plan("aws", nodes, "hsdp" if sharding == "hsdp" else "fsdp", "full")
-    per_node = gpus // nodes
-    shard = {"hsdp": per_node, "ddp": 1}.get(sharding, gpus)
+    per_node, stage = gpus // nodes, gpus // pp  # a pipeline stage's GPUs
+    shard = stage // replicate if replicate else {"hsdp": per_node, "ddp": 1}.get(sharding, stage)
     assert micro * accum * gpus // (tp * pp) == GLOBAL_BATCH
     cluster = plan.cluster.model_copy(update=dict(
         nodes=nodes, gpus_per_node=per_node, total_gpus=gpus, sharding=sharding, shard_group=shard,
-        replicate=gpus // shard, tp=tp, activation_checkpointing="none", micro_batch=micro, grad_accum=accum,
-        seq_len=SEQ, global_batch_tokens=GLOBAL_BATCH * SEQ))
+        replicate=stage // shard, tp=tp, pp=pp, pp_schedule=pp_schedule, activation_checkpointing="none",
+        micro_batch=micro, grad_accum=accum, seq_len=SEQ, global_batch_tokens=GLOBAL_BATCH * SEQ))
     training = plan.training.model_copy(update=dict(
         steps=STEPS, warmup_steps=2, learning_rate=3e-3, checkpoint_every_steps=0, log_every_steps=1))
     return write_launch(plan.model_copy(update=dict(cluster=cluster, training=training)), root)
@@ -78,13 +79,8 @@ LAYOUTS = {
 
 
 def run_layout(root: Path, base: Path, data: Path, layout: dict) -> dict[int, float]:
-    layout = dict(layout)
-    replicate = layout.pop("replicate", 1)
     launch = render(root, **layout)
-    pp = ("--set", f"parallel.pp={layout['pp']}", "--set", f"parallel.pp_schedule={layout.get('pp_schedule', '1F1B')}",
-          "--set", f"parallel.replicate={replicate}",
-          "--set", f"parallel.shard={layout['gpus'] // layout['pp'] // replicate}") if layout.get("pp", 1) > 1 else ()
-    args = (*pp, "--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+    args = ("--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
             "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
             "--set", "export.at_end=false")
     nodes = layout.get("nodes", 1)
@@ -153,10 +149,7 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
 
     def run(root: Path, layout: dict, *more: str) -> Path:
         launch = render(root, **layout)
-        pp = layout.get("pp", 1)
-        sets = ("--set", f"parallel.pp={pp}", "--set", f"parallel.pp_schedule={layout.get('pp_schedule', '1F1B')}",
-                "--set", f"parallel.shard={layout['gpus'] // pp}") if pp > 1 else ()
-        finish(start(launch, *sets, "--set", f"data.path={data}", "--set", "model.init=pretrained",
+        finish(start(launch, "--set", f"data.path={data}", "--set", "model.init=pretrained",
                      "--set", f"model.pretrained_path={base}", "--set", "precision.param_dtype=float32",
                      "--set", "precision.reduce_dtype=float32", "--set", "checkpoint.every_steps=3",
                      *extra, *more, port=free_port()))
@@ -172,9 +165,7 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
     ckpts = sorted((piped.parent / "scratch" / "checkpoints").glob("*/step-*"))
     assert [c.name for c in ckpts] == ["step-00000003", "step-00000006"]
     shutil.rmtree(ckpts[-1])  # as if the job died after step 3's checkpoint
-    schedule = LAYOUTS[layout].get("pp_schedule", "1F1B")
-    second_out = finish(start(piped, "--set", "parallel.pp=2", "--set", "parallel.shard=2",
-                              "--set", f"parallel.pp_schedule={schedule}", "--set", f"data.path={data}",
+    second_out = finish(start(piped, "--set", f"data.path={data}",
                               "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
                               "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
                               "--set", "checkpoint.every_steps=3", *extra, port=free_port()))
