@@ -327,3 +327,22 @@ def test_megatron_benchmark_rows_bridge_within_target() -> None:
     for r in rows:
         assert abs(r["params_delta_pct"]) < 1.0, r  # TP/PP weight split = Megatron's most loaded shard
     assert "PASS" in mm.render("70b", rows)
+
+
+@pytest.mark.parametrize("pp,n,schedule", [(4, 8, "1F1B"), (8, 32, "1F1B"), (4, 16, "Interleaved1F1B")])
+def test_moment_front_equals_the_pairwise_filter(pp, n, schedule) -> None:
+    """The kept moments of a rank are those no other dominates (the earliest of equal ones), found in
+    sorted order rather than by comparing every pair (a deep accumulation gives a rank hundreds)."""
+    from gpuprov.sizing import pipeline
+
+    pipeline.moments.cache_clear()
+    front = pipeline._front
+    fast = pipeline.moments(126, pp, n, schedule, True)
+    try:
+        pipeline._front = lambda c: [m for i, m in enumerate(c) if not any(
+            pipeline._dominated(m, o) and (j < i or not pipeline._dominated(o, m)) for j, o in enumerate(c) if j != i)]
+        pipeline.moments.cache_clear()
+        assert pipeline.moments(126, pp, n, schedule, True) == fast
+    finally:
+        pipeline._front = front
+        pipeline.moments.cache_clear()

@@ -117,6 +117,22 @@ def _dominated(a: Moment, b: Moment) -> bool:
             and b.act_layers >= a.act_layers and b.outputs >= a.outputs and b.logit_chunks >= a.logit_chunks)
 
 
+def _score(m: Moment) -> int:
+    """A sum that never falls from a moment to one that dominates it (so dominators are seen first)."""
+    return (m.loss + sum(sum(p) for p in (m.gathered, m.grads, m.reduced)) + m.act_layers + m.outputs
+            + m.logit_chunks)
+
+
+def _front(cands: list[Moment]) -> list[Moment]:
+    """The moments no other one dominates (of equal ones, the earliest), in their order: each is checked
+    only against those already kept, taken in decreasing score, as a rank has up to n x v of them."""
+    kept: list[int] = []
+    for i in sorted(range(len(cands)), key=lambda i: (-_score(cands[i]), i)):
+        if not any(_dominated(cands[i], cands[j]) for j in kept):
+            kept.append(i)
+    return [cands[i] for i in sorted(kept)]
+
+
 def _pick(stages: list[int], layers: tuple[int, ...], keep: list[bool]) -> Part:
     """The part of a rank's stages selected by `keep` (one flag per local stage)."""
     return _part([g for g, k in zip(stages, keep, strict=True) if k], layers)
@@ -156,9 +172,7 @@ def moments(num_layers: int, pp: int, n: int, schedule: str, fsdp: bool) -> tupl
                 loss=mine[s] == last,
             ))
             bwd[s] += 1
-        keep = [m for i, m in enumerate(cands)
-                if not any(_dominated(m, o) and (j < i or not _dominated(o, m)) for j, o in enumerate(cands) if j != i)]
-        out.extend(keep)
+        out.extend(_front(cands))
         done = (0, False, False)
         out.append(Moment(
             rank=r, stage=mine[-1], micro_batch=n, held=held, gathered=done if fsdp else held, grads=done if fsdp else held,
