@@ -133,8 +133,8 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
     """PP 2 x FSDP 2 (1F1B), and 2 ranks x 2 stages (Interleaved1F1B) x TP 2, against one process from
     the same base and data: validation losses (3 micro-batches a rank, through the stages in a
     padded round of 4) agree; a resume from the step-3 checkpoint logs the same losses for steps
-    4-6; the export (one safetensors shard per pipeline rank and an index) loads in transformers
-    with the one-process export's weights."""
+    4-6; the export (one safetensors shard per pipeline rank and an index), written again from the
+    last checkpoint by train.sh --export-from, loads in transformers with the one-process export's weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -175,6 +175,12 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
     assert losses(second) == pytest.approx({s: v for s, v in losses(first).items() if s > 3}, rel=1e-5)
 
     exports = [next((launch.parent / "scratch" / "checkpoints").glob("*/export/step-00000006")) for launch in (one, piped)]
+    # the pipeline's export again, from its step-6 checkpoint (train.sh --export-from): the stages load it
+    shutil.rmtree(exports[1])
+    out = finish(start(piped, "--export-from", "latest", "--set", f"data.path={data}", "--set", "model.init=pretrained",
+                       "--set", f"model.pretrained_path={base}", "--set", "precision.param_dtype=float32",
+                       "--set", "precision.reduce_dtype=float32", *extra, port=free_port()))
+    assert "exported model" in out and exports[1].is_dir()
     shards = sorted(p.name for p in exports[1].glob("*.safetensors"))
     assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     a, b = (AutoModelForCausalLM.from_pretrained(e, dtype=torch.float32).state_dict() for e in exports)

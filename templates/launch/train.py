@@ -313,7 +313,8 @@ def export(cfg: Config, name: str, merged: bool) -> None:
     rt = init_runtime(cfg)
     path = resolve_checkpoint(name, Path(cfg.checkpoint.dir), rt)
     model, _ = prepare_model(cfg, rt, from_checkpoint=True)
-    state = TrainState(model, build_optimizer(model, cfg, rt), frozen_ok=cfg.task.kind != "full")
+    state = TrainState(model, build_optimizer(model, cfg, rt), frozen_ok=cfg.task.kind != "full",
+                       flatten=cfg.parallel.pp > 1)
     load_checkpoint(state, path)
     export_model(model, cfg, rt, export_dir(cfg, path.name), merged=merged)
     if dist.is_initialized():

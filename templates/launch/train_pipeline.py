@@ -170,7 +170,7 @@ class StageModels(torch.nn.ModuleList):
         return self[0].config
 
     def get_output_embeddings(self):
-        return None  # the loss runs in the schedule, on the last stage's logits
+        return None  # the head is the last stage's: its forward ends in the loss (stage_forward)
 
 
 def hf_key(name: str) -> str:
@@ -193,6 +193,7 @@ class Pipeline:
     stages: dict = field(default_factory=dict)  # global stage index -> this rank's stage model
     total: int = 1  # stages in the pipeline
     hidden_dtype: torch.dtype = torch.float32  # what flows between stages (FSDP's compute dtype)
+    micro_batches: int = 1  # per step: batch.grad_accum
     scale: float = 1.0  # the current step's loss scale (train.py: grad_average / global token count)
     losses: list = field(default_factory=list)
 
@@ -216,7 +217,6 @@ class Pipeline:
         if not self.last:
             return torch.zeros((), device=labels.device)
         return torch.stack([_local(x).detach().float().sum() for x in outputs]).sum() / scale
-
 
     def forward_only(self, inputs: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
         """Every micro-batch through every stage in stage order, sends and receives blocking (validation).
@@ -243,7 +243,7 @@ class Pipeline:
 
     def schedule_chunks(self, t: torch.Tensor) -> list[torch.Tensor]:
         """The micro-batches the schedule would make of a stacked batch (equal splits along the batch)."""
-        return list(t.tensor_split(self.schedule._n_microbatches))
+        return list(t.tensor_split(self.micro_batches))
 
 
 def _takes(fn, name: str) -> bool:
@@ -264,7 +264,8 @@ def build(stages: list[torch.nn.Module], ids: tuple[int, ...], total: int, cfg: 
     pipe_stages = [PipelineStage(m, i, total, device, group=group) for m, i in zip(stages, ids)]
     cls = getattr(schedules, SCHEDULES[cfg.parallel.pp_schedule])
     pipe = Pipeline(schedule=None, first=0 in ids, last=total - 1 in ids, group=group,
-                    stages=dict(zip(ids, stages)), total=total, hidden_dtype=hidden_dtype(cfg))
+                    stages=dict(zip(ids, stages)), total=total, hidden_dtype=hidden_dtype(cfg),
+                    micro_batches=cfg.batch.grad_accum)
     multi = stages_per_rank(cfg.parallel.pp_schedule) > 1
     pipe.schedule = cls(pipe_stages if multi else pipe_stages[0], n_microbatches=cfg.batch.grad_accum,
                         loss_fn=pipe.loss_fn, scale_grads=False)
