@@ -128,8 +128,33 @@ def first_batch_losses(base: Path, data: Path) -> tuple[float, float]:
     return token_mean, sum(split) / len(split)
 
 
+EXTRA = ("--set", "export.at_end=true", "--set", "export.dtype=float32", "--set", "data.validation.every_steps=3",
+         "--set", "data.validation.batches=3")
+
+
+def _pp_args(base: Path, data: Path) -> tuple[str, ...]:
+    return ("--set", f"data.path={data}", "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
+            "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
+            "--set", "checkpoint.every_steps=3", *EXTRA)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The reference both pipeline schedules are held to: base, data with a validation split, one process."""
+    root = tmp_path_factory.mktemp("pp-reference")
+    base = save_tiny_base(root / "base")
+    data = masked_data(root / "data")
+    rng = np.random.default_rng(5)
+    (data / "val").mkdir()
+    rng.integers(0, 512, 8 * SEQ + 1, dtype=np.uint16).tofile(data / "val" / "part-00000.bin")
+    np.ones(8 * SEQ + 1, dtype=np.uint8).tofile(data / "val" / "part-00000.mask")
+    one = render(root / "one", gpus=1, sharding="fsdp", micro=2, accum=4)  # validates the same 6 samples
+    finish(start(one, *_pp_args(base, data), port=free_port()))
+    return base, data, one
+
+
 @pytest.mark.parametrize("layout", ["PP 2 x FSDP 2, 1F1B", "PP 2 interleaved x TP 2"])
-def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout):
+def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout, one_process):
     """PP 2 x FSDP 2 (1F1B), and 2 ranks x 2 stages (Interleaved1F1B) x TP 2, against one process from
     the same base and data: validation losses (3 micro-batches a rank, through the stages in a
     padded round of 4) agree; a resume from the step-3 checkpoint logs the same losses for steps
@@ -138,25 +163,9 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
     import torch
     from transformers import AutoModelForCausalLM
 
-    base = save_tiny_base(tmp_path / "base")
-    data = masked_data(tmp_path / "data")
-    rng = np.random.default_rng(5)
-    (data / "val").mkdir()
-    rng.integers(0, 512, 8 * SEQ + 1, dtype=np.uint16).tofile(data / "val" / "part-00000.bin")
-    np.ones(8 * SEQ + 1, dtype=np.uint8).tofile(data / "val" / "part-00000.mask")
-    extra = ("--set", "export.at_end=true", "--set", "export.dtype=float32", "--set", "data.validation.every_steps=3",
-             "--set", "data.validation.batches=3")
-
-    def run(root: Path, layout: dict, *more: str) -> Path:
-        launch = render(root, **layout)
-        finish(start(launch, "--set", f"data.path={data}", "--set", "model.init=pretrained",
-                     "--set", f"model.pretrained_path={base}", "--set", "precision.param_dtype=float32",
-                     "--set", "precision.reduce_dtype=float32", "--set", "checkpoint.every_steps=3",
-                     *extra, *more, port=free_port()))
-        return launch
-
-    one = run(tmp_path / "one", dict(gpus=1, sharding="fsdp", micro=2, accum=4))  # validates the same 6 samples
-    piped = run(tmp_path / "pp", LAYOUTS[layout])
+    base, data, one = one_process
+    piped = render(tmp_path / "pp", **LAYOUTS[layout])
+    finish(start(piped, *_pp_args(base, data), port=free_port()))
     (ref,), (first,) = runs(one), runs(piped)
     val = lambda run: {r["step"]: r["val_loss"] for r in run if "val_loss" in r}  # noqa: E731
     assert sorted(val(ref)) == [3, 6] and val(first) == pytest.approx(val(ref), rel=1e-5)
@@ -165,10 +174,7 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
     ckpts = sorted((piped.parent / "scratch" / "checkpoints").glob("*/step-*"))
     assert [c.name for c in ckpts] == ["step-00000003", "step-00000006"]
     shutil.rmtree(ckpts[-1])  # as if the job died after step 3's checkpoint
-    second_out = finish(start(piped, "--set", f"data.path={data}",
-                              "--set", "model.init=pretrained", "--set", f"model.pretrained_path={base}",
-                              "--set", "precision.param_dtype=float32", "--set", "precision.reduce_dtype=float32",
-                              "--set", "checkpoint.every_steps=3", *extra, port=free_port()))
+    second_out = finish(start(piped, *_pp_args(base, data), port=free_port()))
     assert "at step 3" in second_out
     second = runs(piped)[1]
     assert sorted(losses(second)) == [4, 5, 6]
@@ -177,9 +183,7 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout)
     exports = [next((launch.parent / "scratch" / "checkpoints").glob("*/export/step-00000006")) for launch in (one, piped)]
     # the pipeline's export again, from its step-6 checkpoint (train.sh --export-from): the stages load it
     shutil.rmtree(exports[1])
-    out = finish(start(piped, "--export-from", "latest", "--set", f"data.path={data}", "--set", "model.init=pretrained",
-                       "--set", f"model.pretrained_path={base}", "--set", "precision.param_dtype=float32",
-                       "--set", "precision.reduce_dtype=float32", *extra, port=free_port()))
+    out = finish(start(piped, "--export-from", "latest", *_pp_args(base, data), port=free_port()))
     assert "exported model" in out and exports[1].is_dir()
     shards = sorted(p.name for p in exports[1].glob("*.safetensors"))
     assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
