@@ -377,9 +377,6 @@ def export_stages(models: StageModels, cfg: Config, rt, out) -> None:
         index = {"metadata": {"total_size": sum(s[2] for s in shards if s)},
                  "weight_map": {k: s[0] for s in shards if s for k in s[1]}}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-        config = models.config
-        import transformers
+        from train_checkpoint import write_hf_config
 
-        setattr(config, "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype", cfg.export.dtype)
-        config.use_cache = True
-        config.save_pretrained(str(out))
+        write_hf_config(models.config, cfg, out)

@@ -199,7 +199,11 @@ def write_hf_model(sd: dict, model: torch.nn.Module, cfg: Config, out: Path) -> 
     if getattr(model.config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)  # save_pretrained drops the tied copy too
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config
+    write_hf_config(model.config, cfg, out)
+
+
+def write_hf_config(config, cfg: Config, out: Path) -> None:
+    """config.json for the exported weights: their dtype, and the KV cache back on for inference."""
     import transformers
 
     setattr(config, "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype",
