@@ -41,12 +41,19 @@ TAR_PREFIX = "infra"
 STAGING_MARK = "gpuprov-new-"  # .NAME.gpuprov-new-XXXX: a bundle being written beside NAME
 
 # Files the user (or `gpuprov up`, or Terraform) keeps inside the generated folders: not drift.
-# The lock lists them under "keep"; add patterns there for files of your own (fnmatch, `*` spans /).
+# The lock lists them under "keep"; add patterns there for files of your own. A pattern matches
+# path segments: `*` and `?` stay inside one segment (never cross `/`), `**` spans any number of
+# segments. No pattern ever keeps a file Terraform, Ansible or the trainer loads (is_loadable).
 USER_FILES: tuple[str, ...] = (
-    "terraform/.terraform/*", "terraform/.terraform.lock.hcl", "terraform/terraform.tfstate",
-    "terraform/terraform.tfstate.*", "terraform/.terraform.tfstate.lock.info", "terraform/terraform.tfvars",
+    "terraform/.terraform/**", "terraform/.terraform.lock.hcl", "terraform/terraform.tfstate",
+    "terraform/terraform.tfstate.backup", "terraform/terraform.tfstate.*.backup",
+    "terraform/.terraform.tfstate.lock.info", "terraform/terraform.tfvars", "terraform/tfplan",
     "ansible/inventory.yml", "ansible/*.retry",
 )
+# the defaults of locks written before segment matching, read as today's
+_LEGACY_KEEP = {"terraform/.terraform/*": ("terraform/.terraform/**",),
+                "terraform/terraform.tfstate.*": ("terraform/terraform.tfstate.backup",
+                                                  "terraform/terraform.tfstate.*.backup")}
 CHECKED_FOLDERS = ("terraform", "ansible", "launch")  # where an added file changes what runs
 
 # (bundle folder, module, function): each renderer returns paths relative to its folder
@@ -144,32 +151,90 @@ def lock_keep(lock: dict | None) -> list[str]:
     keep = (lock or {}).get("keep")
     if keep is None:
         return list(USER_FILES)
-    if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
+    if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep) or len(keep) > 1000:
         raise GpuprovError(f"{LOCK_NAME}: keep must be a list of file patterns")
-    hiding = next((k for k in keep if k not in USER_FILES and _could_hide_code(k)), None)
+    keep = [new for k in keep for new in _LEGACY_KEEP.get(k, (k,))]
+    bad = next((k for k in keep if not k or "\0" in k or len(k) > 4096 or k.startswith("/")
+                or ".." in k.split("/")), None)
+    if bad is not None:
+        raise GpuprovError(f"{LOCK_NAME}: keep pattern {bad[:80]!r} is not a relative file pattern")
+    hiding = next((k for k in keep if could_hide_code(k)), None)
     if hiding is not None:
-        raise GpuprovError(f"{LOCK_NAME}: keep pattern {hiding!r} could hide an added {'/'.join(CHECKED_FOLDERS)} "
-                           f"file that runs ({', '.join('*' + s for s in CODE_SUFFIXES)}); keep only files "
-                           "with another extension, e.g. \"terraform/*.tfvars.json\"")
+        raise GpuprovError(f"{LOCK_NAME}: keep pattern {hiding[:80]!r} could hide an added "
+                           f"{'/'.join(CHECKED_FOLDERS)} file that runs (Terraform, Ansible or launch files); keep "
+                           "only data files, e.g. \"terraform/*.tfplan\" or \"launch/*.log\"")
     return keep
 
 
-# what Terraform, Ansible and the launch scripts read or run: an added one is never "kept"
-CODE_SUFFIXES = (".tf", ".tf.json", ".yml", ".yaml", ".sh", ".sbatch", ".py", ".j2")
+# What Terraform, Ansible and the launch scripts read or run is kept nowhere, whatever the lock
+# says. Terraform loads every *.tf/*.tf.json of its folder, auto-loads *.auto.tfvars(.json) and
+# terraform.tfvars(.json), and installs plugins from terraform.d/; Ansible reads every playbook,
+# role file, template, inventory, ansible.cfg and plugin folder; the launch scripts source and
+# run what sits beside them.
+TERRAFORM_SUFFIXES = (".tf", ".tf.json", ".tfvars", ".tfvars.json", ".hcl")
+DATA_SUFFIXES = (".retry", ".log", ".out", ".err")  # what ansible/ and launch/ may keep: logs
+# the only loadable files a user keeps: the values `up` reads, the provider hashes `init` writes
+# and the inventory `up` writes (each read and checked by gpuprov itself)
+_KEPT_LOADABLE = frozenset({"terraform/terraform.tfvars", "terraform/.terraform.lock.hcl", "ansible/inventory.yml"})
+_WILD = re.compile(r"[*?[]")
 
 
-def _could_hide_code(pattern: str) -> bool:
-    """Whether fnmatch `pattern` (`*` spans /) can match a file with a CODE_SUFFIXES name in a
-    checked folder. Decided on the literal tail after the last wildcard: the wildcard can supply any
-    start, so the pattern can end in suffix S when the tail ends with S or S ends with the tail."""
-    literal_head = re.split(r"[*?[]", pattern, maxsplit=1)[0]
-    if "/" in literal_head and literal_head.split("/", 1)[0] not in CHECKED_FOLDERS:
-        return False  # another folder: check does not look there
-    tail = re.split(r"[*?\]]", pattern)[-1]
-    if tail == pattern or "/" in tail:  # the file name itself is literal
-        name = tail.rsplit("/", 1)[-1]
-        return not name or name.endswith(CODE_SUFFIXES)
-    return any(tail.endswith(suffix) or suffix.endswith(tail) for suffix in CODE_SUFFIXES)
+def is_loadable(path: str) -> bool:
+    """Whether a tool of the bundle loads `path` (bundle-relative): an added one is always drift.
+
+    In ansible/ and launch/ every file but logs and .retry files; in terraform/ configuration,
+    variable and .hcl files and terraform.d/ (state, backups, the saved plan are data; Terraform's
+    own .terraform/ folder is filled by `init` and checked against the lock file's hashes)."""
+    if path in _KEPT_LOADABLE:
+        return False
+    folder, _, rest = path.partition("/")
+    if folder not in CHECKED_FOLDERS or not rest:
+        return False
+    parts = rest.split("/")
+    if folder == "terraform":
+        return parts[0] != ".terraform" and (parts[-1].endswith(TERRAFORM_SUFFIXES) or "terraform.d" in parts)
+    return not parts[-1].endswith(DATA_SUFFIXES)
+
+
+def could_hide_code(pattern: str) -> bool:
+    """Whether `pattern` can match a loadable file (is_loadable): decided on the last segment's
+    literal tail after its last wildcard, which every match ends with."""
+    segments = pattern.split("/")
+    first = segments[0]
+    folders = [first] if first in CHECKED_FOLDERS else list(CHECKED_FOLDERS) if _WILD.search(first) else []
+    if not folders or pattern in _KEPT_LOADABLE:
+        return False
+    if folders == ["terraform"] and len(segments) > 2 and segments[1] == ".terraform":
+        return False  # Terraform's own cache
+    if len(segments) == 1 or "**" in segments[-1]:
+        return True
+    last, dirs = segments[-1], segments[1:-1]
+    tail = re.split(r"[*?\]]", last)[-1]
+    for folder in folders:
+        if folder != "terraform":
+            if not (tail if tail != last else last).endswith(DATA_SUFFIXES):
+                return True
+        elif "terraform.d" in dirs or any(_WILD.search(d) for d in dirs):
+            return True
+        elif tail == last:
+            if is_loadable(f"terraform/{last}"):
+                return True
+        elif any(s.endswith(tail) or tail.endswith(s) for s in TERRAFORM_SUFFIXES):
+            return True
+    return False
+
+
+def _match_segments(parts: list[str], pattern: list[str]) -> bool:
+    """Glob on path segments: fnmatch per segment (`*` inside one), `**` for any number of them."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_match_segments(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match_segments(parts[1:], pattern[1:])
+
+
+def keep_matches(path: str, pattern: str) -> bool:
+    return _match_segments(path.split("/"), pattern.split("/"))
 
 
 def extra_keep(keep: Iterable[str]) -> list[str]:
@@ -178,7 +243,9 @@ def extra_keep(keep: Iterable[str]) -> list[str]:
 
 
 def is_kept(path: str, keep: Iterable[str]) -> bool:
-    return path == UP_STATE_NAME or any(fnmatch.fnmatchcase(path, pattern) for pattern in keep)
+    if path == UP_STATE_NAME:
+        return True
+    return not is_loadable(path) and any(keep_matches(path, pattern) for pattern in keep)
 
 
 # ---------------------------------------------------------------- reading an existing bundle
@@ -197,7 +264,27 @@ def read_lock(directory: Path) -> dict:
     if (not isinstance(lock, dict) or not isinstance(lock.get("files"), dict)
             or not isinstance(lock.get("spec"), dict) or lock.get("lock_format") != LOCK_FORMAT):
         raise GpuprovError(f"{path}: not a gpuprov lock of format {LOCK_FORMAT}; regenerate with --force")
+    bad = next((p for p, digest in lock["files"].items() if _bad_lock_path(p) or not _is_digest(digest)), None)
+    if bad is not None or len(lock["files"]) > MAX_LOCK_FILES:
+        shown = repr(bad[:80]) if isinstance(bad, str) else f"{len(lock['files']):,} files"
+        raise GpuprovError(f"{path}: files lists {shown}, not a bundle path with its sha256; regenerate with --force")
+    lock_keep(lock)  # a bad keep pattern is refused here, before any command walks the bundle
     return lock
+
+
+MAX_LOCK_FILES = 10_000  # a bundle has a few hundred files
+
+
+def _bad_lock_path(path: Any) -> bool:
+    """Not a plain relative POSIX path inside the bundle (NUL or control bytes, .., absolute, too long)."""
+    if not isinstance(path, str) or not path or len(path) > 1024 or any(ord(ch) < 32 for ch in path):
+        return True
+    pure = PurePosixPath(path)
+    return pure.is_absolute() or ".." in pure.parts or "\\" in path or pure.as_posix() != path
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
 
 
 def spec_from_lock(lock: dict, where: str = LOCK_NAME, resolve: bool = True):

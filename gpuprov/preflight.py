@@ -267,13 +267,13 @@ def shared_storage_rule(plan: Any, root: Path) -> Check:
 
 
 def _inventory_vars(root: Path) -> dict:
-    from gpuprov.specfile import read_text
+    from gpuprov.specfile import _plain, load_yaml
 
-    try:
-        import yaml
-
-        data = yaml.safe_load(read_text(root / "ansible" / "inventory.yml"))
-    except (GpuprovError, ValueError, yaml.YAMLError):
+    if not os.path.lexists(root / "ansible" / "inventory.yml"):
+        return {}
+    try:  # the bounded one-pass loader: an alias bomb or deep nesting is refused, not expanded
+        data = _plain(load_yaml(root / "ansible" / "inventory.yml"))
+    except GpuprovError:
         return {}
     found = data.get("all", {}).get("vars") if isinstance(data, dict) and isinstance(data.get("all"), dict) else None
     return found if isinstance(found, dict) else {}

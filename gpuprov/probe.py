@@ -73,21 +73,34 @@ def parse_gpus(text: str, gpus: list[Any]) -> tuple[str | None, int, str]:
     return gpu_slug(name, int(mib), gpus), len(rows), name
 
 
+MAX_RAM_BYTES = 1 << 60  # an exbibyte: no host reports more (a larger figure is not a memory size)
+MAX_COUNT = 10**6  # cores, sockets, threads, link speeds in Mb/s and port rates in Gb/s stay below
+
+
+def _bounded(text: str, what: str, limit: int = MAX_COUNT) -> int:
+    """A decimal count from tool output, or ValueError (one line) when it is absurd."""
+    if len(text) > 20 or int(text) > limit:
+        raise ValueError(f"{what} {text[:24]!r} is out of range")
+    return int(text)
+
+
 def parse_ram_gib(text: str) -> int | None:
     m = re.search(r"^Mem:\s+(\d+)", text, re.M)
-    return round(int(m.group(1)) / GiB) if m else None
+    if not m:
+        return None
+    return round(_bounded(m.group(1), "free -b reported a memory total of", MAX_RAM_BYTES) / GiB)
 
 
 def parse_cores(lscpu: str, nproc: str) -> int | None:
     """Physical cores: sockets x cores per socket (lscpu), else nproc over threads per core."""
     def field(name: str) -> int | None:
         m = re.search(rf"^{re.escape(name)}:\s+(\d+)", lscpu, re.M)
-        return int(m.group(1)) if m else None
+        return _bounded(m.group(1), f"lscpu {name}") if m else None
 
     per, sockets, threads = field("Core(s) per socket"), field("Socket(s)"), field("Thread(s) per core")
     if per and sockets:
         return per * sockets
-    n = int(nproc.strip()) if nproc.strip().isdigit() else None
+    n = _bounded(nproc.strip(), "nproc") if nproc.strip().isdigit() and nproc.strip().isascii() else None
     return n // (threads or 1) if n else None
 
 
@@ -128,7 +141,7 @@ _VIRTUAL = re.compile(r"^(lo|docker|veth|virbr|br-|cni|flannel|cali|tun|tap|bond
 def parse_network(ip: str, speed: str, ibstat: str) -> tuple[str, int | None]:
     """(fabric, Gb/s in total) from active InfiniBand/RoCE ports, else the fastest physical Ethernet link."""
     ports = re.findall(r"State:\s+(\w+).*?Rate:\s+(\d+).*?Link layer:\s+(\w+)", ibstat, re.S)
-    active = [(int(rate), layer) for state, rate, layer in ports if state == "Active"]
+    active = [(_bounded(rate, "ibstat rate"), layer) for state, rate, layer in ports if state == "Active"]
     if active:
         fabric = "infiniband" if any(layer == "InfiniBand" for _, layer in active) else "roce"
         return fabric, sum(rate for rate, layer in active if (layer == "InfiniBand") == (fabric == "infiniband"))
@@ -137,12 +150,14 @@ def parse_network(ip: str, speed: str, ibstat: str) -> tuple[str, int | None]:
     for line in speed.splitlines():
         m = re.match(r"^/sys/class/net/([^/]+)/speed\s+(\d+)$", line.strip())
         if m and m.group(1) in up and not _VIRTUAL.match(m.group(1)):
-            speeds.append(int(m.group(2)))
+            speeds.append(_bounded(m.group(2), f"{m.group(1)} link speed"))
     return "ethernet", (max(speeds) // 1000 or None) if speeds else None
 
 
 def parse_probe(text: str, gpus: list[Any]) -> dict[str, Any]:
     """The hosts-file fields one probe's output fills (gpu, gpus, ram_gib, cores, nvme_*, fabric, nic_gbps)."""
+    if "\0" in text:
+        raise ValueError("the probe's output holds a NUL byte; expected the text of standard tools")
     s = sections(text)
     slug, count, smi_name = parse_gpus(s.get("nvidia-smi", ""), gpus)
     if count and slug is None:

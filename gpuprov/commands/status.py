@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
 
-from gpuprov import job, job_status
+from gpuprov import job, job_status, toolenv
 from gpuprov.bringup import read_state
 from gpuprov.commands.up import _load
 from gpuprov.errors import GpuprovError
 from gpuprov.job import FIRST_NODE, INVENTORY
 from gpuprov.job_status import SEPARATOR, TAIL_BYTES, read_tail
-from gpuprov.specfile import read_text
+from gpuprov.safefile import read_text as read_bundle_text
+from gpuprov.specfile import MAX_FILE_BYTES, _plain, load_yaml
 
 
 def _job_query(kind: str, job_id: str) -> str:
@@ -32,18 +37,102 @@ def _local(kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
     return proc.stdout, read_tail(metrics)
 
 
-def _remote(root: Path, kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
+# the connection variables `up` writes into ansible/inventory.yml (terraform output, on-prem hosts),
+# and the two a rehearsal sets to swap the transport (checked below: ssh or local, a plain path)
+CONNECTION_VARS = ("ansible_host", "ansible_user", "ansible_port", "ansible_ssh_common_args",
+                   "ansible_ssh_private_key_file", "ansible_connection", "ansible_python_interpreter")
+_JINJA = re.compile(r"{{|{%|{#")
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/+@=,-]{1,4000}")
+
+
+def _inside(root: Path, path: str) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(Path(os.path.realpath(root)))
+
+
+def _connection_vars(root: Path, where: str, values: Any) -> dict:
+    """The connection variables of one inventory level; any other ansible_* setting is refused."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise GpuprovError(f"{where}: expected a mapping of variables")
+    kept = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key.startswith("ansible_"):
+            continue  # role variables: status runs no role
+        if key not in CONNECTION_VARS:
+            raise GpuprovError(f"{where}: {key} is not a connection setting gpuprov writes "
+                               f"({', '.join(CONNECTION_VARS)}); status does not run with it")
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or _JINJA.search(str(value)) or "\0" in str(value):
+            raise GpuprovError(f"{where}: {key} must be plain text without Jinja markers")
+        if key == "ansible_connection" and value not in ("ssh", "local"):
+            raise GpuprovError(f"{where}: ansible_connection {str(value)[:40]!r}: status connects over ssh (or local)")
+        if key == "ansible_python_interpreter" and (not _PLAIN_PATH.fullmatch(str(value)) or _inside(root, str(value))):
+            # Ansible puts it in a shell command line: a plain path of this machine's, none of the bundle's
+            raise GpuprovError(f"{where}: ansible_python_interpreter must be a plain absolute path outside the bundle")
+        kept[key] = value
+    return kept
+
+
+def _inventory(root: Path) -> dict:
+    """The first node's connection, from the inventory `up` wrote: its connection variables only
+    (status loads no group_vars, plugin or setting from the bundle)."""
+    path = root / "ansible" / INVENTORY
+    if not os.path.lexists(path):
+        raise GpuprovError(f"{path} is missing: `gpuprov up` writes it (or run status on the first node with --local)")
+    data = _plain(load_yaml(path, read_bundle_text(path, limit=MAX_FILE_BYTES, what="inventory")))
+    try:
+        top = data["all"]
+        hosts = top["children"]["gpu_nodes"]["hosts"]
+        name, host = next(iter(hosts.items()))
+    except (KeyError, TypeError, StopIteration, AttributeError):
+        raise GpuprovError(f"{path}: lists no host under all.children.gpu_nodes.hosts") from None
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", name):
+        raise GpuprovError(f"{path}: host name {str(name)[:60]!r} is not a plain host name")
+    settings = {**_connection_vars(root, f"{path}: all.vars", top.get("vars")),
+                **_connection_vars(root, f"{path}: {name}", host)}
+    return {"all": {"children": {"gpu_nodes": {"hosts": {name: settings}}}}}
+
+
+def _adhoc(plan, inventory: dict, script: str) -> subprocess.CompletedProcess:
+    """`ansible gpu_nodes[0] -m shell -a SCRIPT` from a scratch folder: gpuprov's own ansible.cfg
+    for this plan (not the bundle's), the given inventory, lookups refused (toolenv)."""
+    from gpuprov.render.ansible import render_ansible
+
     tool = shutil.which("ansible") or shutil.which("ansible", path=str(Path(sys.executable).parent))
-    if tool is None:
+    argv = tool and toolenv.ansible_argv(tool, [FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.shell",
+                                                "-a", script])
+    if not argv:
         raise GpuprovError("ansible not found on PATH (pip install ansible-core), or run status on the first node with --local")
+    with tempfile.TemporaryDirectory(prefix="gpuprov-status-") as temp:
+        scratch = Path(temp)
+        for name in ("home", "tmp"):
+            (scratch / name).mkdir()
+        (scratch / "ansible.cfg").write_text(render_ansible(plan)["ansible.cfg"])
+        (scratch / INVENTORY).write_text(yaml.safe_dump(inventory, default_flow_style=False))
+        env = toolenv.ansible_env(scratch, scratch / "ansible.cfg", keep_user=True)
+        return subprocess.run(argv, cwd=scratch, capture_output=True, text=True, errors="replace", env=env, timeout=300)
+
+
+def _remote(root: Path, plan, kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
     script = f"{_job_query(kind, job_id)}; echo {SEPARATOR}; tail -c {TAIL_BYTES} {shlex.quote(str(metrics))} 2>/dev/null || true"
-    proc = subprocess.run([tool, FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.shell", "-a", script],
-                          cwd=root / "ansible", capture_output=True, text=True, timeout=300)
+    proc = _adhoc(plan, _inventory(root), script)
     if proc.returncode != 0:
         raise GpuprovError(f"cannot reach the first node: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
     body = proc.stdout.split(">>", 1)[-1]
     job_text, _, metrics_text = body.partition(SEPARATOR)
     return job_text, metrics_text
+
+
+def _metrics_file(root: Path) -> Path:
+    """logging.metrics_file of launch/train.yaml: a plain absolute path (it reaches a shell line
+    Ansible templates, so nothing but path characters)."""
+    path = root / "launch" / "train.yaml"
+    config = _plain(load_yaml(path, read_bundle_text(path, limit=MAX_FILE_BYTES, what="train config")))
+    value = (config.get("logging") or {}).get("metrics_file") if isinstance(config, dict) else None
+    if not isinstance(value, str) or not _PLAIN_PATH.fullmatch(value) or ".." in value.split("/"):
+        raise GpuprovError(f"{path}: logging.metrics_file must be an absolute path of letters, digits and "
+                           f"._/+@=,- (got {str(value)[:80]!r})")
+    return Path(value)
 
 
 @click.command()
@@ -68,9 +157,8 @@ def status(directory: str, job_id: str | None, local: bool, as_json: bool) -> No
                            "submits it (or pass --job ID)")
     if not str(job_id).isdigit():
         raise GpuprovError(f"--job {job_id!r}: expected a number")
-    config = yaml.safe_load(read_text(root / "launch" / "train.yaml"))
-    metrics = Path(config["logging"]["metrics_file"])
-    job_text, metrics_text = _local(kind, job_id, metrics) if local else _remote(root, kind, job_id, metrics)
+    metrics = _metrics_file(root)
+    job_text, metrics_text = _local(kind, job_id, metrics) if local else _remote(root, plan, kind, job_id, metrics)
     result = job_status.report(plan, str(job_id), kind, job_status.job_summary(kind, job_text),
                                job_status.parse_metrics(metrics_text))
     # the job log sits beside the metrics file (both in the run's log folder)
