@@ -16,7 +16,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.plan import FabricInfo, Software
 
 _NOT_CLOUDS = ("single_node", "multinode_allreduce")
-_ENTRY_KEYS = ("nccl_env_profile", "hcas", "subnet_manager", "mtu", "gpu_nics", "nccl_net",
+_ENTRY_KEYS = ("nccl_env_profile", "nccl_lib_path", "hcas", "subnet_manager", "mtu", "gpu_nics", "nccl_net",
                "nccl_conf_managed_by_image", "rdma_ipv4_by")
 
 
