@@ -126,7 +126,7 @@ def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, An
     image = None if cloud == "onprem" else _image(cloud)
     hosts = list(spec.hosts[:nodes]) if inst.onprem and spec.hosts else None
     return {
-        "scheduler": decide(spec, cloud, nodes, hosts),
+        "scheduler": decide(spec, cloud, nodes, hosts, instance=inst),
         "purchase": _purchase(spec, inst),
         "image": image,
         "access": _access(cloud, image.user if image else None, spec),

@@ -77,5 +77,16 @@ def with_declared_hosts(spec: Any, pool: list[Any], gpu_lookup: Callable[[str], 
     templates = [i for i in pool if i.onprem]
     mine = declared_template(list(spec.hosts), templates, gpu_lookup)
     if mine is None:
-        return pool
+        # the hosts exist but state nothing: a template stands for their GPUs only; RAM, cores,
+        # NVMe, fabric and PCIe are theirs, unknown, never the template's purchase sizing
+        return [i for i in pool if not i.onprem] + [unstated(t) for t in templates]
     return [i for i in pool if not i.onprem] + [mine]
+
+
+UNSTATED = ("ram", "cores", "nvme", "fabric", "pcie")
+
+
+def unstated(template: Any) -> Any:
+    """An on-prem template as the listed hosts that state nothing: every host fact unknown."""
+    return replace(template, unknown=UNSTATED, ram_bytes=None, vcpus=None, nvme_count=0, nvme_bytes_each=0,
+                   network_cards=0)

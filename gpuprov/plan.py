@@ -87,6 +87,9 @@ class FabricInfo(_Strict):
     gbps_per_gpu: float  # Gb/s of fabric per GPU
     nccl_env: dict[str, str]  # variables to export, exactly as NCCL/libfabric read them
     nccl_env_profile: str | None = None  # a vendor script to source first (GCP gIB / TCPXO)
+    # folders the job puts first on LD_LIBRARY_PATH (the gIB plugin's own libraries): the image adds
+    # them in /etc/profile.d only, which a non-login shell (sbatch, srun) never reads
+    nccl_lib_path: list[str] = Field(default_factory=list)
     hcas: list[str] = Field(default_factory=list)  # InfiniBand/RoCE HCA names, where fixed
     subnet_manager: Literal["managed", "opensm", "none"] = "none"
     mtu: int | None = None
@@ -189,6 +192,8 @@ class ImageProfile(_Strict):
 
     name: str
     nccl_tests_dir: str | None = None  # the image's own nccl-tests build, used where present
+    # how that build finds its MPI (an HPC-X build: {init: modules script, module: mpi/hpcx}); {} = none needed
+    nccl_tests_mpi_env: dict[str, str] = Field(default_factory=dict)
     dcgm_version: str  # the DCGM 4 version installed (pinned) where the image has none
     dcgm_cuda_major_by_min_branch: dict[str, int]  # DCGM flavour by the driver's branch (580 -> 13)
     uncertain: dict[str, str] = Field(default_factory=dict)  # component -> what sources leave open
@@ -351,6 +356,21 @@ class CandidateRow(_Strict):
     chosen: bool
 
 
+class SlurmBuild(_Strict):
+    """The Slurm one image gets (catalog scheduler.yaml `builds`, named by images.yaml) and the
+    process tracking / task confinement that version supports on a cgroup v2 host."""
+
+    name: str
+    version: str
+    packages: dict[str, list[str]]  # controller / compute
+    nvml_plugin_package: str = ""  # "" = no separate package (gres.conf falls back to device files)
+    cgroup_plugin: Literal["cgroup/v1", "cgroup/v2"] | None  # None: no cgroup plugin (21.08 on cgroup v2)
+    proctrack: str  # ProctrackType
+    task_plugin: str  # TaskPlugin
+    plugin_dirs: list[str]
+    source: str
+
+
 class Scheduler(_Strict):
     """The batch scheduler (gpuprov/scheduler.py decides): installed Slurm, the site's, or none."""
 
@@ -359,8 +379,16 @@ class Scheduler(_Strict):
     controller: Literal["first-node", "head-node", "site"] | None = None
     controller_host: str | None = None  # inventory name where known (on-prem, head node)
     partition: str | None = None
-    packages: dict[str, list[str]] = Field(default_factory=dict)  # controller / compute
-    nvml_plugin_package: str | None = None
+    # OS id ("ubuntu-22.04") -> the Slurm build that image gets: one entry on a cloud (its image
+    # profile), one per supported OS on-prem (each host reads its own)
+    builds: dict[str, SlurmBuild] = Field(default_factory=dict)
+    # every node's slurm.conf line, from the plan, not from gathered facts (so `--limit NEW_NODE`
+    # renders it); None: the hosts file states none, the node's own facts stand in
+    node_cpus: int | None = None
+    node_real_memory_mb: int | None = None
+    # the role names each node after its inventory name (cloud VMs: the inventory is keyed by the
+    # name Terraform gave); on-prem the hosts keep theirs and the hosts file must use them
+    set_hostname: bool = False
     max_requeues: int = 0  # times a failed job is requeued to resume from its newest checkpoint
     reason: str = ""
     source: str = ""

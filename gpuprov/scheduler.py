@@ -15,7 +15,50 @@ def catalog() -> dict:
     return load_data("scheduler.yaml")
 
 
-def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_node: str | None = None) -> Any:
+def profile_build(name: str) -> tuple[str, Any]:
+    """(OS id, SlurmBuild) of one image profile: the build images.yaml names, from scheduler.yaml."""
+    from gpuprov.catalog import images
+    from gpuprov.plan import SlurmBuild
+
+    profile = images.profile(name)
+    build_name = profile["slurm"]["build"]
+    entry = catalog()["slurm"]["builds"][build_name]
+    return profile["os"], SlurmBuild(
+        name=build_name, version=str(entry["version"]),
+        packages={k: list(v) for k, v in entry["packages"].items()},
+        nvml_plugin_package=entry.get("nvml_plugin_package") or "", cgroup_plugin=entry["cgroup_plugin"],
+        proctrack=entry["proctrack"], task_plugin=entry["task_plugin"], plugin_dirs=list(entry["plugin_dirs"]),
+        source=f"{' '.join(str(entry['source']).split())} ({entry['date']}); image profile {name}: "
+               f"{' '.join(str(profile['slurm']['source']).split())}")
+
+
+def builds(cloud: str, instance: str | None) -> dict[str, Any]:
+    """OS id -> the SlurmBuild the image of that OS gets: the cloud's one image profile, or every
+    on-prem profile (each host then takes its own OS's entry)."""
+    from gpuprov.catalog import images
+
+    names = ([n for n, p in images.profiles().items() if p["cloud"] == "onprem"] if cloud == "onprem"
+             else [images.profile_for(cloud, instance or "")])
+    return dict(profile_build(name) for name in names)
+
+
+def node_size(instance: Any) -> dict[str, int | None]:
+    """Every node's CPUs and RealMemory (MiB) for slurm.conf, from the plan's instance: a fraction of
+    the nominal memory (the kernel keeps some; a node reporting less than RealMemory is drained).
+    On-prem facts the hosts file does not state stay None."""
+    if instance is None:
+        return {"node_cpus": None, "node_real_memory_mb": None}
+    unknown = set(getattr(instance, "unknown", ()) or ())
+    rule = catalog()["slurm"]["node_memory"]
+    cpus = instance.vcpus
+    if instance.cloud == "onprem":  # the hosts file states physical cores (vcpus assumes 2 threads each)
+        cpus = instance.vcpus // 2 if instance.vcpus else None
+    mem = int(instance.ram_bytes / 2**20 * float(rule["fraction"])) if instance.ram_bytes else None
+    return {"node_cpus": None if "cores" in unknown else cpus, "node_real_memory_mb": None if "ram" in unknown else mem}
+
+
+def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_node: str | None = None,
+           instance: Any = None) -> Any:
     """Plan.scheduler for a cluster of `nodes` on `cloud` (spec.slurm: auto, install, existing, none).
 
     auto: Slurm on multi-node clusters (requeue on node failure, one `sbatch`); one node runs
@@ -36,10 +79,9 @@ def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_no
                          reason="the site's Slurm runs the job in its default partition (sbatch -p NAME for "
                                 "another); the bundle renders the job script only",
                          source=source)
-    install = {"packages": {k: list(v) for k, v in cat["slurm"]["packages"].items()},
-               "nvml_plugin_package": cat["slurm"]["nvml_plugin_package"], "partition": partition,
-               "max_requeues": requeues,
-               "source": source}
+    install = {"builds": builds(cloud, getattr(instance, "name", None)), "partition": partition,
+               "max_requeues": requeues, "set_hostname": cloud != "onprem", "source": source,
+               **node_size(instance)}
     if head_node:
         return Scheduler(kind="slurm", controller="head-node", controller_host=head_node,
                          reason=" ".join(cat["controller"]["head_node_reason"].split()), **install)

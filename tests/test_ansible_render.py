@@ -81,7 +81,9 @@ def test_glue_carries_the_plan(cloud):
         inventory = yaml.safe_load(files["inventory.yml"])
         hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
         # the SSH port is always named: the host's own, or ssh's 22 (a connection path ansible-inventory shows)
-        assert hosts == {h.name: {"ansible_host": h.address, "ansible_port": h.port or 22} for h in plan.hosts}
+        # and the address Slurm uses (private_ip, as every cloud's inventory carries it)
+        assert hosts == {h.name: {"ansible_host": h.address, "private_ip": h.address, "ansible_port": h.port or 22}
+                         for h in plan.hosts}
     else:
         assert "inventory.yml" not in files  # clouds: `gpuprov up` writes it from Terraform
 

@@ -226,6 +226,43 @@ def test_nccl_env_files_as_written_by_the_role(bundle, scratch):
     assert seen["ODD"] == "a b 'c' $HOME"  # quoted, not expanded
 
 
+@pytest.mark.slow
+def test_health_check_loads_hpcx_for_the_azure_images_nccl_tests(bundle, scratch):
+    """Azure ubuntu-hpc's /opt/nccl-tests is a `make MPI=1` build against HPC-X (azhpc-images
+    install_nccl.sh loads mpi/hpcx first): libmpi is found only with that module loaded. The nccl
+    role's profile names the module (from the image profile), the health check loads it before
+    all_reduce_perf. Stand-ins: a module command that puts a folder on LD_LIBRARY_PATH, and an
+    all_reduce_perf that fails as a missing libmpi does unless it is there."""
+    from gpuprov.commands.generate import make_plan
+    from gpuprov.spec import TrainingSpec
+
+    gv = yaml.safe_load(render_ansible(make_plan(TrainingSpec(model="13b", cloud="azure")))["group_vars/all.yml"])
+    mpi = gv["nccl_tests_image_mpi_env"]
+    assert gv["nccl_tests_image_dir"] == "/opt/nccl-tests" and mpi["module"] == "mpi/hpcx"
+    init = scratch / "modules.sh"
+    init.write_text('module() { [ "$1 $2" = "load mpi/hpcx" ] && export LD_LIBRARY_PATH=/opt/hpcx/ompi/lib; }\n')
+    bindir = scratch / "build"
+    bindir.mkdir()
+    (bindir / "all_reduce_perf").write_text(
+        '#!/bin/bash\ncase "$LD_LIBRARY_PATH" in *hpcx*) ;; *) echo "error while loading shared libraries: '
+        'libmpi.so.40" >&2; exit 127;; esac\n'
+        'printf "   1048576    262144     float     sum      -1    10.0  104.86  183.50      0\\n"\n')
+    (bindir / "all_reduce_perf").chmod(0o755)
+    script = scratch / "gpuprov-nccl.sh"
+    tasks = [{"name": "profile", "ansible.builtin.template": {"src": "roles/nccl/templates/gpuprov-nccl.sh.j2",
+                                                             "dest": str(script), "mode": "0644"}},
+             {"name": "check", "ansible.builtin.include_role": {"name": "healthcheck", "tasks_from": "nccl.yml"}}]
+    base = {**_passing_preflight(), "nccl_env": {}, "nccl_env_profile": "", "nccl_tests_bin_dir": str(bindir), "healthcheck_nccl_net": "",
+            "healthcheck_nccl_profile": str(script), "healthcheck_expected_gpus": 8, "healthcheck_fabric": "infiniband"}
+    image_mpi = {**mpi, "init": str(init)}  # the image's module system, stood in for
+    ok = playbook(bundle, "-i", "local-inventory.yml", _role_play(bundle, "hpcx.yml", tasks, {
+        **base, "nccl_tests_use_image": True, "nccl_tests_image_mpi_env": image_mpi}))
+    assert ok.returncode == 0 and "bus bandwidth 183.5 GB/s" in ok.stdout, ok.stdout[-3000:]
+    without = playbook(bundle, "-i", "local-inventory.yml", _role_play(bundle, "no-hpcx.yml", tasks, {
+        **base, "nccl_tests_use_image": True, "nccl_tests_image_mpi_env": {}}))
+    assert without.returncode != 0 and "rc=127" in without.stdout
+
+
 def test_cufile_json_never_uses_p2pdma_and_falls_back_to_compat(bundle, scratch):
     dest = scratch / "cufile.json"
     play = _role_play(bundle, "cufile.yml", [{"name": "cufile", "ansible.builtin.template": {

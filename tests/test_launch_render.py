@@ -222,6 +222,23 @@ def test_env_sh_exports_the_plan_env_before_the_vendor_profile_too(tmp_path):
     assert leftover.returncode != 0  # the helper does not stay in the user's shell
 
 
+@pytest.mark.parametrize("instance", ["a3-ultragpu-8g", "a4-highgpu-8g"])
+def test_env_sh_puts_the_gib_plugin_on_the_library_path_in_a_non_login_shell(instance, tmp_path):
+    """GCP a3-ultra / a4: the image adds /usr/local/gib/lib64 to LD_LIBRARY_PATH in /etc/profile.d
+    only; `up` submits with sbatch from a non-login shell, so the job's env.sh must (the catalog's
+    nccl_lib_path, as Cluster Toolkit's a3-ultra nccl-tests job exports it), ahead of what is there."""
+    from gpuprov.catalog import load_data
+    from gpuprov.catalog.fabrics import get_fabric
+
+    entry = load_data("fabrics.yaml")["gcp"]["instances"][instance]
+    assert entry["nccl_env"]["NCCL_NET"] == "gIB" and entry["nccl_lib_path"]
+    fabric = get_fabric(entry["fabric"], "gcp", instance)
+    launch = write(render_launch(with_fabric(sample_plan("gcp"), **dict(fabric))), tmp_path)
+    env = sourced_env(launch, LD_LIBRARY_PATH="/opt/x/lib")  # env -i: no profile was read
+    assert env["LD_LIBRARY_PATH"].split(":") == [*entry["nccl_lib_path"], "/opt/x/lib"]
+    assert sourced_env(launch)["LD_LIBRARY_PATH"].split(":") == entry["nccl_lib_path"]
+
+
 def test_bad_env_name_is_a_clear_error():
     with pytest.raises(GpuprovError, match="not a valid environment variable"):
         render_launch(with_fabric(sample_plan(), nccl_env={"BAD-NAME": "1"}))

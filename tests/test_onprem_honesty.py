@@ -122,3 +122,41 @@ def test_on_prem_roles_may_not_reboot_the_sites_machines(tmp_path: Path):
     assert gv["infiniband_reboot_allowed"] is False and gv["nvidia_driver_reboot_allowed"] is False
     cloud = run("plan", "--model", "70b", "--task", "lora", "--cloud", "aws", "--json")
     assert json.loads(cloud.stdout)["provisioning"]["reboot_allowed"] is True
+
+
+NAMES_ONLY = [f"name: gpu{i}, address: 10.0.0.{i + 1}" for i in range(2)]
+
+
+def test_hosts_stating_nothing_get_no_template_host_facts_or_fabric_demands(tmp_path: Path):
+    """Hosts listed with names only (examples/7b-full-onprem): the server template stands for the
+    GPUs the spec names, never for the hosts' RAM, NVMe or fabric: nothing reads ok, no NVMe count,
+    no InfiniBand check, no subnet manager, no bus-bandwidth floor for a fabric nobody named."""
+    from ruamel.yaml import YAML
+
+    out = tmp_path / "infra"
+    r = run("generate", "--model", "7b", "--gpu", "h100-80gb", "--max-nodes", "2", "--gpus", "16",
+            "--hosts", hosts_file(tmp_path, NAMES_ONLY), "--shared-nfs", "10.0.0.9:/export", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["cluster"]["nodes"] == 2
+    assert set(plan["instance"]["unknown"]) >= {"ram", "cores", "nvme", "fabric"}
+    assert not any(c["ok"] for c in plan["host"]["checks"]) and plan["storage"]["devices"] == 0
+    gv = YAML(typ="safe").load((out / "ansible" / "group_vars" / "all.yml").read_text())
+    assert gv["healthcheck_fabric"] == "unknown" and gv["healthcheck_fabric_busbw_min_gbytes_per_s"] is None
+    assert "infiniband_subnet_manager" not in gv and gv.get("nvme_raid_expected_devices", 0) == 0
+    assert plan["health"]["fabric_allreduce_busbw_gbytes_per_s"] is None
+    assert "opensm" not in (out / "ansible" / "site.yml").read_text()
+
+
+def test_generate_offers_no_up_for_a_bundle_validate_fails(tmp_path: Path):
+    """Two hosts, no shared filesystem named: generate says validate fails on it, and its next: line
+    is not `validate && up`."""
+    rows = [r + ", gpu: a100-80gb, gpus: 8" for r in NAMES_ONLY]
+    out = tmp_path / "infra"
+    r = run("generate", "--model", "70b", "--task", "lora", "--hosts", hosts_file(tmp_path, rows), "--gpus", "16",
+            "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "fix: generate again with --shared-nfs" in r.stderr
+    nxt = [ln for ln in r.stderr.splitlines() if ln.startswith("next:")]
+    assert len(nxt) == 1 and "gpuprov up" not in nxt[0]
+    assert run("validate", str(out)).returncode != 0  # what generate said

@@ -188,8 +188,13 @@ def test_onprem_plan_has_bom_and_hosts():
     hosts = [HostEntry(name=f"gpu{i}", address=f"10.0.0.{i + 1}") for i in range(4)]
     p = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem", hosts=hosts))
     assert p.instance.cloud == "onprem" and p.cost_usd is None
-    assert p.host.bill_of_materials and p.hosts and len(p.hosts) == p.cluster.nodes <= 4
-    assert p.instance.ram_bytes > 0 and p.instance.vcpus > 0
+    assert p.hosts and len(p.hosts) == p.cluster.nodes <= 4
+    # the hosts exist and state nothing: their RAM and cores are unknown, not a purchase to size
+    assert p.host.bill_of_materials is None and p.instance.ram_bytes == 0 and p.instance.vcpus == 0
+    assert {"ram", "cores", "nvme", "fabric"} <= set(p.instance.unknown)
+    # no hosts file: a template sized as a purchase, with its bill of materials
+    bought = make_plan(TrainingSpec(model="llama-3.1-8b", task="lora", tokens=10**9, cloud="onprem"))
+    assert bought.host.bill_of_materials and bought.instance.ram_bytes > 0 and bought.instance.vcpus > 0
 
 
 # --------------------------------------------------------------------------- brute force

@@ -28,7 +28,46 @@ def test_multi_node_plans_install_slurm_with_the_controller_on_the_first_node(cl
     assert s.kind == "slurm" and s.controller == "first-node" and s.partition == "gpu" and s.max_requeues > 0
     assert "head node" in s.reason and s.source
     assert s.controller_host == ("gpu0" if cloud == "onprem" else None)  # on clouds: terraform's first node
-    assert "slurmctld" in s.packages["controller"] and "slurmd" in s.packages["compute"]
+    for build in s.builds.values():
+        assert any("slurmctld" in n for n in build.packages["controller"])
+        assert any("slurmd" in n for n in build.packages["compute"])
+    # the plan's images: one OS on a cloud (its image profile), each supported one on-prem
+    assert list(s.builds) == (["ubuntu-22.04", "ubuntu-24.04"] if cloud == "onprem" else ["ubuntu-22.04"])
+    assert s.set_hostname == (cloud != "onprem") and (s.node_cpus is None) == (cloud == "onprem")
+
+
+@pytest.mark.parametrize("profile", ["azure-ubuntu-hpc-2204", "azure-ubuntu-hpc-2404"])
+def test_azure_hpc_images_get_microsofts_slurm_smd_packages(profile):
+    """The image's apt pin makes Ubuntu's slurm* uninstallable (priority -1) and prefers
+    packages.microsoft.com's slurm-smd*: the plan's packages are all slurm-smd ones (or munge)."""
+    from gpuprov.catalog import images
+    from gpuprov.scheduler import builds, profile_build
+
+    entry = images.profile(profile)
+    assert "Pin-Priority: -1" in entry["slurm"]["source"] and "slurm-u.pin" in entry["slurm"]["source"]
+    _, build = profile_build(profile)
+    for names in build.packages.values():
+        assert all(n.startswith("slurm-smd") or not n.startswith("slurm") for n in names), names
+    assert build.cgroup_plugin == "cgroup/v2" and entry["slurm"]["pmix"]["prefix"] == "/opt/pmix"
+    if profile == images.profile_for("azure", "Standard_ND96isr_H100_v5"):  # the default plan's
+        assert builds("azure", "Standard_ND96isr_H100_v5") == {entry["os"]: build}
+
+
+def test_ubuntu_2204_images_get_no_cgroup_plugin_their_slurm_lacks():
+    """slurm-wlm 21.08 (Ubuntu 22.04) has a cgroup/v1 plugin only; 22.04 boots cgroup v2: every
+    22.04 profile whose Slurm is older than 22.05 tracks by process tree, with no cgroup plugin."""
+    from gpuprov.catalog import images
+    from gpuprov.scheduler import catalog
+
+    table = catalog()["slurm"]["builds"]
+    for name, profile in images.profiles().items():
+        build = table[profile["slurm"]["build"]]
+        major_minor = tuple(int(x) for x in str(build["version"]).split(".")[:2])
+        if major_minor < (22, 5):
+            assert build["cgroup_plugin"] is None and build["proctrack"] == "proctrack/linuxproc", name
+            assert "cgroup" not in build["task_plugin"], name
+        else:
+            assert build["cgroup_plugin"] == "cgroup/v2", name
 
 
 def test_single_node_runs_torchrun_directly_unless_asked():

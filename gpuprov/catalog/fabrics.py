@@ -16,7 +16,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.plan import FabricInfo, Software
 
 _NOT_CLOUDS = ("single_node", "multinode_allreduce")
-_ENTRY_KEYS = ("nccl_env_profile", "hcas", "subnet_manager", "mtu", "gpu_nics", "nccl_net",
+_ENTRY_KEYS = ("nccl_env_profile", "nccl_lib_path", "hcas", "subnet_manager", "mtu", "gpu_nics", "nccl_net",
                "nccl_conf_managed_by_image", "rdma_ipv4_by")
 
 
@@ -153,6 +153,8 @@ def fabric_allreduce_threshold(fabric: FabricInfo, gpus_per_node: int, nodes: in
     node is faster), so bus bandwidth tops out at gbps_per_gpu x GPUs / 8 GB/s; the threshold is
     the catalog's fraction of that. None for one node or a fabric without RDMA (sockets vary)."""
     rule = load_data("fabrics.yaml")["multinode_allreduce"]
+    if fabric.probe and nodes > 1:  # nobody stated the fabric: its line rate is an assumption, no floor
+        return None, "no multi-node threshold: the fabric is unknown (" + fabric.probe + ")"
     if nodes < 2 or fabric.name not in rule["fabrics"]:
         return None, "no multi-node threshold: " + ("one node" if nodes < 2 else f"fabric {fabric.name}")
     line_rate = fabric.gbps_per_gpu * gpus_per_node / 8.0

@@ -13,7 +13,7 @@ from typing import Any
 from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 
-COMPONENTS = ("kernel", "driver", "fabric_manager", "rdma", "efa", "nccl", "dcgm", "nccl_tests", "cuda")
+COMPONENTS = ("kernel", "driver", "fabric_manager", "rdma", "efa", "nccl", "dcgm", "nccl_tests", "cuda", "slurm")
 
 
 @lru_cache(maxsize=None)
@@ -84,6 +84,7 @@ def image_profile(cloud: str, instance: str) -> Any:
     tests = entry["nccl_tests"]
     sources = {str(entry[part]["source"]) for part in COMPONENTS if entry[part]}
     return ImageProfile(name=name, nccl_tests_dir=tests["dir"] if tests else None,
+                        nccl_tests_mpi_env=dict((tests or {}).get("mpi_env") or {}),
                         dcgm_version=str(rule["version"]),
                         dcgm_cuda_major_by_min_branch={str(k): int(v) for k, v in rule["cuda_major_by_min_branch"].items()},
                         uncertain=uncertain(name), source="; ".join(sorted(sources)))

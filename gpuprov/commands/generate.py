@@ -110,10 +110,13 @@ def generate(spec, output: str | None, force: bool) -> None:
     if result.leftover:
         click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
     storage = shared_storage_rule(plan, Path(output))  # validate's rule, said before validate fails on it
+    where = shell_word(output)  # a line to paste into a shell: the path as one word, whatever it holds
     if storage.status == "fail":
         click.echo(f"note: {storage.detail}", err=True)
         click.echo(f"fix: generate again with --shared-nfs SERVER:/PATH, or {storage.fix}", err=True)
-    where = shell_word(output)  # a line to paste into a shell: the path as one word, whatever it holds
+        # validate fails on this bundle as written: no `&& up` to paste
+        click.echo(f"next: after the fix above, gpuprov validate {where}", err=True)
+        return
     click.echo(f"next: gpuprov validate {where} && gpuprov up {where} --dry-run", err=True)
 
 

@@ -151,6 +151,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         "gds": decisions(plan).gds,
         "forks": max(10, min(100, plan.cluster.nodes)),
         "hosts_left_out": hosts_left_out(plan),
+        "slurm_builds": {os_id: b.model_dump(exclude={"source"}) for os_id, b in plan.scheduler.builds.items()},
     }
     env = _environment()
 

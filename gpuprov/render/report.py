@@ -177,8 +177,9 @@ def _stack(plan) -> list[str]:
         + (f", subnet manager {f.subnet_manager}" if f.subnet_manager != "none" else "")
         + (f", MTU {f.mtu}" if f.mtu else "") + (f", HCAs {', '.join(f.hcas)}" if f.hcas else "")
         + (f"; not configured: {f.probe}" if f.probe else ""),
-        f"- Storage: RAID0 of {st.devices} local NVMe drives ({tb(st.expected_bytes)}) as "
-        f"/dev/md/{st.raid_name}, {st.filesystem} on {st.mount_point}",
+        (f"- Storage: RAID0 of {st.devices} local NVMe drives ({tb(st.expected_bytes)}) as "
+         f"/dev/md/{st.raid_name}, {st.filesystem} on {st.mount_point}") if st.devices else
+        "- Storage: no local NVMe array (none known to the plan)",
     ] + _bringup(plan)
     if f.nccl_env or f.nccl_env_profile:
         out += ["", "NCCL environment (the Ansible nccl role and launch/env.sh both come from this):", "", "```sh"]

@@ -1,0 +1,107 @@
+"""slurm.conf as the role renders it from a bundle's own group_vars and each cloud's inventory, in
+the shape its Terraform output evaluates to (tests/test_terraform_render.py
+test_ansible_inventory_output_shape): ansible_host is how Ansible reaches a node (an instance id over
+SSM, a VM name over IAP, a public address with ssh_cidr), private_ip the address inside the network.
+The real ansible-playbook renders the role's template with `--limit` on a node that is not the
+controller, so no other host's facts exist (a replaced node joining a running cluster)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_helpers import REPO, playbook, private_dir, write_files
+from gpuprov.render.ansible import render_ansible
+from plan_fixtures import sample_plan
+
+pytestmark = pytest.mark.slow
+
+# host -> hostvars as `terraform output -json ansible_inventory` gives them (see the docstring)
+SHAPES = {
+    "aws": {"n-00": {"ansible_host": "i-0a", "private_ip": "10.0.0.5"},
+            "n-01": {"ansible_host": "i-0b", "private_ip": "10.0.0.6"}},
+    "gcp": {"n-00": {"ansible_host": "n-00", "private_ip": "10.0.0.5"},
+            "n-01": {"ansible_host": "n-01", "private_ip": "10.0.0.6"}},
+    "azure-ssh": {"n-00": {"ansible_host": "198.51.100.5", "private_ip": "10.0.0.5"},
+                  "n-01": {"ansible_host": "198.51.100.6", "private_ip": "10.0.0.6"}},
+    "oci-ssh": {"x-node-00": {"ansible_host": "198.51.100.5", "private_ip": "10.0.0.5"},
+                "x-node-01": {"ansible_host": "198.51.100.6", "private_ip": "10.0.0.6"}},
+}
+
+
+def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04") -> tuple[str, dict]:
+    plan = sample_plan(cloud, nodes=len(hosts))
+    files = render_ansible(plan)
+    # this machine stands in for a node of the image's OS (the role picks the plan's build by it)
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "slurm_os_id": os_id}
+    # the role's defaults, below the bundle's group_vars/all.yml as in a real run (inventory-file vars)
+    defaults = yaml.safe_load((REPO / "ansible/roles/slurm/defaults/main.yml").read_text())
+    inventory = {"all": {"vars": defaults,
+                         "children": {"gpu_nodes": {"hosts": {n: {**v, **local} for n, v in hosts.items()}}}}}
+    with private_dir("slurm-conf") as root:
+        write_files(root, files)
+        (root / "inventory.yml").write_text(json.dumps(inventory))
+        (root / "ansible.cfg").write_text("[defaults]\nroles_path = roles\n")
+        (root / "play.yml").write_text(yaml.safe_dump([{
+            "name": "render", "hosts": "gpu_nodes", "gather_facts": True,
+            "tasks": [
+                {"name": "controller", "ansible.builtin.set_fact": {
+                    "slurm_controller_host": "{{ groups['gpu_nodes'][0] }}"}},
+                {"name": "build", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "build.yml"}},
+                {"name": "slurm.conf", "ansible.builtin.template": {
+                    "src": "roles/slurm/templates/slurm.conf.j2", "dest": str(root / "out-{{ inventory_hostname }}.conf")}},
+                {"name": "cgroup.conf", "ansible.builtin.template": {
+                    "src": "roles/slurm/templates/cgroup.conf.j2", "dest": str(root / "cgroup.conf")}},
+            ]}], sort_keys=False))
+        proc = playbook(root, "-i", "inventory.yml", "--limit", limit, "play.yml")
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        conf = (root / f"out-{limit}.conf").read_text()
+        conf += "\n#CGROUP\n" + (root / "cgroup.conf").read_text()
+    return conf, yaml.safe_load(files["group_vars/all.yml"])
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in line.split())
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_slurm_conf_addresses_are_private_and_render_under_limit(shape):
+    hosts = SHAPES[shape]
+    names = list(hosts)
+    conf, group_vars = _render(shape.split("-")[0], hosts, limit=names[1])
+    ctl = next(ln for ln in conf.splitlines() if ln.startswith("SlurmctldHost="))
+    assert ctl == f"SlurmctldHost={names[0]}({hosts[names[0]]['private_ip']})"
+    nodes = [_fields(ln) for ln in conf.splitlines() if ln.startswith("NodeName=")]
+    assert [(n["NodeName"], n["NodeAddr"]) for n in nodes] == [(n, hosts[n]["private_ip"]) for n in names]
+    # neither an instance id nor a public address reaches slurm.conf
+    assert "i-0" not in conf and "198.51.100." not in conf
+    # every node's size is the plan's, the same on every node whatever facts this host has
+    assert {(n["CPUs"], n["RealMemory"]) for n in nodes} == {
+        (str(group_vars["slurm_node_cpus"]), str(group_vars["slurm_node_real_memory_mb"]))}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "oci", "azure"])
+def test_cgroup_settings_are_the_ones_the_images_slurm_supports(cloud):
+    """Ubuntu 22.04's slurm-wlm 21.08 has no cgroup/v2 plugin and 22.04 boots cgroup v2: no cgroup
+    plugin in slurm.conf or cgroup.conf there; Microsoft's slurm-smd (>= 22.05) on Azure: cgroup/v2."""
+    from gpuprov.catalog import load_data
+
+    hosts = SHAPES["aws"]
+    conf, group_vars = _render(cloud, hosts, limit="n-00")
+    (build,) = group_vars["slurm_builds"].values()
+    version = tuple(int(x) for x in build["version"].split(".")[:2])
+    catalog = load_data("scheduler.yaml")["slurm"]["builds"][build["name"]]
+    assert catalog["version"] == build["version"]
+    text, cgroup = conf.split("#CGROUP")
+    lines = dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#"))
+    cg = dict(ln.split("=", 1) for ln in cgroup.splitlines() if "=" in ln and not ln.startswith("#"))
+    if version < (22, 5):
+        assert lines["ProctrackType"] == "proctrack/linuxproc" and "cgroup" not in lines["TaskPlugin"]
+        assert "CgroupPlugin" not in cg
+    else:
+        assert lines["ProctrackType"] == "proctrack/cgroup" and cg["CgroupPlugin"] == "cgroup/v2"
+    assert (cloud == "azure") == build["name"].startswith("microsoft-smd")
