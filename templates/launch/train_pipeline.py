@@ -117,7 +117,8 @@ def prune(model: torch.nn.Module, start: int, stop: int, first: bool, last: bool
     return stage
 
 
-def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
+                  documents: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids (first stage) or hidden states in; hidden states out, or on the last stage the
     micro-batch's summed cross-entropy (shape [1]).
 
@@ -125,14 +126,22 @@ def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> 
     mask and rotary tables for the whole sequence, then this stage's blocks. Under TP the hidden
     states are sequence-sharded (s / tp tokens), so the sequence length comes from the stage. The
     loss is taken inside the last stage, as train_model.token_loss_sum takes it (chunked head or
-    fp32 cross-entropy, logits freed before backward), so no stage keeps logits between micro-batches."""
+    fp32 cross-entropy, logits freed before backward), so no stage keeps logits between micro-batches.
+    `documents` (the micro-batch's document ids): positions and mask per document, as the
+    unpipelined trainer builds them (train_attention.model_inputs)."""
     inner = self.model
     h = inner.embed_tokens(x) if inner.embed_tokens is not None else x
     seq = h.shape[1] * self.gpuprov_seq_shards
-    positions = torch.arange(seq, device=h.device).unsqueeze(0)
-    masks = sys.modules[type(inner).__module__].create_causal_mask
-    shape = h.new_empty((h.shape[0], seq, 0))  # only its batch, length, dtype and device are read
-    mask = masks(config=self.config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=positions)
+    if documents is not None:
+        from train_attention import model_inputs
+
+        kw = model_inputs(self.config._attn_implementation, documents)
+        positions, mask = kw["position_ids"], kw.get("attention_mask")
+    else:
+        positions = torch.arange(seq, device=h.device).unsqueeze(0)
+        masks = sys.modules[type(inner).__module__].create_causal_mask
+        shape = h.new_empty((h.shape[0], seq, 0))  # only its batch, length, dtype and device are read
+        mask = masks(config=self.config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=positions)
     rope = inner.rotary_emb(h, position_ids=positions)
     for block in inner.layers.values():
         out = block(h, attention_mask=mask, position_embeddings=rope, position_ids=positions)
@@ -201,30 +210,35 @@ class Pipeline:
         """What the schedule backpropagates: the last stage's summed cross-entropy, scaled."""
         return output.sum() * self.scale
 
-    def run(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True) -> torch.Tensor:
+    def run(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True,
+            documents: torch.Tensor | None = None) -> torch.Tensor:
         """Forward (and backward) of every micro-batch; the summed cross-entropy on the last stage, 0 elsewhere.
-        Labels go to every stage as a keyword (only the last reads them); the schedule splits them."""
+        Labels go to every stage as a keyword (only the last reads them), document ids too (every
+        stage masks its attention); the schedule splits them."""
         self.scale, self.losses = scale, []
+        docs = {} if documents is None else {"documents": documents}
         args = (inputs,) if self.first else ()
         sched = self.schedule
         if train:
             extra = {"return_outputs": False} if _takes(sched.step, "return_outputs") else {}
             sched.step(*args, target=labels if self.last else None, losses=self.losses if self.last else None,
-                       labels=labels, **extra)
+                       labels=labels, **docs, **extra)
             outputs = self.losses
         else:
-            outputs, scale = self.forward_only(inputs, labels), 1.0
+            outputs, scale = self.forward_only(inputs, labels, documents), 1.0
         if not self.last:
             return torch.zeros((), device=labels.device)
         return torch.stack([_local(x).detach().float().sum() for x in outputs]).sum() / scale
 
-    def forward_only(self, inputs: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    def forward_only(self, inputs: torch.Tensor, labels: torch.Tensor,
+                     documents: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Every micro-batch through every stage in stage order, sends and receives blocking (validation).
         Torch 2.7's 1F1B schedules always run backward (schedule.eval came later), so this walks the
         stages itself; every rank loops over the same stages, so each send meets its receive."""
         pp, rank, out = dist.get_world_size(self.group), dist.get_rank(self.group), []
         peer = lambda r: dist.get_global_rank(self.group, r)  # noqa: E731
-        for ids, lab in zip(self.schedule_chunks(inputs), self.schedule_chunks(labels)):
+        docs = self.schedule_chunks(documents) if documents is not None else [None] * self.micro_batches
+        for ids, lab, doc in zip(self.schedule_chunks(inputs), self.schedule_chunks(labels), docs):
             h = ids
             for g in range(self.total):
                 owner, prev = g % pp, (g - 1) % pp
@@ -234,7 +248,7 @@ class Pipeline:
                     shape = (ids.shape[0], ids.shape[1] // self.stages[g].gpuprov_seq_shards, self.stages[g].config.hidden_size)
                     h = torch.empty(shape, dtype=self.hidden_dtype, device=ids.device)
                     dist.recv(h, src=peer(prev), group=self.group)
-                h = self.stages[g](h, labels=lab)
+                h = self.stages[g](h, labels=lab, **({} if doc is None else {"documents": doc}))
                 if g < self.total - 1 and (g + 1) % pp != rank:
                     dist.send(h.contiguous(), dst=peer((g + 1) % pp), group=self.group)
             if self.last:
