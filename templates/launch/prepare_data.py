@@ -27,8 +27,8 @@ and keeps attention inside each sample from it, never from EOS tokens (a chat te
 inside a sample).
 
 Memory is bounded by the document count, not the token count: tokens are appended to a scratch
-file as they are tokenized, then copied in shuffled order into the output shards through fixed
-buffers. What stays in memory is 8 bytes of offset and 4 of order per document (about 12 MB per
+file as they are tokenized, then read back one document at a time in shuffled order into the
+output shards through fixed buffers. What stays in memory is 8 bytes of offset and 4 of order per document (about 12 MB per
 million documents: 1B tokens of 100-token samples take about 120 MB) plus one document's tokens.
 
 Output: <out>/meta.json and per split (train/, val/) part-NNNNN.bin (little-endian uint16 when the
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from array import array
@@ -171,15 +172,27 @@ class Scratch:
         np.frombuffer(self.buf_m, dtype=np.uint8).tofile(self.mask_f)
         self.buf_t, self.buf_m = array("I"), array("B")
 
-    def close(self) -> tuple[np.ndarray, np.ndarray]:
+    def close(self) -> None:
+        """Done writing: documents are read back one at a time (positioned reads, nothing mapped,
+        so the process holds no page of the token files)."""
         self.flush()
         self.tok_f.close()
         self.mask_f.close()
-        n = self.offsets[-1]
-        if n == 0:
-            return np.zeros(0, self.dtype), np.zeros(0, np.uint8)
-        return (np.memmap(self.root / "tokens", dtype=self.dtype, mode="r", shape=(n,)),
-                np.memmap(self.root / "mask", dtype=np.uint8, mode="r", shape=(n,)))
+        self.tok_r, self.mask_r = open(self.root / "tokens", "rb"), open(self.root / "mask", "rb")
+
+    def length(self, i: int) -> int:
+        return self.offsets[i + 1] - self.offsets[i]
+
+    def doc(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        a, n, size = self.offsets[i], self.length(i), self.dtype.itemsize
+        ids = np.frombuffer(os.pread(self.tok_r.fileno(), n * size, a * size), dtype=self.dtype)
+        mask = np.frombuffer(os.pread(self.mask_r.fileno(), n, a), dtype=np.uint8).copy()
+        return ids, mask
+
+    def release(self) -> None:
+        for f in (getattr(self, "tok_r", None), getattr(self, "mask_r", None), self.tok_f, self.mask_f):
+            if f is not None:
+                f.close()
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -267,21 +280,16 @@ class ShardWriter:
         return sum((n - 1) // self.seq_len for n in self.shards)
 
 
-def doc(tokens, masks, offsets, i: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.asarray(tokens[offsets[i]:offsets[i + 1]]), np.array(masks[offsets[i]:offsets[i + 1]], dtype=np.uint8)
-
-
 def pack_stream(store, order, w: ShardWriter) -> dict:
     """Pre-training: documents run on across window boundaries (nanoGPT / torchtitan); whole
     windows only, the tail cut."""
-    tokens, masks, offsets = store
-    total = sum(offsets[i + 1] - offsets[i] for i in order)
+    total = sum(store.length(int(i)) for i in order)
     keep = (total - 1) // w.seq_len * w.seq_len + 1 if total > w.seq_len else 0
     left = keep
     for i in order:
         if left <= 0:
             break
-        ids, m = doc(tokens, masks, offsets, int(i))
+        ids, m = store.doc(int(i))
         w.append(ids[:left], m[:left], start=True)
         left -= len(ids)
     return {"packing": "stream"}
@@ -297,7 +305,6 @@ def pack_whole(store, order, w: ShardWriter, pad: int) -> dict:
     into another window's sample. A sample longer than seq_len is cut to seq_len (its prompt
     first, as torchtune truncates); one whose trained tokens all fall past the cut is dropped.
     """
-    tokens, masks, offsets = store
     seq, used, truncated, dropped, written = w.seq_len, 0, 0, 0, 0
 
     def close() -> None:
@@ -307,7 +314,7 @@ def pack_whole(store, order, w: ShardWriter, pad: int) -> dict:
             written, used = written + seq, 0
 
     for i in order:
-        ids, m = doc(tokens, masks, offsets, int(i))
+        ids, m = store.doc(int(i))
         if len(ids) > seq:
             ids, m = ids[:seq], m[:seq]
             truncated += 1
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         fmt = tokenize_to_scratch(read_records(args.inputs, args.hf_dataset, args.hf_split), tok, args, scratch)
         if fmt == "chat" and not getattr(tok, "chat_template", None):
             fail(f"{args.tokenizer}: the tokenizer has no chat template (give --chat-template FILE)")
-        tokens, masks = scratch.close()
+        scratch.close()
         n = len(scratch)
         if not n:
             fail("no documents in the inputs")
@@ -407,12 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         n_val = int(round(n * args.val_fraction)) if args.val_fraction else 0
         args.pack = args.pack or ("stream" if fmt == "text" else "whole")
         masked = scratch.any_masked or args.pack == "whole"
-        store, eos = (tokens, masks, scratch.offsets), tok.eos_token_id
+        store, eos = scratch, tok.eos_token_id
         for split in ("train", "val"):
             shutil.rmtree(out / split, ignore_errors=True)  # no shard of an earlier run left beside these
         train, info = write_split(store, order[n_val:], out / "train", args, dtype, masked, eos)
         val = write_split(store, order[:n_val], out / "val", args, dtype, masked, eos)[0] if n_val else 0
     finally:
+        scratch.release()
         shutil.rmtree(out / ".scratch", ignore_errors=True)
     if train == 0:
         fail(f"fewer than seq_len + 1 = {args.seq_len + 1} training tokens")
