@@ -964,3 +964,45 @@ def test_metrics_go_to_wandb_and_mlflow_only_when_named(trainer_module, monkeypa
         finish()
     assert calls == [("wandb", "init", "proj"), ("mlflow", "uri", "file:/x"), ("wandb", 3, 1.5), ("mlflow", 3, 1.5),
                      ("wandb", "finish"), ("mlflow", "finish")]
+
+
+def test_lora_exports_a_peft_adapter_and_a_merged_model_with_the_tokenizer(trainer_module, tmp_path):
+    """A LoRA run's export: adapter_config.json + adapter_model.safetensors that peft loads onto the
+    base with the trainer's logits, and with export.merged the base with the adapter folded in, as
+    a plain transformers model giving the same logits; the tokenizer beside both."""
+    import transformers
+    from peft import PeftModel
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    base = tmp_path / "base"
+    tiny_tokenizer(base, ["w1 w2 w3 w4"])
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).float().save_pretrained(base)
+    cfg = train.load_config(str(yaml_path), ["task.kind=lora", "model.init=pretrained", f"model.pretrained_path={base}",
+                                             "export.dtype=float32"])
+    model = train.apply_lora(transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)  # a trained adapter (peft starts B at zero)
+    out = tmp_path / "export"
+    out.mkdir()
+    sd = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    train.write_adapter(sd, cfg, out)
+    train.copy_tokenizer(cfg, out)
+    train.write_merged(cfg, out)
+    tokens = torch.tensor([[5, 9, 2, 40, 7]])
+    with torch.no_grad():
+        want = model(input_ids=tokens).logits
+        fresh = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        adapter = PeftModel.from_pretrained(fresh, out)(input_ids=tokens).logits
+        merged = transformers.AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)(input_ids=tokens).logits
+    assert not torch.allclose(want, transformers.AutoModelForCausalLM.from_pretrained(base)(input_ids=tokens).logits)
+    torch.testing.assert_close(adapter, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged, want, rtol=1e-4, atol=1e-4)
+    for d in (out, out / "merged"):
+        assert transformers.AutoTokenizer.from_pretrained(d)("w2 w4")["input_ids"] == \
+            transformers.AutoTokenizer.from_pretrained(base)("w2 w4")["input_ids"]

@@ -16,7 +16,8 @@ The files beside this one, one job each (the layout follows torchtitan's train.p
                        the schedule over the step's micro-batches, the grad norm and the export
   train_model.py       model on the meta device, LoRA, AC, compile, float8, fully_shard, init or
                        pretrained safetensors onto the shards, and the loss (token_loss_sum)
-  train_data.py        memory-mapped token windows, loss masks, per-document positions
+  train_data.py        memory-mapped token windows, loss masks, document ids from the recorded sample starts
+  train_attention.py   per-document positions and masks in every layout (CP: keys/values all-gathered)
   train_optim.py       AdamW (fused on CUDA), linear warmup + cosine decay
   train_checkpoint.py  DCP (async) save / resume with the data position; HF / PEFT export
   train_metrics.py     the log line and metrics.jsonl: loss, tokens/s, MFU, peak memory, skipped steps
@@ -46,7 +47,7 @@ import parallel  # noqa: E402
 import train_pipeline  # noqa: E402
 from train_checkpoint import (  # noqa: E402,F401
     Checkpointer, TrainState, check_shared_dir, export_dir, export_model, latest_checkpoint, load_checkpoint,
-    resolve_checkpoint, write_hf_model)
+    copy_tokenizer, resolve_checkpoint, write_adapter, write_hf_model, write_merged)
 from train_config import Config, ConfigError, DataSection, load_config  # noqa: E402,F401
 from train_attention import document_mask, document_positions, model_inputs  # noqa: E402,F401
 from train_data import Batch, TokenWindows  # noqa: E402,F401

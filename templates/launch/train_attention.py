@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 CP_ATTENTION = "gpuprov_cp"  # the attention implementation name registered with transformers
 
@@ -64,15 +65,6 @@ def model_inputs(impl: str, documents: torch.Tensor | None, positions: torch.Ten
     if impl == "eager":  # eager adds its mask to the scores
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
     return {"position_ids": positions, "attention_mask": mask}
-
-
-def check_impl(impl: str, cp: int) -> None:
-    """Context parallelism with documents runs SDPA on the gathered keys (flash_attention_2 has no
-    arbitrary mask)."""
-    if cp > 1 and impl not in ("sdpa", CP_ATTENTION):
-        from train_config import ConfigError
-
-        raise ConfigError(f"parallel.cp scores documents with SDPA: set model.attn_implementation sdpa, not {impl}")
 
 
 # ---------------------------------------------------------------------------- context parallel
@@ -126,9 +118,18 @@ def cp_attention(module, query, key, value, attention_mask, **kwargs):
     group (when a documents step runs; otherwise plain SDPA, which torch's ring attention wraps)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if _CP_GROUP:
-        key, value = _GatherSeq.apply(key, _CP_GROUP[0]), _GatherSeq.apply(value, _CP_GROUP[0])
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if not _CP_GROUP:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    group = _CP_GROUP[0]
+
+    def gathered(q, k, v, mask):
+        k, v = _GatherSeq.apply(k, group), _GatherSeq.apply(v, group)
+        return sdpa_attention_forward(module, q, k, v, mask, **kwargs)[0]
+
+    # backward gathers again rather than keep every layer's whole-window keys and values: what stays
+    # is this rank's q, k, v (as under ring attention) and the one mask all layers share
+    out = torch.utils.checkpoint.checkpoint(gathered, query, key, value, attention_mask, use_reentrant=False)
+    return out, None
 
 
 def use_cp_attention(model: torch.nn.Module) -> None:

@@ -360,37 +360,25 @@ def shard_stage(stage: torch.nn.Module, blocks: torch.nn.Module, cfg: Config, rt
 
 
 def export_stages(models: StageModels, cfg: Config, rt, out) -> None:
-    """Hugging Face format from the stages: the first rank of each pipeline rank's group writes its
-    stages' weights as one safetensors shard, rank 0 the index (model.safetensors.index.json, what
-    from_pretrained reads for a sharded checkpoint) and config.json."""
-    import json
-
-    from safetensors.torch import save_file
-
+    """Hugging Face format from the stages: the first rank of each pipeline rank's group streams its
+    stages' weights into safetensors shards of at most export.max_shard_gb (one tensor gathered at
+    a time), rank 0 names them in pipeline order and writes the index (model.safetensors.index.json,
+    what from_pretrained reads for a sharded checkpoint) and config.json."""
+    from train_checkpoint import SafetensorsShards, name_shards, write_hf_config
     from train_model import hf_name
     from train_runtime import DTYPES
 
     dtype = DTYPES[cfg.export.dtype]
-    pp = cfg.parallel.pp
-    writer = rt.rank % (rt.world // pp) == 0  # pp is the mesh's outer dimension: a stage's ranks are consecutive
-    tensors = {}
+    writer = rt.rank % (rt.world // cfg.parallel.pp) == 0  # pp is the mesh's outer dimension: a stage's ranks are consecutive
+    shards = SafetensorsShards(out, int(cfg.export.max_shard_gb * 1e9), tag=f"pp{rt.pp_rank:05d}") if writer else None
     for k, v in models.state_dict().items():
         # one tensor at a time: all of a stage's ranks gather it, its first rank keeps it on the host
         full = v.full_tensor() if hasattr(v, "full_tensor") else v
         if writer:
-            tensors[hf_name(hf_key(k))] = full.detach().to("cpu", dtype).contiguous()
+            shards.add(hf_name(hf_key(k)), full.detach().to("cpu", dtype).contiguous())
         del full
-    name = f"model-{rt.pp_rank + 1:05d}-of-{pp:05d}.safetensors"
-    if writer:
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
-    shards: list = [None] * rt.world
-    dist.all_gather_object(shards, (name, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values()))
-                           if writer else None)
+    parts: list = [None] * rt.world
+    dist.all_gather_object(parts, (rt.pp_rank, shards.finish()) if writer else None)
     if rt.rank == 0:
-        index = {"metadata": {"total_size": sum(s[2] for s in shards if s)},
-                 "weight_map": {k: s[0] for s in shards if s for k in s[1]}}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-        from train_checkpoint import write_hf_config
-
+        name_shards(out, [p for _, stage in sorted(x for x in parts if x) for p in stage])
         write_hf_config(models.config, cfg, out)
