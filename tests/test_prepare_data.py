@@ -242,3 +242,25 @@ def test_shards_roll_over_and_keep_the_windows(prep, tokenizer, tmp_path):
     assert np.array_equal(np.concatenate([w[:-1] for w in windows] + [windows[-1][-1:]]), one)
     meta = json.loads((tmp_path / "many" / "meta.json").read_text())
     assert meta["train_samples"] == len(windows) == (len(one) - 1) // 16
+
+
+def test_chat_needs_a_template_and_takes_one_from_a_file(prep, tokenizer, tmp_path):
+    """`messages` records with a tokenizer that has no chat template: one line; --chat-template FILE
+    gives it one (the tokenizer directory is left as it is)."""
+    jsonl = tmp_path / "chat.jsonl"
+    jsonl.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "w1 w2"},
+                                                      {"role": "assistant", "content": "w3 w4"}]}) + "\n"
+                             for _ in range(6)))
+    args = ["--tokenizer", str(tokenizer), "--seq-len", "8", "--val-fraction", "0", str(jsonl)]
+    with pytest.raises(SystemExit, match="no chat template"):
+        prep.main([*args, "--out", str(tmp_path / "o")])
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }} {% if m['role'] == 'assistant' %}</s> {% endif %}"
+                        "{% endfor %}")
+    assert prep.main([*args, "--chat-template", str(template), "--out", str(tmp_path / "o")]) == 0
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    ids, mask = read(tmp_path / "o", "train", "bin", "<u2"), read(tmp_path / "o", "train", "mask", np.uint8)
+    assert set(ids[mask == 1].tolist()) == set(tok.convert_tokens_to_ids(["w3", "w4", "</s>"]))
+    assert not getattr(tok, "chat_template", None)

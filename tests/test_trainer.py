@@ -925,6 +925,8 @@ def test_full_export_streams_sharded_safetensors_with_tokenizer(trainer_module, 
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok("w1 w3")["input_ids"] == transformers.AutoTokenizer.from_pretrained(base)("w1 w3")["input_ids"]
     assert transformers.GenerationConfig.from_pretrained(out).max_new_tokens == 7
+    with pytest.raises(train.ConfigError, match="export.max_shard_gb: must be above 0"):
+        train.load_config(str(yaml_path), ["export.max_shard_gb=0"])
     # one shard: model.safetensors alone, as save_pretrained names it
     one = train.load_config(str(yaml_path), ["task.kind=full", f"model.pretrained_path={base}", "model.init=pretrained"])
     train.write_hf_model(model, one, True, tmp_path / "single")

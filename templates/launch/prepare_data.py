@@ -97,6 +97,8 @@ def chat_tokens(tok, messages, n: int) -> tuple[list[int], list[int]]:
     Each assistant turn's text is what rendering the conversation up to and including it adds to
     the rendering up to it with the generation prompt (its content and its end-of-turn tokens); the
     full rendering is tokenized once and a token is trained on when its text lies inside such a span."""
+    if not getattr(tok, "chat_template", None):
+        fail("the tokenizer has no chat template for `messages` records (give --chat-template FILE)")
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
         fail(f"record {n}: messages must be a list of {{\"role\": ..., \"content\": ...}} turns")
     render = lambda msgs, gen=False: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)  # noqa: E731
@@ -404,8 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Scratch(out / ".scratch", dtype)
     try:
         fmt = tokenize_to_scratch(read_records(args.inputs, args.hf_dataset, args.hf_split), tok, args, scratch)
-        if fmt == "chat" and not getattr(tok, "chat_template", None):
-            fail(f"{args.tokenizer}: the tokenizer has no chat template (give --chat-template FILE)")
         scratch.close()
         n = len(scratch)
         if not n:

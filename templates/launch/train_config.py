@@ -320,6 +320,8 @@ def check(cfg: Config) -> Config:
         raise ConfigError("schedule.steps and schedule.warmup_steps must not be negative")
     if not 0.0 <= cfg.schedule.min_lr_ratio <= 1.0:
         raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {cfg.schedule.min_lr_ratio}")
+    if not cfg.export.max_shard_gb > 0:
+        raise ConfigError(f"export.max_shard_gb: must be above 0, got {cfg.export.max_shard_gb}")
     if len(cfg.optimizer.betas) != 2:
         raise ConfigError(f"optimizer.betas: two numbers, got {cfg.optimizer.betas!r}")
     if cfg.task.kind != "full" and not (cfg.task.lora.rank and cfg.task.lora.alpha):
