@@ -1008,3 +1008,16 @@ def test_lora_exports_a_peft_adapter_and_a_merged_model_with_the_tokenizer(train
     for d in (out, out / "merged"):
         assert transformers.AutoTokenizer.from_pretrained(d)("w2 w4")["input_ids"] == \
             transformers.AutoTokenizer.from_pretrained(base)("w2 w4")["input_ids"]
+
+
+def test_bad_sample_starts_are_one_line(trainer_module, tmp_path):
+    import numpy as np
+
+    train, _ = trainer_module
+    (tmp_path / "train").mkdir()
+    np.arange(20, dtype=np.uint16).tofile(tmp_path / "train" / "part-00000.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16"}))
+    for content in (b"", np.array([3, 9], dtype="<i8").tobytes(), b"\0" * 5):
+        (tmp_path / "train" / "part-00000.starts").write_bytes(content)
+        with pytest.raises(train.ConfigError, match="part-00000.starts: not sample starts"):
+            train.TokenWindows(train.DataSection(path=str(tmp_path)), 4, 97, 0)

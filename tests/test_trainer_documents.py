@@ -2,7 +2,7 @@
 
 Samples of different lengths packed whole into 32-token windows (prepare_data.py's layout: tokens,
 loss mask and the recorded sample starts), one sample holding the EOS id inside it. One process,
-TP 2, PP 2 and CP 2 log the same losses over 6 steps, and step 1's loss is the token mean of the
+TP 2, PP 2, CP 2 and TP 2 x CP 2 log the same losses over 6 steps, and step 1's loss is the token mean of the
 base model scoring every sample on its own (plain transformers, no packing), which a window-long
 causal sequence misses by far more than the tolerance.
 """
@@ -66,6 +66,7 @@ LAYOUTS = {
     "TP 2": dict(gpus=2, sharding="fsdp", micro=2, accum=4, tp=2),
     "PP 2": dict(gpus=2, sharding="fsdp", micro=2, accum=4, pp=2),
     "CP 2": dict(gpus=2, sharding="fsdp", micro=2, accum=4, cp=2),
+    "TP 2 x CP 2": dict(gpus=4, sharding="fsdp", micro=2, accum=4, tp=2, cp=2),  # a mix: TP inside CP's chunks
 }
 
 

@@ -76,7 +76,7 @@ class TokenWindows:
             if all(f.with_suffix(".mask").is_file() for f in files):
                 self.masks = [np.memmap(f.with_suffix(".mask"), dtype=np.uint8, mode="r") for f in files]
             if data.document_attention and all(f.with_suffix(".starts").is_file() for f in files):
-                self.starts_files = [np.memmap(f.with_suffix(".starts"), dtype="<i8", mode="r") for f in files]
+                self.starts_files = [self._starts(f.with_suffix(".starts")) for f in files]
             counts = [max(0, (len(s) - 1) // seq_len) for s in self.shards]
             self.starts = list(np.cumsum([0] + counts))
             self.size = int(self.starts[-1])
@@ -93,6 +93,15 @@ class TokenWindows:
     def documents(self) -> bool:
         """Whether windows carry document ids (recorded sample boundaries, document_attention on)."""
         return self.starts_files is not None
+
+    @staticmethod
+    def _starts(path: Path) -> np.ndarray:
+        """A shard's sample starts (int64 offsets, the first 0), memory-mapped."""
+        size = path.stat().st_size
+        starts = np.memmap(path, dtype="<i8", mode="r") if size >= 8 and size % 8 == 0 else None
+        if starts is None or starts[0] != 0:
+            raise ConfigError(f"{path}: not sample starts (int64 offsets from 0, as prepare_data.py writes them)")
+        return starts
 
     @staticmethod
     def _files(p: Path, split: str) -> list[Path]:
