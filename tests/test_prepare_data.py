@@ -264,3 +264,13 @@ def test_chat_needs_a_template_and_takes_one_from_a_file(prep, tokenizer, tmp_pa
     ids, mask = read(tmp_path / "o", "train", "bin", "<u2"), read(tmp_path / "o", "train", "mask", np.uint8)
     assert set(ids[mask == 1].tolist()) == set(tok.convert_tokens_to_ids(["w3", "w4", "</s>"]))
     assert not getattr(tok, "chat_template", None)
+
+
+def test_command_line_bad_input_exits_2_with_one_line(tmp_path):
+    import subprocess
+
+    res = subprocess.run([sys.executable, str(SCRIPT), "--tokenizer", str(tmp_path / "none"), "--seq-len", "4",
+                          "--out", str(tmp_path / "o"), str(tmp_path / "x.jsonl")], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [f"prepare_data.py: --tokenizer {tmp_path / 'none'}: not a directory "
+                                               "(the model's local files: nothing is downloaded)"]

@@ -386,7 +386,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def load_tokenizer(args):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    if not Path(args.tokenizer).is_dir():
+        fail(f"--tokenizer {args.tokenizer}: not a directory (the model's local files: nothing is downloaded)")
+    try:
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    except (OSError, ValueError) as exc:
+        fail(f"--tokenizer {args.tokenizer}: no tokenizer there ({str(exc).splitlines()[0][:200]})")
     if tok.eos_token_id is None:
         fail("the tokenizer has no eos_token_id: windows could not be padded")
     if args.chat_template:
@@ -434,4 +439,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # fail(): bad input, one line and exit status 2
+            print(exc.code, file=sys.stderr)
+            sys.exit(2)
+        raise
