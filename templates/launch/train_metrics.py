@@ -5,7 +5,9 @@ Metrics file, one JSON object per line: {"event": "start", ...} once per launch;
 step {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_reserved_bytes",
 "peak_memory_allocated_bytes", "skipped_steps"}; {"step", "val_loss"} per validation;
 {"event": "end", ...} at the end. "skipped_steps" counts the steps so far whose loss or gradient
-norm was not finite (no optimizer step was taken).
+norm was not finite (no optimizer step was taken). The same scalars go to TensorBoard
+(logging.tensorboard_dir) and, when train.yaml names them, to wandb (logging.wandb_project) and
+MLflow (logging.mlflow_tracking_uri), each imported only then.
 """
 
 from __future__ import annotations
