@@ -45,7 +45,8 @@ def with_fabric(plan, **update):
 def test_files_and_scripts_parse(cloud, tmp_path):
     files = render_launch(sample_plan(cloud))
     trainer = {"train.py", "parallel.py", "prepare_data.py", "train_config.py", "train_runtime.py", "train_model.py",
-               "train_data.py", "train_optim.py", "train_checkpoint.py", "train_metrics.py", "train_pipeline.py"}
+               "train_data.py", "train_optim.py", "train_checkpoint.py", "train_metrics.py", "train_pipeline.py",
+               "train_attention.py"}
     assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "fetch_weights.sh"} | trainer
     launch = write(files, tmp_path)
     for name in ("env.sh", "train.sh", "slurm.sbatch", "fetch_weights.sh"):

@@ -664,44 +664,53 @@ def test_chunked_loss_head_equals_the_whole_sequence_loss(trainer_module, model_
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_documents_do_not_attend_across(trainer_module, tmp_path, attn):
-    """Position ids restart after each EOS and attention stays inside each document: a document
-    packed after another gets the logits it gets alone; without the positions it does not."""
+    """Sample starts recorded beside the tokens give each window's tokens a document id: positions
+    restart at each document and attention stays inside it, so a document packed after another gets
+    the logits it gets alone; an EOS inside a document splits nothing; without the starts file (or
+    with document_attention off) a window is one causal sequence."""
     import numpy as np
     import transformers
 
     train, _ = trainer_module
     torch = train.torch
     eos = 2
-    assert train.document_positions(np.array([[5, 6, eos, 7, 8, eos, eos]]), eos).tolist() == [[0, 1, 2, 0, 1, 2, 0]]
-    # the data path: meta.json's EOS turns on the positions
+    docs = torch.tensor([[4, 4, 4, 9, 9]])
+    assert train.document_positions(docs).tolist() == [[0, 1, 2, 0, 1]]
+    assert train.document_mask(docs)[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
     (tmp_path / "train").mkdir()
-    stream = np.array([5, 6, 7, eos, 9, 10, 11, 12, eos], dtype=np.uint16)
+    stream = np.array([5, 6, 7, eos, 9, 10, eos, 12, eos], dtype=np.uint16)  # the second document holds an EOS
     stream.tofile(tmp_path / "train" / "part-00000.bin")
+    np.array([0, 4], dtype="<i8").tofile(tmp_path / "train" / "part-00000.starts")
     (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "eos_token_id": eos}))
-    batch = train.TokenWindows(train.DataSection(path=str(tmp_path)), 8, 97, 0).micro_batch(0, 1)
-    assert batch.positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    data = train.TokenWindows(train.DataSection(path=str(tmp_path)), 8, 97, 0)
+    batch = data.micro_batch(0, 1)
+    assert data.documents and batch.positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    assert batch.documents.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1]]
     off = train.TokenWindows(train.DataSection(path=str(tmp_path), document_attention=False), 8, 97, 0)
-    assert off.micro_batch(0, 1).positions is None
+    assert off.micro_batch(0, 1).documents is None and off.micro_batch(0, 1).positions is None
+    (tmp_path / "train" / "part-00000.starts").unlink()
+    assert train.TokenWindows(train.DataSection(path=str(tmp_path)), 8, 97, 0).micro_batch(0, 1).documents is None
 
     config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn,
                                       use_cache=False)  # as the trainer builds it: no KV cache
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
-    inputs, positions = batch.inputs, batch.positions
+    inputs = batch.inputs
+    kw = train.model_inputs(attn, batch.documents)
     with torch.no_grad():
-        packed = model(input_ids=inputs, position_ids=positions).logits
+        packed = model(input_ids=inputs, **kw).logits
         alone = model(input_ids=inputs[:, 4:]).logits
         crossed = model(input_ids=inputs).logits
     torch.testing.assert_close(packed[:, 4:], alone, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(crossed[:, 4:], alone, atol=1e-3)
-    # the trainer's loss takes the positions the same way
-    labels = torch.tensor([[6, 7, eos, 9, 10, 11, 12, eos]])
+    # the trainer's loss takes the same positions and mask
+    labels = torch.tensor([[6, 7, eos, 9, 10, eos, 12, eos]])
     with torch.no_grad():
-        got = train.token_loss_sum(model, inputs, labels, positions)
+        got = train.batch_loss_sum(model, train.Batch(inputs, labels, batch.positions, batch.documents))
         want = torch.nn.functional.cross_entropy(packed.flatten(0, 1), labels.flatten(), reduction="sum")
     assert float(got) == pytest.approx(float(want), rel=1e-6)
-    train.check_document_attention()  # this transformers builds per-document masks from positions
 
 
 def test_non_finite_step_is_skipped_counted_and_shown(trainer_module, tmp_path, capsys):
@@ -854,3 +863,161 @@ def test_lora_matches_a_peft_loop_and_its_drift_is_the_bf16_base(trainer_module)
     bf16 = trainer_run("bfloat16")
     drift = max(abs(a - b) / b for a, b in zip(bf16, ref))
     assert 1e-6 < drift < 1e-3, drift
+
+
+def test_epochs_reshuffle_and_validation_is_a_fixed_random_sample(trainer_module, tmp_path):
+    """The first epoch reads prepare_data.py's (shuffled) order; every later epoch a permutation of
+    the windows drawn from the seed and the epoch; validation reads one fixed random permutation."""
+    import numpy as np
+
+    train, _ = trainer_module
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        np.repeat(np.arange(20, dtype=np.uint16), 4).tofile(tmp_path / split / "part-00000.bin")  # window w: 4 x w
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16"}))
+    data = train.TokenWindows(train.DataSection(path=str(tmp_path)), 4, 97, seed=3)
+    first = lambda d, i: int(d.sample(i)[0])  # noqa: E731
+    n = len(data)
+    epochs = [[first(data, e * n + i) for i in range(n)] for e in range(3)]
+    assert epochs[0] == list(range(n))
+    for e in (1, 2):
+        assert sorted(epochs[e]) == epochs[0] and epochs[e] != epochs[0]
+    assert epochs[1] != epochs[2]
+    again = train.TokenWindows(train.DataSection(path=str(tmp_path)), 4, 97, seed=3)
+    assert [first(again, n + i) for i in range(n)] == epochs[1]  # a resume reads the same order
+    other = train.TokenWindows(train.DataSection(path=str(tmp_path)), 4, 97, seed=4)
+    assert [first(other, n + i) for i in range(n)] != epochs[1]
+    val = train.TokenWindows.validation(train.DataSection(path=str(tmp_path)), 4, 97, seed=3)
+    picked = [first(val, i) for i in range(6)]
+    assert picked == [first(val, i) for i in range(6)] and picked != sorted(picked)
+
+
+def test_full_export_streams_sharded_safetensors_with_tokenizer(trainer_module, tmp_path):
+    """The full export written one gathered tensor at a time into safetensors shards of at most
+    export.max_shard_gb, named and indexed as save_pretrained does, with the base's tokenizer and
+    generation_config.json: transformers loads it alone, weights equal, tokenizer the same."""
+    import transformers
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    base = tmp_path / "base"
+    tiny_tokenizer(base, ["w1 w2 w3 w4"])
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    model.save_pretrained(base)
+    transformers.GenerationConfig(max_new_tokens=7, temperature=0.3, do_sample=True).save_pretrained(base)
+    cfg = train.load_config(str(yaml_path), ["task.kind=full", "model.init=pretrained", f"model.pretrained_path={base}",
+                                             "export.dtype=float32", "export.max_shard_gb=0.00002"])  # 20 kB shards
+    out = tmp_path / "export"
+    train.write_hf_model(model, cfg, True, out)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    n = len(shards)
+    assert n > 3 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert set(index["weight_map"].values()) == set(shards) and not list(out.glob(".*part"))
+    biggest = max(p.numel() * 4 for p in model.parameters())
+    assert all((out / s).stat().st_size <= max(20_000, biggest) + 4096 for s in shards)  # + the header
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("w1 w3")["input_ids"] == transformers.AutoTokenizer.from_pretrained(base)("w1 w3")["input_ids"]
+    assert transformers.GenerationConfig.from_pretrained(out).max_new_tokens == 7
+    with pytest.raises(train.ConfigError, match="export.max_shard_gb: must be above 0"):
+        train.load_config(str(yaml_path), ["export.max_shard_gb=0"])
+    # one shard: model.safetensors alone, as save_pretrained names it
+    one = train.load_config(str(yaml_path), ["task.kind=full", f"model.pretrained_path={base}", "model.init=pretrained"])
+    train.write_hf_model(model, one, True, tmp_path / "single")
+    assert sorted(p.name for p in (tmp_path / "single").glob("*.safetensors")) == ["model.safetensors"]
+    assert not (tmp_path / "single" / "model.safetensors.index.json").exists()
+
+
+def test_metrics_go_to_wandb_and_mlflow_only_when_named(trainer_module, monkeypatch):
+    """logging.wandb_project / mlflow_tracking_uri: each tracker imported only then, given every
+    logged step's scalars and finished at the end; unnamed, neither is imported; named but missing,
+    one line."""
+    import types
+
+    train, yaml_path = trainer_module
+    import train_metrics
+
+    calls = []
+    run = types.SimpleNamespace(log=lambda d, step: calls.append(("wandb", step, d["loss"])),
+                                finish=lambda: calls.append(("wandb", "finish")))
+    wandb = types.SimpleNamespace(init=lambda project, config: calls.append(("wandb", "init", project)) or run)
+    mlflow = types.SimpleNamespace(set_tracking_uri=lambda u: calls.append(("mlflow", "uri", u)),
+                                   start_run=lambda: None, log_params=lambda p: None,
+                                   log_metrics=lambda d, step: calls.append(("mlflow", step, d["loss"])),
+                                   end_run=lambda: calls.append(("mlflow", "finish")))
+    cfg = train.load_config(str(yaml_path), [])
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed: importing it fails
+    assert train_metrics.trackers(cfg) == []  # unnamed: never imported
+    named = train.load_config(str(yaml_path), ["logging.wandb_project=proj", "logging.mlflow_tracking_uri=file:/x"])
+    with pytest.raises(train.ConfigError, match="needs wandb"):
+        train_metrics.trackers(named)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    tracked = train_metrics.trackers(named)
+    for log_fn, _ in tracked:
+        log_fn({"loss": 1.5}, 3)
+    for _, finish in tracked:
+        finish()
+    assert calls == [("wandb", "init", "proj"), ("mlflow", "uri", "file:/x"), ("wandb", 3, 1.5), ("mlflow", 3, 1.5),
+                     ("wandb", "finish"), ("mlflow", "finish")]
+
+
+def test_lora_exports_a_peft_adapter_and_a_merged_model_with_the_tokenizer(trainer_module, tmp_path):
+    """A LoRA run's export: adapter_config.json + adapter_model.safetensors that peft loads onto the
+    base with the trainer's logits, and with export.merged the base with the adapter folded in, as
+    a plain transformers model giving the same logits; the tokenizer beside both."""
+    import transformers
+    from peft import PeftModel
+
+    train, yaml_path = trainer_module
+    torch = train.torch
+    base = tmp_path / "base"
+    tiny_tokenizer(base, ["w1 w2 w3 w4"])
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).float().save_pretrained(base)
+    cfg = train.load_config(str(yaml_path), ["task.kind=lora", "model.init=pretrained", f"model.pretrained_path={base}",
+                                             "export.dtype=float32"])
+    model = train.apply_lora(transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)  # a trained adapter (peft starts B at zero)
+    out = tmp_path / "export"
+    out.mkdir()
+    sd = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    train.write_adapter(sd, cfg, out)
+    train.copy_tokenizer(cfg, out)
+    train.write_merged(cfg, out)
+    tokens = torch.tensor([[5, 9, 2, 40, 7]])
+    with torch.no_grad():
+        want = model(input_ids=tokens).logits
+        fresh = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        adapter = PeftModel.from_pretrained(fresh, out)(input_ids=tokens).logits
+        merged = transformers.AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)(input_ids=tokens).logits
+    assert not torch.allclose(want, transformers.AutoModelForCausalLM.from_pretrained(base)(input_ids=tokens).logits)
+    torch.testing.assert_close(adapter, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged, want, rtol=1e-4, atol=1e-4)
+    for d in (out, out / "merged"):
+        assert transformers.AutoTokenizer.from_pretrained(d)("w2 w4")["input_ids"] == \
+            transformers.AutoTokenizer.from_pretrained(base)("w2 w4")["input_ids"]
+
+
+def test_bad_sample_starts_are_one_line(trainer_module, tmp_path):
+    import numpy as np
+
+    train, _ = trainer_module
+    (tmp_path / "train").mkdir()
+    np.arange(20, dtype=np.uint16).tofile(tmp_path / "train" / "part-00000.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16"}))
+    for content in (b"", np.array([3, 9], dtype="<i8").tobytes(), b"\0" * 5):
+        (tmp_path / "train" / "part-00000.starts").write_bytes(content)
+        with pytest.raises(train.ConfigError, match="part-00000.starts: not sample starts"):
+            train.TokenWindows(train.DataSection(path=str(tmp_path)), 4, 97, 0)

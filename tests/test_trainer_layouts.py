@@ -46,15 +46,15 @@ def masked_data(root: Path) -> Path:
 
 
 def render(root: Path, *, gpus: int, sharding: str, micro: int, accum: int, nodes: int = 1, tp: int = 1,
-           pp: int = 1, pp_schedule: str = "1F1B", replicate: int | None = None) -> Path:
+           pp: int = 1, pp_schedule: str = "1F1B", replicate: int | None = None, cp: int = 1) -> Path:
     """A plan of this layout rendered as the cluster gets it (train.yaml's parallel section from the Plan)."""
     plan = sample_plan("aws", nodes, "hsdp" if sharding == "hsdp" else "fsdp", "full")
     per_node, stage = gpus // nodes, gpus // pp  # a pipeline stage's GPUs
     shard = stage // replicate if replicate else {"hsdp": per_node, "ddp": 1}.get(sharding, stage)
-    assert micro * accum * gpus // (tp * pp) == GLOBAL_BATCH
+    assert micro * accum * gpus // (tp * pp * cp) == GLOBAL_BATCH
     cluster = plan.cluster.model_copy(update=dict(
         nodes=nodes, gpus_per_node=per_node, total_gpus=gpus, sharding=sharding, shard_group=shard,
-        replicate=stage // shard, tp=tp, pp=pp, pp_schedule=pp_schedule, activation_checkpointing="none",
+        replicate=stage // shard, tp=tp, cp=cp, pp=pp, pp_schedule=pp_schedule, activation_checkpointing="none",
         micro_batch=micro, grad_accum=accum, seq_len=SEQ, global_batch_tokens=GLOBAL_BATCH * SEQ))
     training = plan.training.model_copy(update=dict(
         steps=STEPS, warmup_steps=2, learning_rate=3e-3, checkpoint_every_steps=0, log_every_steps=1))
