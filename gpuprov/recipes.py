@@ -50,8 +50,8 @@ def assumed_finetune_tokens() -> int:
 
 @dataclass(frozen=True)
 class DatasetSize:
-    tokens: int
-    how: str  # "given", "meta.json" (exact, from prepare_data.py) or "estimated" (bytes / bytes_per_token)
+    tokens: int | None  # None: a remote source, counted only once it is prepared on the cluster
+    how: str  # "given", "meta.json" (exact, from prepare_data.py), "estimated" (bytes / bytes_per_token), "remote"
 
 
 def dataset_tokens(value: str, base: Path) -> DatasetSize:
@@ -59,11 +59,15 @@ def dataset_tokens(value: str, base: Path) -> DatasetSize:
     (prepare_data.py: train_samples x seq_len, exact), or a raw text/JSONL file (estimated from its size)."""
     from gpuprov.specfile import parse_count
 
+    from gpuprov.validators import dataset_scheme
+
     text = str(value).strip()
     try:
         return DatasetSize(parse_count(text, what="--dataset"), "given")
     except GpuprovError:
         pass  # not a count: a path
+    if dataset_scheme(text) is not None:  # read by the nodes (the validator checks its shape)
+        return DatasetSize(None, "remote")
     path = Path(text) if Path(text).is_absolute() else base / text
     if path.is_dir():
         path = path / "meta.json"

@@ -317,6 +317,7 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         # a data file named in a spec file is relative to that file (counted here, where the base is known)
         base = Path.cwd() if "dataset" in overrides or not source else Path(source).absolute().parent
         data["dataset_tokens"] = _dataset_tokens(data["dataset"], base)
+        data["dataset"] = _absolute_dataset(data["dataset"], base)
     for key, value in data.items():
         # inf/nan pass pydantic's gt=0 checks but mean nothing as a budget or margin (and are not JSON)
         if isinstance(value, float) and not math.isfinite(value):
@@ -333,6 +334,17 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         if failed in overrides:
             raise GpuprovError(format_validation_error(exc, names=flag_names)) from None
         raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
+
+
+def _absolute_dataset(value: str, base: Path) -> str:
+    """A local data file as an absolute path (`up` copies it from there, wherever it runs), like a
+    model's config.json; a token count or a remote source as given."""
+    from gpuprov.validators import dataset_scheme
+
+    text = value.strip()
+    if dataset_scheme(text) is not None or not (base / text).exists() or Path(text).is_absolute():
+        return value  # a count, a remote source, or a path that needs no base
+    return str((base / text).absolute())
 
 
 def _dataset_tokens(value: str, base: Path) -> int | None:
