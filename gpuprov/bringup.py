@@ -350,8 +350,8 @@ def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
     if not (step.cwd / INVENTORY).is_file():
         raise StepFailed(f"{step.cwd / INVENTORY} is missing: re-run `gpuprov up` from the start (--restart)")
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0")
-    if step.kind == "stage":
-        return _run_stage(tool, step, env, echo)
+    if step.kind == "stage":  # JSON results: a failure's message stays on one line to quote
+        return _run_stage(tool, step, dict(env, ANSIBLE_CALLBACK_RESULT_FORMAT="json"), echo)
     if step.kind == "submit":  # its output carries the job id
         from gpuprov.job import parse_submission
 

@@ -190,9 +190,29 @@ def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
                    "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
     elif getattr(spec, "dataset_tokens", None):
         epochs = spec.tokens / spec.dataset_tokens
-        out.append(f"Dataset: {spec.dataset_tokens:,} tokens per pass x {epochs:g} epoch(s) = {spec.tokens:,} "
-                   f"tokens in {steps:,} optimizer steps")
+        if _dataset_how(spec.dataset) == "estimated":  # never printed as if it were counted
+            per = int(_data()["bytes_per_token"])
+            out.append(f"Dataset: ~{spec.dataset_tokens:,} tokens per pass (an estimate: the file's bytes / {per}, "
+                       f"not tokenized) x {epochs:g} epoch(s) = ~{spec.tokens:,} tokens in ~{steps:,} optimizer "
+                       "steps; prepare_data.py's meta.json gives the exact count")
+        else:
+            out.append(f"Dataset: {spec.dataset_tokens:,} tokens per pass x {epochs:g} epoch(s) = {spec.tokens:,} "
+                       f"tokens in {steps:,} optimizer steps")
+    elif getattr(spec, "dataset", None) and getattr(spec, "init", "pretrained") != "random" \
+            and getattr(spec, "dataset_tokens", None) is None and spec.tokens == assumed_finetune_tokens():
+        out.append(f"{spec.tokens:,} training tokens is an assumption: {spec.dataset} is read on the cluster and "
+                   "counted only once prepared; give --tokens to size the run")
     return out
+
+
+def _dataset_how(value: str | None) -> str:
+    """How --dataset was counted: given, meta.json, estimated or remote ('given' when it cannot be read)."""
+    if not value:
+        return "given"
+    try:
+        return dataset_tokens(value, Path.cwd()).how
+    except GpuprovError:
+        return "given"
 
 
 def describe(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> str:

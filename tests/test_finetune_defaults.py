@@ -236,12 +236,18 @@ def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp
     script = (out / "launch" / "fetch_weights.sh").read_text().replace(dest, str(tmp_path / "weights"))
     (out / "launch" / "fetch_weights.sh").write_text(script)
     stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "huggingface_hub.py").write_text(
-        "import os, pathlib\n"
+    (stub / "huggingface_hub").mkdir(parents=True)
+    (stub / "huggingface_hub" / "errors.py").write_text(  # the library's classes, same hierarchy
+        "class RepositoryNotFoundError(Exception): pass\n"
+        "class GatedRepoError(RepositoryNotFoundError): pass\n"
+        "class RevisionNotFoundError(Exception): pass\n")
+    (stub / "huggingface_hub" / "__init__.py").write_text(  # writes a whole safetensors file, metadata = id@rev
+        "import json, os, pathlib, struct\n"
         "def snapshot_download(repo_id, revision, local_dir, allow_patterns):\n"
         "    d = pathlib.Path(local_dir); (d / 'config.json').write_text('{}')\n"
-        "    (d / 'model.safetensors').write_text(repo_id + '@' + revision)\n"
+        "    head = json.dumps({'__metadata__': {'from': repo_id + '@' + revision},\n"
+        "                       'w': {'dtype': 'U8', 'shape': [4], 'data_offsets': [0, 4]}}).encode()\n"
+        "    (d / 'model.safetensors').write_bytes(struct.pack('<Q', len(head)) + head + bytes(4))\n"
         "    pathlib.Path(os.environ['CALLS']).open('a').write('x')\n")
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(stub), "HF_TOKEN": "hf_secret_value",
            "CALLS": str(tmp_path / "calls")}
@@ -250,8 +256,8 @@ def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp
                            env=env, timeout=60)
         assert r.returncode == 0, r.stderr
     assert (tmp_path / "calls").read_text() == "x"  # fetched once; the second run found the finished copy
-    assert (tmp_path / "weights" / "model.safetensors").read_text() == "meta-llama/Llama-3.1-8B@main"
-    written = "".join(p.read_text() for p in (tmp_path / "weights").rglob("*") if p.is_file())
+    assert b'"from": "meta-llama/Llama-3.1-8B@main"' in (tmp_path / "weights" / "model.safetensors").read_bytes()
+    written = "".join(p.read_bytes().decode(errors="replace") for p in (tmp_path / "weights").rglob("*") if p.is_file())
     assert "hf_secret_value" not in written + (out / "launch" / "fetch_weights.sh").read_text()
     assert "hf_secret_value" not in r.stdout + r.stderr
 
