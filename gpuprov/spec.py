@@ -185,7 +185,8 @@ class TrainingSpec(BaseModel):
         tokens, batch, _assumed = recipes.fill_budget(
             task=self.task, init=self.init, recipe_name=self.recipe, seq_len=self.seq_len, tokens=self.tokens,
             global_batch_tokens=self.global_batch_tokens, global_batch=self.global_batch,
-            dataset_tokens=self.dataset_tokens, epochs=self.epochs)
+            dataset_tokens=self.dataset_tokens, epochs=self.epochs,
+            params=recipes.model_params(self.model) if self.init != "random" else None)
         if tokens > v.MAX_TOKENS or (batch or 0) > v.MAX_BATCH_TOKENS:
             raise ValueError(f"{tokens:,} tokens in batches of {batch:,} is past gpuprov's limits")
         # the sequences form is input only: the spec keeps the token count (one number, no disagreement);
