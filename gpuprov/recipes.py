@@ -76,10 +76,13 @@ def assumed_finetune_tokens() -> int:
 @dataclass(frozen=True)
 class DatasetSize:
     tokens: int | None  # None: a remote source, counted only once it is prepared on the cluster
-    how: str  # "given", "meta.json" (exact, from prepare_data.py), "estimated" (bytes / bytes_per_token), "remote"
+    # "given", "meta.json" (exact, from prepare_data.py), "measured" (every record tokenized with the
+    # model's tokenizer), "estimated" (bytes / bytes_per_token), "remote"
+    how: str
+    sample: Any = None  # gpuprov/sample_length.py SampleLength of a JSONL file (None: unknown)
 
 
-def dataset_tokens(value: str, base: Path) -> DatasetSize:
+def dataset_tokens(value: str, base: Path, model: str | None = None) -> DatasetSize:
     """Tokens in one pass over the data: a count (`100M`), a prepared data directory or its meta.json
     (prepare_data.py: train_samples x seq_len, exact), or a raw text/JSONL file (estimated from its size)."""
     from gpuprov.specfile import parse_count
@@ -108,7 +111,12 @@ def dataset_tokens(value: str, base: Path) -> DatasetSize:
     per = int(_data()["bytes_per_token"])
     if size < per:
         raise GpuprovError(f"--dataset {text!r}: empty")
-    return DatasetSize(size // per, "estimated")
+    from gpuprov.sample_length import sample_length
+
+    sample = sample_length(path, model, per)
+    if sample is not None and sample.how == "measured" and sample.whole_file:  # every record tokenized
+        return DatasetSize(max(1, round(sample.mean_tokens * sample.records)), "measured", sample)
+    return DatasetSize(size // per, "estimated", sample)
 
 
 def _meta_tokens(path: Path, shown: str) -> int:
@@ -146,7 +154,13 @@ def global_batch_tokens(spec: Any, dp: int) -> int:
     if stated is not None:
         return int(stated)
     params = model_params(getattr(spec, "model", None))
-    return batch_sequences(getattr(spec, "recipe", None), spec.task, dp, params)[0] * spec.seq_len
+    samples = batch_sequences(getattr(spec, "recipe", None), spec.task, dp, params)[0]
+    mean = getattr(spec, "sample_tokens", None)
+    if not mean:  # no sample length known: each of the recipe's samples taken as one packed window
+        return samples * spec.seq_len
+    # the recipe's samples x their mean length, in whole packed windows, one window per rank at least
+    windows = max(1, round(samples * mean / spec.seq_len))
+    return max(windows, dp) * spec.seq_len
 
 
 def fill_budget(*, task: str, init: str, recipe_name: str | None, seq_len: int, tokens: int | None,
@@ -228,7 +242,7 @@ def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
                    "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
     elif getattr(spec, "dataset_tokens", None):
         epochs = spec.tokens / spec.dataset_tokens
-        if _dataset_how(spec.dataset) == "estimated":  # never printed as if it were counted
+        if _dataset_how(spec.dataset, spec.model) == "estimated":  # never printed as if it were counted
             per = int(_data()["bytes_per_token"])
             out.append(f"Dataset: ~{spec.dataset_tokens:,} tokens per pass (an estimate: the file's bytes / {per}, "
                        f"not tokenized) x {epochs:g} epoch(s) = ~{spec.tokens:,} tokens in ~{steps:,} optimizer "
@@ -243,12 +257,12 @@ def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
     return out
 
 
-def _dataset_how(value: str | None) -> str:
-    """How --dataset was counted: given, meta.json, estimated or remote ('given' when it cannot be read)."""
+def _dataset_how(value: str | None, model: str | None = None) -> str:
+    """How --dataset was counted: given, meta.json, measured, estimated or remote ('given' when unreadable)."""
     if not value:
         return "given"
     try:
-        return dataset_tokens(value, Path.cwd()).how
+        return dataset_tokens(value, Path.cwd(), model).how
     except GpuprovError:
         return "given"
 
@@ -263,15 +277,32 @@ def describe(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> str:
     if getattr(spec, "global_batch_tokens", None) is not None:
         how = "as stated"
     else:
-        _n, source = batch_sequences(getattr(spec, "recipe", None), spec.task, dp, params)
+        samples, source = batch_sequences(getattr(spec, "recipe", None), spec.task, dp, params)
         how = f"the recipe's for {dp} data-parallel rank{'s' if dp > 1 else ''}" + \
             (f", {source}" if source != r["source"] else "")
+        mean = getattr(spec, "sample_tokens", None)
         seq_note = _data().get("sequences", {}).get(r["name"])
-        if seq_note:
-            how += f"; {seq_note}"
+        if mean:
+            how = f"{how}: {_tokens_words(spec, samples, mean, dp)}"
+        elif seq_note:
+            how += f"; {seq_note}; no sample length known (a local JSONL --dataset gives one)"
     return (f"Fine-tuning the pretrained weights with the {r['name']} {spec.task} recipe: global batch {seqs:,} "
             f"sequences of {spec.seq_len} tokens ({how}), learning rate {r['learning_rate']:g}, {steps:,} "
             f"optimizer steps{_warmup_words(r)} ({r['source']}, read {r['date']})")
+
+
+def _tokens_words(spec: Any, samples: int, mean: float, dp: int) -> str:
+    """The recipe's batch in tokens, and how the sample length behind it was found."""
+    wanted = samples * mean
+    windows = max(1, round(wanted / spec.seq_len))
+    how = ("measured with the model's tokenizer" if spec.sample_tokens_how == "measured"
+           else f"an estimate from the records' bytes at {_data()['bytes_per_token']} a token, no tokenizer here")
+    out = (f"{samples} samples x {mean:,.1f} tokens a sample ({how}) = {wanted:,.0f} tokens, packed into "
+           f"{windows} window{'s' if windows > 1 else ''}")
+    if dp > windows:
+        out += (f"; {dp} ranks take one window each at least, so a step carries {dp * spec.seq_len / wanted:.1f}x "
+                "the recipe's tokens")
+    return out
 
 
 def _warmup_words(r: dict[str, Any]) -> str:

@@ -172,7 +172,7 @@ def test_generate_then_dry_run_stages_weights_and_local_data_before_the_job(tmp_
     assert train["data"]["path"] == st["data_dir"] and train["data"]["path"].endswith("/prepared")
     assert train["model"]["pretrained_path"] == st["weights_dir"]
     stage = yaml.safe_load((root / "ansible" / "stage.yml").read_text())[0]["vars"]
-    assert stage["stage_dataset_local"] == st["dataset_source"] and stage["stage_data_dir"] == st["data_dir"]
+    assert stage["stage_inputs_dataset_local"] == st["dataset_source"] and stage["stage_inputs_data_dir"] == st["data_dir"]
 
 
 @pytest.mark.parametrize("source,tags,tool", [
@@ -342,3 +342,59 @@ def test_a_files_token_count_is_labelled_an_estimate_and_a_prepared_count_is_not
 
     assert dataset_note("./train.jsonl").startswith("Dataset: ~1,000 tokens per pass (an estimate")
     assert dataset_note("./prepared").startswith("Dataset: 40,960 tokens per pass x")
+
+
+# ---------------------------------------------------------------- the recipe's batch in tokens
+
+
+def _word_tokenizer(folder: Path) -> None:
+    """A real tokenizers.Tokenizer (word level, whitespace split): one token per word, so the lengths are known."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(["ask", "answer", "why", "because"])}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def _plan_json(tmp_path: Path, *args: str) -> dict:
+    proc = subprocess.run([*GPUPROV, "plan", "--json", *args], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_recipes_batch_is_its_samples_times_the_measured_sample_length(tmp_path):
+    from plan_fixtures import TINY_LLAMA_CONFIG
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(TINY_LLAMA_CONFIG, max_position_embeddings=4096)))
+    _word_tokenizer(model)
+    # 300 records of 10 + 90 words: 100 tokens a sample with this tokenizer; 3x4 = 12 bytes a word,
+    # so the bytes estimate (4 a token) would say about 300
+    records = [{"prompt": " ".join(["ask"] * 10), "response": " ".join(["because"] * 90)}] * 300
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    p = _plan_json(tmp_path, "--model", str(model / "config.json"), "--task", "lora", "--dataset", "sft.jsonl",
+                   "--seq-len", "512", "--gpus", "1", "--cloud", "aws")
+    spec = p["spec"]
+    assert spec["sample_tokens_how"] == "measured" and abs(spec["sample_tokens"] - 100) < 1.5  # + a newline join
+    assert spec["dataset_tokens"] == round(spec["sample_tokens"] * 300)  # every record tokenized: a count
+    samples = 2 * 8  # 8B_lora_single_device: batch 2 x accumulation 8 on one rank
+    assert p["cluster"]["global_batch_tokens"] == round(samples * spec["sample_tokens"] / 512) * 512
+    dataset_note = next(n for n in p["notes"] if n.startswith("Dataset:"))
+    assert not dataset_note.startswith("Dataset: ~")  # measured, so printed as a count
+    assert "measured with the model's tokenizer" in next(n for n in p["notes"] if n.startswith("Fine-tuning"))
+
+
+def test_without_a_tokenizer_the_sample_length_is_an_estimate_and_says_so(tmp_path):
+    records = [{"text": "x" * 400}] * 50  # 400 bytes: about 100 tokens at 4 bytes a token
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    env_no_cache = dict(ENV, HF_HUB_CACHE=str(tmp_path / "empty-cache"), HF_HUB_OFFLINE="1")
+    proc = subprocess.run([*GPUPROV, "plan", "--json", "--model", "8b", "--task", "lora", "--dataset", "d.jsonl",
+                           "--gpus", "1"], cwd=tmp_path, env=env_no_cache, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert p["spec"]["sample_tokens_how"] == "estimated" and p["spec"]["sample_tokens"] == 100.0
+    assert p["cluster"]["global_batch_tokens"] == 4096  # 16 x 100 = 1,600 tokens: one packed window
+    assert "an estimate from the records' bytes" in next(n for n in p["notes"] if n.startswith("Fine-tuning"))
+    assert next(n for n in p["notes"] if n.startswith("Dataset:")).startswith("Dataset: ~")
