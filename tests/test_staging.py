@@ -398,3 +398,20 @@ def test_without_a_tokenizer_the_sample_length_is_an_estimate_and_says_so(tmp_pa
     assert p["cluster"]["global_batch_tokens"] == 4096  # 16 x 100 = 1,600 tokens: one packed window
     assert "an estimate from the records' bytes" in next(n for n in p["notes"] if n.startswith("Fine-tuning"))
     assert next(n for n in p["notes"] if n.startswith("Dataset:")).startswith("Dataset: ~")
+
+
+def test_a_hostile_local_file_name_stays_data_in_every_rendered_file(tmp_path):
+    name = "a'$(touch PWNED)`touch PWNED2`{{ lookup('pipe','id') }}\".jsonl"
+    (tmp_path / name).write_text('{"text": "hello world"}\n' * 50)
+    root = _generate(tmp_path, name)
+    st = json.loads((root / "plan.json").read_text())["staging"]
+    assert st["dataset_source"] == str(tmp_path / name)
+    stage = (root / "ansible" / "stage.yml").read_text()
+    assert "!unsafe" in stage  # Ansible never templates it
+    assert yaml.safe_load(stage.replace("!unsafe ", ""))[0]["vars"]["stage_inputs_dataset_local"] == str(tmp_path / name)
+    script = root / "launch" / "stage_data.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    proc = subprocess.run(["bash", str(script), "download"], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    assert proc.returncode == 0 and "nothing to download" in proc.stdout
+    assert not list(tmp_path.rglob("PWNED*"))
