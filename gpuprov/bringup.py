@@ -98,6 +98,50 @@ def build_steps(root: Path, cloud: str) -> list[Step]:
     return steps + ansible_steps(root)
 
 
+STAGE_PLAYBOOK = "stage.yml"
+
+
+def staging_steps(root: Path, plan, ansible_playbook: str = "ansible-playbook") -> list[Step]:
+    """Fetch the base weights, put the dataset on the cluster, prepare it (plan.staging; one tag of
+    ansible/stage.yml each). A bundle written before stage.yml existed stages nothing."""
+    from gpuprov.staging import staging_of
+
+    ansible = root / "ansible"
+    if not (ansible / STAGE_PLAYBOOK).is_file():
+        return []
+    st = staging_of(plan)
+    run = [ansible_playbook, "-i", INVENTORY, STAGE_PLAYBOOK, "--tags"]
+    steps = []
+    if st.weights_dir:
+        steps.append(Step("fetch-weights", f"fetch the base weights {st.weights_repo} to {st.weights_dir} (once; "
+                          "HF_TOKEN from your environment, passed on stdin)", [*run, "weights"], ansible,
+                          "a gated model needs its licence accepted and HF_TOKEN exported; on the first node "
+                          "launch/fetch_weights.sh shows the download", "stage"))
+    if st.dataset_kind in ("local", "s3", "gs", "az"):
+        how = "copy" if st.dataset_kind == "local" else f"download ({st.download_argv[0]} on the node)"
+        steps.append(Step("stage-data", f"{how} the dataset {st.dataset_source} to {st.dataset_raw}",
+                          [*run, "data"], ansible,
+                          "check the source exists and the nodes may read it (their instance identity)", "stage"))
+    if st.data_dir:
+        steps.append(Step("prepare-data", f"tokenize the dataset into {st.data_dir} (prepare_data.py, "
+                          "train.yaml data.path)", [*run, "prepare"], ansible,
+                          "on the first node, launch/stage_data.sh prepare shows the failing record", "stage"))
+    return steps
+
+
+def local_dataset_problem(plan) -> str | None:
+    """Why a local dataset `up` copies is not there to copy (None: it is, or nothing is copied)."""
+    from gpuprov.staging import staging_of
+
+    st = staging_of(plan)
+    if st.dataset_kind != "local" or not st.dataset_source:
+        return None
+    path = Path(st.dataset_source)
+    if not path.is_file() and not path.is_dir():
+        return f"the dataset {st.dataset_source} is not on this machine: `up` copies it to the cluster from there"
+    return None
+
+
 def job_steps(root: Path, plan) -> list[Step]:
     """The last step: submit the training job (gpuprov/job.py decides how; none: started by hand)."""
     from gpuprov import job
@@ -306,6 +350,8 @@ def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
     if not (step.cwd / INVENTORY).is_file():
         raise StepFailed(f"{step.cwd / INVENTORY} is missing: re-run `gpuprov up` from the start (--restart)")
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0")
+    if step.kind == "stage":  # JSON results: a failure's message stays on one line to quote
+        return _run_stage(tool, step, dict(env, ANSIBLE_CALLBACK_RESULT_FORMAT="json"), echo)
     if step.kind == "submit":  # its output carries the job id
         from gpuprov.job import parse_submission
 
@@ -314,6 +360,25 @@ def run_step(root: Path, step: Step, echo: Callable[[str], None]) -> int:
         step.extra["job_id"] = parse_submission(proc.stdout) if proc.returncode == 0 else None
         return proc.returncode if step.extra["job_id"] or proc.returncode else 1
     return subprocess.run([tool, *step.argv[1:]], cwd=step.cwd, env=env).returncode
+
+
+# the one line a staging script gives for its failure (the stage_inputs role's fail message)
+_STAGE_REASON = re.compile(r"((?:fetch_weights|stage_data|prepare_data\.py): [^\n\"]+)")
+
+
+def _run_stage(tool: str, step: Step, env: dict, echo: Callable[[str], None]) -> int:
+    """ansible-playbook stage.yml, its output shown as it comes and kept for the failure's one line."""
+    lines = []
+    with subprocess.Popen([tool, *step.argv[1:]], cwd=step.cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            echo(line.rstrip("\n"))
+    if proc.returncode:
+        found = _STAGE_REASON.findall("".join(lines[-200:]))
+        if found:
+            step.extra["reason"] = found[-1].strip().rstrip("'").strip()
+    return proc.returncode
 
 
 def _connection_problem(root: Path, plan) -> str | None:
@@ -331,17 +396,21 @@ def display(step: Step, root: Path) -> str:
 
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
              echo: Callable[[str], None] = print) -> None:
-    steps = build_steps(root, plan.cluster.cloud) + job_steps(root, plan)
+    steps = build_steps(root, plan.cluster.cloud) + staging_steps(root, plan) + job_steps(root, plan)
     tf = root / "terraform"
     missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
     unreachable = _connection_problem(root, plan)
+    no_data = local_dataset_problem(plan)
     if dry_run:
         if missing:
             echo(f"note: terraform needs values first: {_variables_hint(tf, missing)}")
         if unreachable:
             echo(f"note: `up` stops before terraform plan: {unreachable}")
+        if no_data:
+            echo(f"note: `up` stops before it starts: {no_data}")
         for number, step in enumerate(steps, start=1):
-            suffix = f"  > ansible/{INVENTORY}" if step.kind == "inventory" else ""
+            suffix = (f"  > ansible/{INVENTORY}" if step.kind == "inventory"
+                      else f"  # {step.name}: {step.title}" if step.kind == "stage" else "")
             echo(f"{number}. {display(step, root)}{suffix}")
         if steps[-1].kind == "submit":
             from gpuprov.job import submitted_lines
@@ -352,6 +421,9 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         if cost_per_hour(plan):
             echo(cost_per_hour(plan))
         return
+    if no_data:  # refused before anything is bought
+        raise StepFailed(f"{no_data}; restore it (or regenerate the bundle with --dataset) and re-run "
+                         f"`gpuprov up {shlex.quote(str(root))}`")
     digest = lock_digest(root)
     state = read_state(root)
     if restart or state.get("lock_sha256") != digest:
@@ -377,7 +449,8 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         code = run_step(root, step, echo)
         if code != 0:
             write_state(root, {**state, "completed": done, "failed": step.name})
-            raise StepFailed(f"step {number}/{total} '{step.name}' failed (exit {code}). Next: {step.hint}; "
+            why = step.extra.get("reason") or f"failed (exit {code}). Next: {step.hint}"
+            raise StepFailed(f"step {number}/{total} '{step.name}' {why}; "
                              f"then re-run `gpuprov up {shlex.quote(str(root))}` to continue from this step")
         done.append(step.name)
         if step.extra.get("job_id"):

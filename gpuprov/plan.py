@@ -405,6 +405,22 @@ class Provisioning(_Strict):
     reboot_allowed: bool = True  # roles may reboot a node (driver, RDMA stack); on-prem: the owner's call
 
 
+class Staging(_Strict):
+    """What `up` puts on the cluster before the job starts (gpuprov/staging.py decides it): the base
+    weights and the dataset, on the filesystem the job reads (several nodes: the shared one)."""
+
+    weights_repo: str | None = None  # Hugging Face id fetched by launch/fetch_weights.sh
+    weights_dir: str | None = None  # where it lands: train.yaml model.pretrained_path
+    dataset_kind: Literal["local", "s3", "gs", "az", "hf"] | None = None  # None: no data source named
+    dataset_source: str | None = None  # local: the absolute path on the machine running `up`; else the URI
+    dataset_raw: str | None = None  # where the file (or folder, a URI ending in /) lands on the cluster; hf: None
+    download_argv: list[str] = Field(default_factory=list)  # the node's command that copies a URI to dataset_raw
+    download_env: dict[str, str] = Field(default_factory=dict)  # and its environment (no secret: node identity)
+    download_source: str | None = None  # where the command and its authentication are documented
+    data_dir: str | None = None  # prepare_data.py's output: train.yaml data.path (None: not prepared by `up`)
+    seq_len: int = 0  # prepare_data.py --seq-len (the plan's)
+
+
 class Infra(_Strict):
     """What the target decided for its Terraform templates (gpuprov/targets/<name>.py `terraform_inputs`):
     the Terraform renderer fills templates from it, never computes it. Empty for an inventory target."""
@@ -458,4 +474,5 @@ class Plan(_Strict):
     scheduler: Scheduler = Field(default_factory=Scheduler)  # none in plans written before it was decided
     provisioning: Provisioning | None = None  # None only in plans written before targets decided it
     infra: Infra | None = None  # None only in plans written before targets decided it
+    staging: Staging | None = None  # None only in plans written before `up` staged weights and data
     run: RunBreakdown | None = None  # None only in plans written before the breakdown was recorded

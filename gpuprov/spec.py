@@ -109,6 +109,12 @@ class TrainingSpec(BaseModel):
                                                           "or meta.json from launch/prepare_data.py, or a text/JSONL file")
     dataset_tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
                                                description="Tokens in one pass over `dataset` (gpuprov fills it)")
+    sample_tokens: float | None = Field(None, gt=0, le=v.MAX_SEQ_LEN,
+                                        description="Mean tokens per sample of `dataset` (gpuprov fills it from "
+                                                    "a local JSONL file)")
+    sample_tokens_how: Literal["measured", "estimated"] | None = Field(
+        None, description="measured: with the model's tokenizer on the file's first records; estimated: from "
+                          "their bytes (no tokenizer on this machine)")
     epochs: float | None = Field(None, gt=0, le=1000, description="Passes over the dataset (default: the recipe's)")
     tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
                                        description="Training tokens to process in the run (default: dataset x "
@@ -179,13 +185,17 @@ class TrainingSpec(BaseModel):
             raise ValueError("recipe is a fine-tuning recipe; a from-scratch run takes the pre-training defaults")
         if self.dataset is not None and self.dataset_tokens is None:
             try:
-                self.dataset_tokens = recipes.dataset_tokens(self.dataset, Path.cwd()).tokens
+                size = recipes.dataset_tokens(self.dataset, Path.cwd(), self.model)
             except GpuprovError as exc:
                 raise ValueError(str(exc)) from None
+            self.dataset_tokens = size.tokens
+            if size.sample is not None and self.sample_tokens is None:
+                self.sample_tokens, self.sample_tokens_how = round(size.sample.mean_tokens, 1), size.sample.how
         tokens, batch, _assumed = recipes.fill_budget(
             task=self.task, init=self.init, recipe_name=self.recipe, seq_len=self.seq_len, tokens=self.tokens,
             global_batch_tokens=self.global_batch_tokens, global_batch=self.global_batch,
-            dataset_tokens=self.dataset_tokens, epochs=self.epochs)
+            dataset_tokens=self.dataset_tokens, epochs=self.epochs,
+            params=recipes.model_params(self.model) if self.init != "random" else None)
         if tokens > v.MAX_TOKENS or (batch or 0) > v.MAX_BATCH_TOKENS:
             raise ValueError(f"{tokens:,} tokens in batches of {batch:,} is past gpuprov's limits")
         # the sequences form is input only: the spec keeps the token count (one number, no disagreement);

@@ -263,7 +263,11 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     if isinstance(data.get("dataset"), str) and data.get("dataset_tokens") is None and data["dataset"].strip():
         # a data file named in a spec file is relative to that file (counted here, where the base is known)
         base = Path.cwd() if "dataset" in overrides or not source else Path(source).absolute().parent
-        data["dataset_tokens"] = _dataset_tokens(data["dataset"], base)
+        size = _dataset_size(data["dataset"], base, data.get("model"))
+        data["dataset_tokens"] = size.tokens if size else None
+        if size is not None and size.sample is not None and data.get("sample_tokens") is None:
+            data["sample_tokens"], data["sample_tokens_how"] = round(size.sample.mean_tokens, 1), size.sample.how
+        data["dataset"] = _absolute_dataset(data["dataset"], base)
     for key, value in data.items():
         # inf/nan pass pydantic's gt=0 checks but mean nothing as a budget or margin (and are not JSON)
         if isinstance(value, float) and not math.isfinite(value):
@@ -282,13 +286,25 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         raise GpuprovError(format_validation_error(exc, prefix=source or "", tree=tree)) from None
 
 
-def _dataset_tokens(value: str, base: Path) -> int | None:
+def _absolute_dataset(value: str, base: Path) -> str:
+    """A local data file as an absolute path (`up` copies it from there, wherever it runs), like a
+    model's config.json; a token count or a remote source as given."""
+    from gpuprov.validators import dataset_scheme
+
+    text = value.strip()
+    if dataset_scheme(text) is not None or not (base / text).exists() or Path(text).is_absolute():
+        return value  # a count, a remote source, or a path that needs no base
+    return str((base / text).absolute())
+
+
+def _dataset_size(value: str, base: Path, model: Any = None) -> Any:
+    """recipes.DatasetSize of --dataset (None: left for the validator's one-line error)."""
     from gpuprov.recipes import dataset_tokens
 
     if len(value) > 4096 or (not value.isprintable() and any(ord(ch) < 32 for ch in value)) \
             or len(value.encode("utf-8", "surrogatepass")) > 4096:
         return None  # left for the validator's one-line error
-    return dataset_tokens(value, base).tokens
+    return dataset_tokens(value, base, model if isinstance(model, str) else None)
 
 
 def _resolve_model(model: str, base: Path) -> str:

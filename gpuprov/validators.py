@@ -121,13 +121,48 @@ def model_ref(value: str) -> str:
     return value
 
 
+# Remote dataset sources the nodes read (`up` stages them on the cluster). Object keys are limited
+# to the characters S3 calls safe (AWS "Creating object key names": alphanumerics and ! - _ . * ' ( ),
+# less the shell-special ones, plus /, = and +); bucket and account names follow each store's rules.
+DATASET_URIS = {
+    "s3": re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[A-Za-z0-9._/=+,@-]{1,1024}"),
+    "gs": re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/[A-Za-z0-9._/=+,@-]{1,1024}"),
+    # az://ACCOUNT/CONTAINER/PATH: a blob of https://ACCOUNT.blob.core.windows.net/CONTAINER/PATH
+    "az": re.compile(r"az://[a-z0-9]{3,24}/[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}/[A-Za-z0-9._/=+,@-]{1,1024}"),
+    # hf:ORG/NAME[:CONFIG]: a Hugging Face dataset (prepare_data.py --hf-dataset NAME[:CONFIG])
+    "hf": re.compile(r"hf:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}(?::[A-Za-z0-9][A-Za-z0-9._-]{0,63})?"),
+}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(//)?")
+
+
+def dataset_scheme(value: str) -> str | None:
+    """The remote store a dataset source names (s3, gs, az, hf), None for a local path or a count."""
+    match = _SCHEME.match(value.strip())
+    if match is None or (match.group(2) is None and match.group(1).lower() != "hf"):
+        return None  # `C:` style or a plain name: a local path
+    return match.group(1).lower()
+
+
 def dataset_ref(value: str) -> str:
-    """A token count or a data file path: printable, within the filesystem's limits."""
+    """A token count, a data file path, or a remote source (s3://, gs://, az://, hf:ORG/NAME)."""
     if not value.strip():
-        raise ValueError("dataset is empty; give a token count (100M) or a file")
+        raise ValueError("dataset is empty; give a token count (100M), a file, or s3://, gs://, az:// or hf:ORG/NAME")
     safe_text(value, "dataset")
     if len(value.encode("utf-8")) > MAX_PATH_BYTES:
         raise ValueError(f"dataset path is longer than {MAX_PATH_BYTES} bytes")
+    scheme = dataset_scheme(value)
+    if scheme is None:
+        return value
+    pattern = DATASET_URIS.get(scheme)
+    if pattern is None:
+        raise ValueError(f"dataset {_show(value)}: {scheme}: is not a source gpuprov stages; give a local file, "
+                         "s3://BUCKET/KEY, gs://BUCKET/OBJECT, az://ACCOUNT/CONTAINER/PATH or hf:ORG/NAME")
+    if not pattern.fullmatch(value) or "//" in value.split("://", 1)[-1] or "/../" in value + "/" \
+            or "/./" in value + "/":
+        shape = {"s3": "s3://BUCKET/KEY", "gs": "gs://BUCKET/OBJECT", "az": "az://ACCOUNT/CONTAINER/PATH",
+                 "hf": "hf:ORG/NAME[:CONFIG]"}[scheme]
+        what = "" if scheme == "hf" else " (lower-case bucket, key of letters, digits and . _ / = + , @ -)"
+        raise ValueError(f"dataset {_show(value)} is not {shape}{what}")
     return value
 
 

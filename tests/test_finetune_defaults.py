@@ -79,12 +79,18 @@ def test_recipes_cite_a_source_and_date_for_every_task():
     from gpuprov.catalog import load_data
 
     data = load_data("recipes.yaml")
-    for name, tasks in data["recipes"].items():
-        assert set(tasks) == {"full", "lora", "qlora"}, name
-        for r in tasks.values():
-            assert r["source"] and r["date"] and r["learning_rate"] > 0
-            assert r["batch_size"] > 0 and r["gradient_accumulation_steps"] > 0 and r["devices"] > 0
-            assert r.get("single_device", {}).get("source", "x")
+    tasks_of = {"full", "lora", "qlora"}
+    for name, framework in data["recipes"].items():
+        assert tasks_of <= set(framework), name
+        for size in [framework, *framework.get("by_size", [])]:
+            assert set(size) & tasks_of, name
+            if size is not framework or "by_size" in framework:  # sized entries say their size and dataset
+                assert size["params"] > 0 and size["dataset_examples"] > 0 and size["dataset_source"], name
+            for task in set(size) & tasks_of:
+                r = size[task]
+                assert r["source"] and r["date"] and r["learning_rate"] > 0
+                assert r["batch_size"] > 0 and r["gradient_accumulation_steps"] > 0 and r["devices"] > 0
+                assert r.get("single_device", {}).get("source", "x")
     assert {"torchtune", "axolotl", "trl"} <= set(data["recipes"])
 
 
@@ -236,12 +242,18 @@ def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp
     script = (out / "launch" / "fetch_weights.sh").read_text().replace(dest, str(tmp_path / "weights"))
     (out / "launch" / "fetch_weights.sh").write_text(script)
     stub = tmp_path / "stub"
-    stub.mkdir()
-    (stub / "huggingface_hub.py").write_text(
-        "import os, pathlib\n"
+    (stub / "huggingface_hub").mkdir(parents=True)
+    (stub / "huggingface_hub" / "errors.py").write_text(  # the library's classes, same hierarchy
+        "class RepositoryNotFoundError(Exception): pass\n"
+        "class GatedRepoError(RepositoryNotFoundError): pass\n"
+        "class RevisionNotFoundError(Exception): pass\n")
+    (stub / "huggingface_hub" / "__init__.py").write_text(  # writes a whole safetensors file, metadata = id@rev
+        "import json, os, pathlib, struct\n"
         "def snapshot_download(repo_id, revision, local_dir, allow_patterns):\n"
         "    d = pathlib.Path(local_dir); (d / 'config.json').write_text('{}')\n"
-        "    (d / 'model.safetensors').write_text(repo_id + '@' + revision)\n"
+        "    head = json.dumps({'__metadata__': {'from': repo_id + '@' + revision},\n"
+        "                       'w': {'dtype': 'U8', 'shape': [4], 'data_offsets': [0, 4]}}).encode()\n"
+        "    (d / 'model.safetensors').write_bytes(struct.pack('<Q', len(head)) + head + bytes(4))\n"
         "    pathlib.Path(os.environ['CALLS']).open('a').write('x')\n")
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(stub), "HF_TOKEN": "hf_secret_value",
            "CALLS": str(tmp_path / "calls")}
@@ -250,8 +262,8 @@ def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp
                            env=env, timeout=60)
         assert r.returncode == 0, r.stderr
     assert (tmp_path / "calls").read_text() == "x"  # fetched once; the second run found the finished copy
-    assert (tmp_path / "weights" / "model.safetensors").read_text() == "meta-llama/Llama-3.1-8B@main"
-    written = "".join(p.read_text() for p in (tmp_path / "weights").rglob("*") if p.is_file())
+    assert b'"from": "meta-llama/Llama-3.1-8B@main"' in (tmp_path / "weights" / "model.safetensors").read_bytes()
+    written = "".join(p.read_bytes().decode(errors="replace") for p in (tmp_path / "weights").rglob("*") if p.is_file())
     assert "hf_secret_value" not in written + (out / "launch" / "fetch_weights.sh").read_text()
     assert "hf_secret_value" not in r.stdout + r.stderr
 
@@ -266,3 +278,27 @@ def test_the_trainer_refuses_in_one_line_when_the_base_weights_are_missing(tmp_p
                         str(tmp_path / "not-fetched")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "config.json" in r.stderr
+
+
+def test_the_recipe_is_the_one_published_for_the_models_size():
+    assert "llama3_1/70B_lora.yaml" in recipe(None, "lora", 70_553_706_496)["source"]
+    assert "llama3_1/70B_full.yaml" in recipe(None, "full", 70_553_706_496)["source"]
+    assert "llama3_1/8B_lora.yaml" in recipe(None, "lora", 8_030_261_248)["source"]
+    # nearest in ratio: a 34B model is nearer 70B than 8B (34/8 = 4.3 > 70.6/34 = 2.1)
+    assert "70B" in recipe(None, "lora", 34_000_000_000)["source"]
+    # no 70B QLoRA recipe for Llama 3.1: the size that publishes one
+    assert "8B_qlora" in recipe(None, "qlora", 70_553_706_496)["source"]
+    assert recipe(None, "full", 70_553_706_496)["epochs"] == 3  # the 70B config's, not the 8B's 1
+
+
+@pytest.mark.parametrize("model, task, rows, samples", [("70b", "lora", 52_002, 2 * 1 * 8),
+                                                        ("8b", "lora", 51_760, 2 * 8 * 2)])
+def test_warmup_is_the_recipes_fraction_of_the_run(model, task, rows, samples):
+    r = run("plan", "--model", model, "--task", task, "--dataset", "20M", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    steps, warmup = p["training"]["steps"], p["training"]["warmup_steps"]
+    assert warmup == round(steps * 100 / (rows / samples))  # num_warmup_steps 100 of the recipe's own run
+    assert 0 < warmup < steps / 10
+    note = next(n for n in p["notes"] if n.startswith("Fine-tuning"))
+    assert f"{'70B' if model == '70b' else '8B'}_" in note and "warmup" in note

@@ -47,9 +47,9 @@ def test_files_and_scripts_parse(cloud, tmp_path):
     trainer = {"train.py", "parallel.py", "prepare_data.py", "train_config.py", "train_runtime.py", "train_model.py",
                "train_data.py", "train_optim.py", "train_checkpoint.py", "train_metrics.py", "train_pipeline.py",
                "train_attention.py"}
-    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "fetch_weights.sh"} | trainer
+    assert set(files) == {"env.sh", "train.sh", "slurm.sbatch", "train.yaml", "fetch_weights.sh", "stage_data.sh"} | trainer
     launch = write(files, tmp_path)
-    for name in ("env.sh", "train.sh", "slurm.sbatch", "fetch_weights.sh"):
+    for name in ("env.sh", "train.sh", "slurm.sbatch", "fetch_weights.sh", "stage_data.sh"):
         subprocess.run([BASH, "-n", str(launch / name)], check=True)
     compile(files["train.py"], "train.py", "exec")
     assert render_launch(sample_plan(cloud)) == files  # pure: same plan, same bytes

@@ -192,3 +192,11 @@ def known_regions(cloud: str) -> tuple[tuple[str, ...], str]:
 def quota(cloud: str) -> dict | None:
     entry = _bringup()["quotas"].get(cloud)
     return dict(entry) if entry else None
+
+
+def dataset_download(scheme: str) -> dict:
+    """How a node copies a dataset URI of this store to the cluster (argv template, env, source)."""
+    entry = _bringup()["dataset_download"].get(scheme)
+    if entry is None:
+        raise GpuprovError(f"no recorded way to download a {scheme}:// dataset on the nodes")
+    return dict(entry)

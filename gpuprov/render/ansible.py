@@ -19,7 +19,7 @@ from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, comment, yaml_scalar, yaml_string
 from gpuprov.resources import ansible_dir, templates_dir
 
-GLUE = ("ansible.cfg", "site.yml", "health.yml", "group_vars/all.yml")
+GLUE = ("ansible.cfg", "site.yml", "health.yml", "stage.yml", "group_vars/all.yml")
 REQUIREMENTS = "requirements-train.txt"  # the training_env role installs exactly these pins
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
@@ -137,6 +137,7 @@ def copy_roles(roots: Path | None = None) -> RenderedFiles:
 
 def render_ansible(plan: Plan) -> RenderedFiles:
     from gpuprov.render.launch import run_paths
+    from gpuprov.staging import staging_of
 
     storage = plan.storage.devices > 0
     paths = run_paths(plan)
@@ -152,6 +153,7 @@ def render_ansible(plan: Plan) -> RenderedFiles:
         "forks": max(10, min(100, plan.cluster.nodes)),
         "hosts_left_out": hosts_left_out(plan),
         "slurm_builds": {os_id: b.model_dump(exclude={"source"}) for os_id, b in plan.scheduler.builds.items()},
+        "staging": staging_of(plan),
     }
     env = _environment()
 

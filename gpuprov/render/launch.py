@@ -18,7 +18,7 @@ from gpuprov.resources import templates_dir
 
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml", "fetch_weights.sh")
+_TEMPLATES = ("env.sh", "train.sh", "slurm.sbatch", "train.yaml", "fetch_weights.sh", "stage_data.sh")
 # the trainer's Python files (train.py and the train_*.py it imports, parallel.py,
 # prepare_data.py) ship as they are: every *.py in templates/launch
 _COPIED_GLOB = "*.py"
@@ -85,6 +85,9 @@ def _context(plan: Plan) -> dict:
     vocab = int(plan.model.hf_config.get("vocab_size") or 0)
     paths = run_paths(plan)
     run_id = paths["run_id"]
+    from gpuprov.staging import staging_of
+
+    staging = staging_of(plan)
     return {
         "plan": plan,
         "version": __version__,
@@ -104,19 +107,11 @@ def _context(plan: Plan) -> dict:
         "log_dir": paths["log_dir"],
         "scheduler": plan.scheduler,
         "max_requeues": plan.scheduler.max_requeues,
-        **_weights(plan, plan.provisioning.checkpoint_root if plan.provisioning else ""),
+        "init": plan.training.init or ("random" if plan.task == "full" else "pretrained"),
+        # what `up` stages (gpuprov/staging.py): train.yaml's pretrained_path and data.path
+        "staging": staging,
+        "weights_dir": staging.weights_dir,
     }
-
-
-def _weights(plan: Plan, root: str) -> dict:
-    """train.yaml's model.init and pretrained_path: a Hugging Face base is fetched to {root}/models/<id>
-    (launch/fetch_weights.sh); a local base folder stays for the user to copy (pretrained_path null)."""
-    from gpuprov.catalog.models import HF_ID
-
-    init = plan.training.init or ("random" if plan.task == "full" else "pretrained")
-    base = plan.training.base_weights
-    hf = init == "pretrained" and base is not None and HF_ID.fullmatch(base) is not None
-    return {"init": init, "weights_dir": f"{root}/models/{base}" if hf else None}
 
 
 def render_launch(plan: Plan) -> RenderedFiles:

@@ -40,4 +40,7 @@ def infra_for(plan: Plan) -> Infra:
 
 def decided(plan: Plan) -> Plan:
     """The plan with its target's decisions recorded."""
-    return plan.model_copy(update={"provisioning": provisioning_for(plan), "infra": infra_for(plan)})
+    from gpuprov.staging import staging_for
+
+    plan = plan.model_copy(update={"provisioning": provisioning_for(plan), "infra": infra_for(plan)})
+    return plan.model_copy(update={"staging": staging_for(plan)})

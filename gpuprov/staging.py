@@ -1,0 +1,102 @@
+"""What `up` stages on the cluster before the job starts: the base weights and the dataset.
+
+Decided once per plan (`Plan.staging`, recorded by gpuprov/targets/decide.py): a Hugging Face base is
+fetched to {checkpoint root}/models/<id>; a dataset named by `--dataset` is copied (a local file) or
+downloaded by the nodes (s3://, gs://, az://) to {root}/data/<run>/raw/, or read by prepare_data.py
+itself (hf:ORG/NAME), and prepared into {root}/data/<run>/prepared, the data.path train.yaml reads.
+The checkpoint root is the filesystem every node mounts on a multi-node cluster, so each input is
+fetched once. Renderers (launch/, ansible/stage.yml) and `up`'s steps read only this record.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gpuprov.plan import Plan, Staging
+from gpuprov.validators import dataset_scheme
+
+PREPARED = "prepared"
+
+
+def _weights(plan: Plan, root: str) -> tuple[str | None, str | None]:
+    """(Hugging Face id, its folder on the cluster); a local base folder is the user's to copy (None)."""
+    from gpuprov.catalog.models import HF_ID
+
+    init = plan.training.init or ("random" if plan.task == "full" else "pretrained")
+    base = plan.training.base_weights
+    if init == "pretrained" and base is not None and HF_ID.fullmatch(base) is not None:
+        return base, f"{root}/models/{base}"
+    return None, None
+
+
+def _is_count(value: str) -> bool:
+    from gpuprov.errors import GpuprovError
+    from gpuprov.specfile import parse_count
+
+    try:
+        parse_count(value.strip(), what="--dataset")
+        return True
+    except GpuprovError:
+        return False
+
+
+def _raw_name(source: str) -> str:
+    """The file (or folder) name the source keeps on the cluster."""
+    name = PurePosixPath(source.rstrip("/")).name
+    return re.sub(r"[^A-Za-z0-9._=+,@-]", "_", name) or "dataset"
+
+
+def download_command(source: str, dest: str) -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, source of the fact) that copy a dataset URI to `dest` on a node."""
+    from gpuprov.catalog.bringup import dataset_download
+
+    scheme = dataset_scheme(source)
+    entry = dataset_download(scheme)
+    src = source
+    if scheme == "az":  # az://ACCOUNT/CONTAINER/PATH -> the blob's https URL, which azcopy reads
+        account, container, path = source.split("://", 1)[1].split("/", 2)
+        src = entry["url"].format(account=account, container=container, path=path)
+    argv = [part.format(src=src, dest=dest) for part in entry["argv"]]
+    if source.endswith("/"):
+        argv.append(entry["recursive"])
+    return argv, {str(k): str(v) for k, v in entry.get("env", {}).items()}, str(entry["source"])
+
+
+def _dataset(spec: Any, root: str, run_id: str) -> dict[str, Any]:
+    source = (spec.dataset or "").strip()
+    if not source or _is_count(source):
+        return {}
+    scheme = dataset_scheme(source)
+    base = f"{root}/data/{run_id}"
+    if scheme == "hf":  # prepare_data.py reads it from the Hub on the node
+        return {"dataset_kind": "hf", "dataset_source": source, "data_dir": f"{base}/{PREPARED}"}
+    if scheme is None and (PurePosixPath(source).name == "meta.json" or Path(source).is_dir()):
+        return {}  # an already prepared data directory: the user's to place (train.yaml data.path)
+    raw = f"{base}/raw/{_raw_name(source)}" + ("/" if source.endswith("/") else "")
+    out: dict[str, Any] = {"dataset_kind": scheme or "local", "dataset_source": source, "dataset_raw": raw,
+                           "data_dir": f"{base}/{PREPARED}"}
+    if scheme is not None:
+        # into <raw>.part, renamed by launch/stage_data.sh once whole
+        argv, env, fact = download_command(source, raw.rstrip("/") + ".part" + ("/" if raw.endswith("/") else ""))
+        out.update(download_argv=argv, download_env=env, download_source=fact)
+    return out
+
+
+def staging_for(plan: Plan) -> Staging:
+    """The plan's staging record (the plan must already carry its provisioning decisions)."""
+    from gpuprov.render.launch import run_paths
+
+    paths = run_paths(plan)
+    root = plan.provisioning.checkpoint_root
+    repo, weights_dir = _weights(plan, root)
+    data = _dataset(plan.spec, root, paths["run_id"])
+    if data and weights_dir is None:
+        data["data_dir"] = None  # no tokenizer on the cluster to prepare it with: the user's step
+    return Staging(weights_repo=repo, weights_dir=weights_dir, seq_len=plan.cluster.seq_len, **data)
+
+
+def staging_of(plan: Plan) -> Staging:
+    """The recorded staging, or for a plan written before it was recorded: what it implies."""
+    return plan.staging if plan.staging is not None else staging_for(plan)
