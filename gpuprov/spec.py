@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, 
 
 from gpuprov import validators as v
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.types import Offload, Optimizer, PpSchedule, Precision, Task
+from gpuprov.sizing.types import ActivationCheckpointing, Offload, Optimizer, PpSchedule, Precision, Task
 
 Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
 Objective = Literal["cost", "time", "gpus"]
@@ -153,12 +153,31 @@ class TrainingSpec(BaseModel):
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default 1 (the planner tries no PP)")
     pp_schedule: PpSchedule = Field(
         "1F1B", description="torch.distributed.pipelining schedule with pp > 1 (Interleaved1F1B: two stages per rank)")
+    # training settings a user fixes (as `gpuprov estimate` takes them); None: the planner chooses
+    activation_checkpointing: ActivationCheckpointing | None = Field(
+        None, description="Activation checkpointing none, selective or full (default: the planner chooses)")
+    micro_batch: PositiveInt | None = Field(None, le=v.MAX_BATCH_TOKENS,
+                                            description="Samples per GPU per forward (default: the planner chooses)")
+    grad_accumulation: PositiveInt | None = Field(
+        None, le=v.MAX_BATCH_TOKENS, description="Micro-batches per optimizer step (with pp > 1: the pipeline's "
+                                                 "micro-batches per step; default: the planner chooses)")
+    compile: bool | None = Field(None, description="torch.compile per decoder block (default: on for full and LoRA "
+                                                   "training, off for QLoRA)")
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
                             "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
+
+    @model_validator(mode="after")
+    def _compile_task(self) -> "TrainingSpec":
+        from gpuprov.stack import compile_refusal
+
+        why = compile_refusal(self.task) if self.compile else None
+        if why:
+            raise ValueError(why)
+        return self
 
     @model_validator(mode="after")
     def _existing_slurm_on_prem(self) -> "TrainingSpec":

@@ -15,7 +15,8 @@ from gpuprov.storage_cost import (
 )
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
-    _mp_degrees, _pool, objective_key, pipeline_degree, pipeline_micro_batches, stack_for,
+    _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degree, pipeline_micro_batches,
+    settings_set_batch, stack_for,
 )
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import (
@@ -74,6 +75,14 @@ class _Search:
         if self.seq > self.gbt_at(1):
             raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt_at(1)} tokens")
         self.objective = spec.objective
+        # what the user fixed the planner keeps; it chooses the rest
+        fixed_ac = getattr(spec, "activation_checkpointing", None)
+        self.ac_modes = (fixed_ac,) if fixed_ac else AC_MODES
+        self.micro_batches = (spec.micro_batch,) if getattr(spec, "micro_batch", None) else MICRO_BATCHES
+        self.fixed_ga = fixed_grad_accumulation(spec, self.pp, self.pp_schedule)
+        # the GPUs the user has (--gpus) with their micro-batch or accumulation fixed and no batch stated:
+        # the global batch follows those settings instead of the recipe's default (settings_set_batch)
+        self.batch_follows = settings_set_batch(spec)
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
         self.stack_f8 = stack_for(spec, arch, float8=True)
@@ -226,11 +235,11 @@ class _Search:
         out = self.shape_cache.get(dp)
         if out is None:
             out, gbt = [], self.gbt_at(dp)
-            for mb in MICRO_BATCHES:
+            for mb in self.micro_batches:
                 per_step_tokens = mb * self.seq * dp
-                ga = pipeline_micro_batches(self.pp, self.pp_schedule, round(gbt / per_step_tokens))
+                ga = self.fixed_ga or pipeline_micro_batches(self.pp, self.pp_schedule, round(gbt / per_step_tokens))
                 batch = ga * per_step_tokens
-                if abs(batch - gbt) <= self.tol * gbt:
+                if abs(batch - gbt) <= self.tol * gbt or (self.batch_follows and batch > gbt):
                     out.append((mb, ga, batch))
                 elif per_step_tokens > gbt:
                     break
@@ -457,7 +466,7 @@ class _Search:
             widest = int(self.gbt * (1 + self.tol) * max_mp // (self.seq * inst.gpus))
             self.walk_top[inst.name] = min(order.stop - 1, widest)
         for nodes in order:
-            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp:
+            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp and not self.batch_follows:
                 if descending:
                     continue
                 break  # even micro-batch 1 on the widest TP x CP group overshoots; more nodes only worse
@@ -482,7 +491,7 @@ class _Search:
         tried (no bound cut the scan) and nothing fits."""
         fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
         all_shapes = self.batch_shapes(slot.total // lay.mp)
-        for ac in AC_MODES:
+        for ac in self.ac_modes:
             if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in all_shapes):
                 return False  # every micro-batch fits with less recompute: more recompute only costs
             if self.beaten(slot.inst, slot.nodes, ac, self._tp_seconds(slot, lay.tp, ac)):
