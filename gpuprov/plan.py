@@ -163,6 +163,7 @@ class Throughput(_Strict):
     comm_time_s: float  # exposed (not overlapped) communication per step
     bound: Literal["compute", "communication"]
     float8_gain: float = 1.0  # measured float8/bf16 speed-up the compute was timed with (1: bf16)
+    gpu_power_w: int | None = None  # the power limit the GPUs were timed at (their TDP unless capped)
 
 
 class HostCheck(_Strict):

@@ -52,6 +52,9 @@ class HostEntry(BaseModel):
     nvme_gb_each: int | None = Field(None, ge=0)
     fabric: Literal["infiniband", "roce", "ethernet"] | None = None
     nic_gbps: PositiveInt | None = Field(None, description="fastest inter-node link of the host, Gb/s in total")
+    power_limit_w: PositiveInt | None = Field(None, le=v.MAX_GPU_POWER_W,
+                                              description="the GPUs' power limit in W where below their TDP "
+                                                          "(nvidia-smi -pl); the plan times them at its clocks")
 
     @model_validator(mode="after")
     def _gpu_and_count(self) -> "HostEntry":
@@ -153,6 +156,9 @@ class TrainingSpec(BaseModel):
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default 1 (the planner tries no PP)")
     pp_schedule: PpSchedule = Field(
         "1F1B", description="torch.distributed.pipelining schedule with pp > 1 (Interleaved1F1B: two stages per rank)")
+    gpu_power_limit_w: PositiveInt | None = Field(
+        None, le=v.MAX_GPU_POWER_W, description="The GPUs run under this power limit in W (nvidia-smi -pl; e.g. 500 "
+                                                "for H100s at a 500 W site limit); the plan times them at its clocks")
     # training settings a user fixes (as `gpuprov estimate` takes them); None: the planner chooses
     activation_checkpointing: ActivationCheckpointing | None = Field(
         None, description="Activation checkpointing none, selective or full (default: the planner chooses)")

@@ -7,6 +7,7 @@ import json
 import click
 
 from gpuprov.candidates import TABLE_ROWS, layout_label
+from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
 from gpuprov.host import hosts_left_out
@@ -65,8 +66,11 @@ def _mfu_text(plan) -> str:
     if t.float8_gain != 1.0:
         fp8 = (f" in bf16, and float8 linears run their matmuls x{t.float8_gain:.2f} faster"
                " (from the measured step ratio; attention stays bf16)")
+    capped = ""
+    if t.gpu_power_w is not None and t.gpu_power_w < get_gpu(plan.gpu.slug).tdp_w:
+        capped = f" at the {t.gpu_power_w} W power limit"
     return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
-            f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
+            f"reach {t.mfu_assumed:.0%} of peak{capped} on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
             f"exposed communication is {exposed:.0%} of the step")
 

@@ -73,6 +73,9 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
                     "Pipeline schedule with --pp (Interleaved1F1B: two stages per rank)"),
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
               "Scheduler: auto (Slurm on multi-node clusters), install, existing (on-prem site Slurm: jobs only), none"),
+    "gpu_power_limit_w": (("--gpu-power-limit",), click.IntRange(min=1),
+                          "The GPUs' power limit in W where below their TDP (nvidia-smi -pl): the plan times them at the "
+                          "clocks that limit holds, e.g. 500 for H100s run at 500 W"),
     # the training settings `gpuprov estimate` takes too (SETTING_FLAGS: one declaration for both commands)
     "activation_checkpointing": (("--activation-checkpointing",), click.Choice(AC_MODES),
                                  "Activation checkpointing: none, selective (attention core) or full (every block)"),

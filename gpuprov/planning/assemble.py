@@ -213,7 +213,8 @@ def _throughput(spec: Any, arch: Any, best: Candidate, trainable: int) -> Throug
                       flops_per_token=fl.model, attention_flops_per_token=fl.attention,
                       step_time_s=step.step_time_s, compute_time_s=step.compute_time_s,
                       comm_time_s=step.exposed_comm_s, bound=step.bound,
-                      float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0)
+                      float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0,
+                      gpu_power_w=gpu.tdp_w)
 
 
 def _alternatives(spec: Any, result: SearchResult, best: Candidate) -> list[Alternative]:

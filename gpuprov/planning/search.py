@@ -21,7 +21,8 @@ from gpuprov.planning.space import (
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, StepEstimate, assumptions, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
-    intra_node_gbytes, layout_step_estimate, pipelined, tp_gpu_seconds_per_token, utilisation,
+    intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
+    utilisation,
 )
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
 from gpuprov.targets import get_target
@@ -532,7 +533,8 @@ def search(
 
     `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
     insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
-    s = _Search(spec, arch, estimator, {i.gpu: gpu_lookup(i.gpu) for i in insts}, exhaustive)
+    limit = plan_power_limit(spec)  # GPUs under a power limit are timed at the clocks it holds
+    s = _Search(spec, arch, estimator, {i.gpu: power_capped(gpu_lookup(i.gpu), limit) for i in insts}, exhaustive)
     if not exhaustive and spec.objective == "cost":
         insts.sort(key=s.lower_bound_cost)
     hosts = len(spec.hosts) if spec.hosts else None

@@ -12,7 +12,7 @@ from typing import Any
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.sizing.throughput import (
-    LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
+    LayerShape, Shape, assumptions, flops_per_token, gpu_class, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
     pipelined,
 )
 from gpuprov.units import GiB, TB
@@ -107,6 +107,12 @@ def _compute(x: _Inputs) -> list[str]:
     c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
     out = ["4. Compute",
            f"   GPU dense BF16 peak {peak:g} TFLOPS x assumed utilisation {t.mfu_assumed:.2f} ({t.mfu_source})"]
+    if t.gpu_power_w is not None and t.gpu_power_w != x.gpu.tdp_w:
+        power = a.raw["power"]
+        measured = power["measured_at_w"].get(gpu_class(x.gpu), x.gpu.tdp_w)
+        out.append(f"   at the {t.gpu_power_w} W power limit (TDP {x.gpu.tdp_w} W): utilisation measured at "
+                   f"{measured} W scaled by (limit / measured)^{float(power['clock_exponent']):.3g} "
+                   "(catalog/data/throughput.yaml power)")
     if plan.task == "qlora":
         out.append(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
     split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""

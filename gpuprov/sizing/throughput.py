@@ -96,6 +96,26 @@ def power_factor(gpu: Any) -> float:
     return float((float(tdp) / float(measured_at)) ** float(power["clock_exponent"]))
 
 
+def power_capped(gpu: Any, limit_w: int | None) -> Any:
+    """The GPU as it runs under a power limit (nvidia-smi -pl) below its TDP: its `tdp_w` lowered to the
+    limit, so power_factor times it at the clocks that limit holds. A limit at or above the TDP changes
+    nothing (the board never draws past its TDP)."""
+    import dataclasses
+
+    if not limit_w or not getattr(gpu, "tdp_w", None) or limit_w >= gpu.tdp_w:
+        return gpu
+    return dataclasses.replace(gpu, tdp_w=int(limit_w))
+
+
+def plan_power_limit(spec: Any) -> int | None:
+    """The power limit the plan's GPUs run under: --gpu-power-limit and every on-prem host's
+    power_limit_w, the lowest (the slowest GPU sets every synchronous step's pace)."""
+    limits = [getattr(spec, "gpu_power_limit_w", None)]
+    limits += [getattr(h, "power_limit_w", None) for h in (getattr(spec, "hosts", None) or [])]
+    stated = [int(x) for x in limits if x]
+    return min(stated) if stated else None
+
+
 def utilisation(gpu: Any, compiled: bool = True) -> tuple[float, str]:
     """(sustained fraction of dense BF16 peak, its source) for this GPU at its power limit: the class's
     measured (compiled) value, scaled by the power limit, and by the measured eager/compiled ratio for eager."""
