@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
 
 CALIBRATION = REPO / "benchmarks" / "measured-throughput.yaml"
 HOLDOUT = REPO / "benchmarks" / "holdout-throughput.yaml"
+RECORD = REPO / "gpuprov" / "catalog" / "data" / "throughput_error.yaml"
 TARGET_MAPE = 12.0  # issue target on unseen points
 TARGET_WORST_OVER = 20.0  # no row predicted more than 20% too fast
 
@@ -114,13 +115,34 @@ def render(name: str, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def error_record(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the plan's time range is made of: the signed errors of the hold-out rows (predicted tokens/s vs
+    measured), their extremes and MAPE (gpuprov.sizing.time_error reads it)."""
+    s = summary(results)
+    return {"rows": s["rows"], "mape_pct": s["mape_pct"], "worst_over_pct": s["worst_over_pct"],
+            "worst_under_pct": s["worst_under_pct"], "file": str(HOLDOUT.relative_to(REPO))}
+
+
+def write_record(results: list[dict[str, Any]]) -> None:
+    rec = error_record(results)
+    lines = ["# The throughput model's measured error on its hold-out (benchmarks/holdout-throughput.yaml):",
+             "# written by `python benchmarks/throughput.py --record`; tests/test_time_range.py holds it to what the",
+             "# benchmark computes now. error = (predicted - measured) / measured tokens/s, in percent.",
+             "holdout:"] + [f"  {k}: {json.dumps(v)}" for k, v in rec.items()]
+    RECORD.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--file", action="append", type=Path, default=[], help="more rows (same format)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--record", action="store_true",
+                        help=f"write the hold-out's error to {RECORD.relative_to(REPO)} (the plan's time range)")
     args = parser.parse_args(argv)
     files = [("calibration", CALIBRATION), ("hold-out", HOLDOUT)] + [(str(p), p) for p in args.file]
     report = {name: evaluate(load_rows(path)) for name, path in files}
+    if args.record:
+        write_record(report["hold-out"])
     if args.json:
         print(json.dumps({name: {"rows": res, "summary": summary(res)} for name, res in report.items()}, indent=2))
         return 0

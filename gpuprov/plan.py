@@ -344,6 +344,7 @@ class CandidateRow(_Strict):
     time_hours: float
     cost_usd: float | None
     mfu: float
+    time_hours_range: list[float] | None = None  # [low, high] from the model's hold-out error (sizing/time_error.py)
     per_gpu_bytes: int
     gpu_memory_bytes: int
     sharding: str
@@ -414,6 +415,8 @@ class Plan(_Strict):
     time_hours: float
     cost_usd: float | None
     host: Host
+    # [low, high]: time_hours with the throughput model's extreme errors on its hold-out (sizing/time_error.py)
+    time_hours_range: list[float] | None = None
     software: Software
     storage: Storage
     health: Health

@@ -15,6 +15,7 @@ from gpuprov.planner import make_plan
 from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
+from gpuprov.sizing.time_error import holdout_error
 from gpuprov.spot import stale
 from gpuprov.storage_cost import undated_prices
 from gpuprov.units import GiB, TB, gib
@@ -105,7 +106,17 @@ def cost_line(plan) -> str:
     step_s = plan.throughput.step_time_s
     step = f"{step_s:,.2f}" if step_s >= 1 else f"{step_s:.4f}"  # enough digits that steps x step adds up
     return (f"{plan.training.steps:,} optimizer steps x {step} s = {train_h:,.2f} h "
-            f"+ {overhead:g} h start-up{parts} = {_hours(plan.time_hours)}, {money}")
+            f"+ {overhead:g} h start-up{parts} = {_hours(plan.time_hours)}{_range_text(plan)}, {money}")
+
+
+def _range_text(plan) -> str:
+    """The hours the model's error on its hold-out spans (gpuprov/sizing/time_error.py)."""
+    if not plan.time_hours_range:
+        return ""
+    low, high = plan.time_hours_range
+    e = holdout_error()
+    return (f" (measured runs: {low:,.1f}-{high:,.1f} h; the time model's error on {e['rows']} held-out runs "
+            f"spans {e['worst_under_pct']:+g}% to {e['worst_over_pct']:+g}%)")
 
 
 def _part(hours: float) -> str:
@@ -134,6 +145,12 @@ def _gpus_x_nodes(r) -> str:
     return f"{r.gpus_per_node} x {r.nodes}"
 
 
+def _table_hours(r) -> str:
+    if not r.time_hours_range:
+        return f"{r.time_hours:,.1f}"
+    return f"{r.time_hours:,.1f} ({r.time_hours_range[0]:,.1f}-{r.time_hours_range[1]:,.1f})"
+
+
 def candidates_table(plan) -> list[str]:
     """The compact table: the best layout per GPU type on each cloud, ranked by the objective."""
     rows = plan.candidates
@@ -146,7 +163,7 @@ def candidates_table(plan) -> list[str]:
         margin = 1 - r.per_gpu_bytes / r.gpu_memory_bytes
         body.append(("*" if r.chosen else "", r.cloud, r.region or "-", r.instance_type, r.gpu, _gpus_x_nodes(r),
                      r.layout, r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
-                     f"{r.time_hours:,.1f}", "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
+                     _table_hours(r), "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
                      f"{r.mfu:.1%}", f"{margin:.0%}"))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     right = {8, 9, 10, 11, 12}

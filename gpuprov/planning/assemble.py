@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from gpuprov.sizing.time_error import time_range
 from gpuprov import __version__, bringup_plan
 from gpuprov.candidates import candidate_rows, pick_warnings
 from gpuprov.catalog.fabrics import fabric_allreduce_threshold, get_fabric, get_software
@@ -142,6 +143,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         training=_training(spec, arch, best), memory=_memory(spec, arch, gpu, mem),
         throughput=_throughput(spec, arch, best, mem.trainable_params),
         time_hours=best.time_hours, cost_usd=best.cost_usd, run=_run(spec, best),
+        time_hours_range=list(time_range(best.time_hours, best.steps * best.step.step_time_s / 3600.0)),
         host=make_host(inst, needs, bom),
         software=get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud,
                               instance=inst.name),
