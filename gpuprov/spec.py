@@ -63,6 +63,31 @@ class HostEntry(BaseModel):
         return self
 
 
+def _note_text(value: str) -> str:
+    v.safe_text(value, "calibration text")
+    return value
+
+
+NoteText = Annotated[str, Field(max_length=400), AfterValidator(_note_text)]
+
+
+class Calibration(BaseModel):
+    """A measured run against its plan (`gpuprov calibrate`): plans on this GPU type scale their step time by
+    1 / speed_ratio (gpuprov/calibration.py RULE)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: Slug = Field(..., description="GPU type (slug) the run was measured on")
+    speed_ratio: float = Field(..., ge=0.05, le=20.0, description="measured / predicted tokens/s")
+    gpu_power_w: PositiveInt | None = Field(None, le=v.MAX_GPU_POWER_W, description="the power limit it ran at")
+    model: NoteText | None = None
+    layout: NoteText | None = None
+    source: NoteText | None = None
+
+    def power_w_text(self) -> str | None:
+        return None if self.gpu_power_w is None else f"{self.gpu_power_w} W"
+
+
 BACKEND_KEY = r"^[a-z][a-z0-9_]{0,63}$"
 
 
@@ -159,6 +184,9 @@ class TrainingSpec(BaseModel):
     gpu_power_limit_w: PositiveInt | None = Field(
         None, le=v.MAX_GPU_POWER_W, description="The GPUs run under this power limit in W (nvidia-smi -pl; e.g. 500 "
                                                 "for H100s at a 500 W site limit); the plan times them at its clocks")
+    calibration: list[Calibration] | None = Field(
+        None, max_length=64, description="Measured runs (`gpuprov calibrate ... -o FILE`, then --calibration FILE): "
+                                         "plans on the same GPU type scale their step time by predicted/measured")
     # training settings a user fixes (as `gpuprov estimate` takes them); None: the planner chooses
     activation_checkpointing: ActivationCheckpointing | None = Field(
         None, description="Activation checkpointing none, selective or full (default: the planner chooses)")
@@ -175,6 +203,14 @@ class TrainingSpec(BaseModel):
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
                             "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
+
+    @model_validator(mode="after")
+    def _one_calibration_per_gpu(self) -> "TrainingSpec":
+        slugs = [c.gpu for c in self.calibration or []]
+        twice = sorted({s for s in slugs if slugs.count(s) > 1})
+        if twice:
+            raise ValueError(f"calibration: more than one for {', '.join(twice)}; give one measured run per GPU type")
+        return self
 
     @model_validator(mode="after")
     def _compile_task(self) -> "TrainingSpec":

@@ -76,6 +76,9 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "gpu_power_limit_w": (("--gpu-power-limit",), click.IntRange(min=1),
                           "The GPUs' power limit in W where below their TDP (nvidia-smi -pl): the plan times them at the "
                           "clocks that limit holds, e.g. 500 for H100s run at 500 W"),
+    "calibration": (("--calibration",), click.Path(dir_okay=False),
+                    "Calibration file from `gpuprov calibrate` (repeatable, one per GPU type): plans on its GPU type "
+                    "scale their step time by the measured run's predicted/measured tokens/s"),
     # the training settings `gpuprov estimate` takes too (SETTING_FLAGS: one declaration for both commands)
     "activation_checkpointing": (("--activation-checkpointing",), click.Choice(AC_MODES),
                                  "Activation checkpointing: none, selective (attention core) or full (every block)"),
@@ -114,6 +117,11 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
             continue
         if field == "init":  # --from-scratch: a switch for init: random
             overrides["init"] = "random" if value else "pretrained"
+            continue
+        if field == "calibration":
+            from gpuprov.calibration import load_calibration
+
+            overrides["calibration"] = [load_calibration(path) for path in value]
             continue
         if field in ("gpus", "purchase", "lora_targets"):
             items = value if field == "gpus" else (value,)
@@ -169,7 +177,7 @@ def spec_options(func: Callable) -> Callable:
         default = _default_text(field)
         # None: an on/off pair (--x/--no-x); "switch": a flag that is only ever turned on
         extra = {} if kind is None else {"is_flag": True} if kind == "switch" else {
-            "type": kind, "multiple": field == "gpus"}
+            "type": kind, "multiple": field in ("gpus", "calibration")}
         options.append(click.option(
             *decls, field, default=None, **extra,
             help=help_text + (f"  [default: {default}]" if default else _CHOOSES.get(field, "")),

@@ -156,6 +156,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
         + unknown_host_notes(inst, best.nodes)
         + [n for n in (storage_describe(best.storage, best.time_hours) if best.storage else "",) if n]
+        + [n for n in (calibration_note(spec, best),) if n]
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note,
                        pipeline_note(spec, arch, best)) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
@@ -164,6 +165,13 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         **bringup,
         stack=stack_for(spec, arch, best.tp, best.float8),
     )
+
+
+def calibration_note(spec: Any, best: Candidate) -> str | None:
+    from gpuprov.calibration import layout_of, plan_note
+
+    probe = type("_Probe", (), {"cluster": _cluster(spec, best.instance, best)})()
+    return plan_note(spec, best.instance.gpu, spec.model, layout_of(probe), best.gpu.tdp_w)
 
 
 def _instance_info(spec: Any, inst: Any) -> InstanceInfo:

@@ -21,7 +21,7 @@ from gpuprov.planning.space import (
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, StepEstimate, assumptions, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
-    intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
+    calibrated, intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
     utilisation,
 )
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
@@ -84,6 +84,8 @@ class _Search:
         # the GPUs the user has (--gpus) with their micro-batch or accumulation fixed and no batch stated:
         # the global batch follows those settings instead of the recipe's default (settings_set_batch)
         self.batch_follows = settings_set_batch(spec)
+        # measured runs: GPU slug -> measured / predicted tokens/s (gpuprov/calibration.py RULE)
+        self.speed = {c.gpu: float(c.speed_ratio) for c in getattr(spec, "calibration", None) or []}
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
         self.stack_f8 = stack_for(spec, arch, float8=True)
@@ -181,8 +183,9 @@ class _Search:
             gpu = self.gpus[inst.gpu]
             util, _ = utilisation(gpu, compiled=self.stack.compile)
             gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
+            speed = self.speed.get(inst.gpu, 1.0)  # a calibration scales every term: the bound too
             out = self.compute_cache[key] = \
-                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain)
+                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain * speed)
         return out
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
@@ -191,7 +194,7 @@ class _Search:
             return 0.0
         # a bound: float8 linears (where allowed on this GPU) gather in float8, the least TP traffic
         return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra,
-                                        float8=self.gain(slot.gpu) is not None)
+                                        float8=self.gain(slot.gpu) is not None) / self.speed.get(slot.inst.gpu, 1.0)
 
     def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
         """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
@@ -355,6 +358,7 @@ class _Search:
                 pipeline=pipeline, async_tp=False,  # the trainer runs no async TP
                 **(self.float8_kw(gpu) if lay.f8 else {}),
             )
+            out = self.step_cache[key] = calibrated(out, self.speed.get(slot.inst.gpu, 1.0))
         return out
 
     # ---------------------------------------------------------------- float8

@@ -178,6 +178,15 @@ def _comm(x: _Inputs) -> list[str]:
     return out
 
 
+def _calibrated_text(plan: Any, step_s: float) -> str:
+    """The step's sum, and with a calibration for this GPU the measured speed ratio it is divided by."""
+    cal = next((c for c in plan.spec.calibration or [] if c.gpu == plan.gpu.slug), None)
+    if cal is None or cal.speed_ratio == 1.0:
+        return f"{step_s:,.3f} s"
+    return (f"{step_s * cal.speed_ratio:,.3f} s, / {cal.speed_ratio:g} measured/predicted tokens/s of a run on "
+            f"{cal.gpu} ({cal.source or 'calibration'}) = {step_s:,.3f} s")
+
+
 def _step(x: _Inputs) -> list[str]:
     plan, terms = x.plan, x.st.terms
     c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
@@ -192,7 +201,7 @@ def _step(x: _Inputs) -> list[str]:
     out = ["6. Step, time and cost",
            f"   step = {times} x ({terms['compute_per_micro_batch_s']:,.3f} + "
            f"{terms['exposed_per_micro_batch_s']:,.3f}) + {terms['exposed_sync_s']:,.3f} + {terms['tail_s']:,.3f} + "
-           f"optimizer {terms['optimizer_s']:,.3f}{bubble} = {t.step_time_s:,.3f} s",
+           f"optimizer {terms['optimizer_s']:,.3f}{bubble} = {_calibrated_text(plan, t.step_time_s)}",
            f"   tokens per step = {c.micro_batch} x {c.seq_len} x {ranks} x {c.grad_accum} = "
            f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
            f"{plan.training.steps:,}",

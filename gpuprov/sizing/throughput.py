@@ -431,6 +431,18 @@ def step_estimate(
     )
 
 
+def calibrated(est: StepEstimate, speed_ratio: float) -> StepEstimate:
+    """The step as a measured run on this GPU type says it goes (gpuprov/calibration.py RULE): every
+    time term divided by measured/predicted tokens/s, tokens/s and MFU multiplied by it."""
+    if speed_ratio == 1.0:
+        return est
+    r = float(speed_ratio)
+    return replace(est, step_time_s=est.step_time_s / r, compute_time_s=est.compute_time_s / r,
+                   comm_time_s=est.comm_time_s / r, exposed_comm_s=est.exposed_comm_s / r,
+                   optimizer_time_s=est.optimizer_time_s / r, tokens_per_s=est.tokens_per_s * r, mfu=est.mfu * r,
+                   terms=dict(est.terms, calibration_speed_ratio=r))
+
+
 # --------------------------------------------------------------------------- tensor / context parallel
 @dataclass(frozen=True)
 class LayerShape:
