@@ -102,3 +102,10 @@ def test_bad_settings_exit_2_in_one_line(args, words):
     r = run("plan", "--model", "llama-3.1-8b", "--cloud", "aws", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_nothing_fits_names_the_fixed_settings():
+    r = run("plan", "--model", "70b", "--cloud", "aws", "--gpus", "8", "--activation-checkpointing", "none",
+            "--micro-batch", "32")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "leave --activation-checkpointing none --micro-batch 32 to the planner" in r.stderr

@@ -109,6 +109,11 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
         hint.append("use QLoRA (--task qlora)")
     if miss.per_gpu_bytes <= miss.usable_bytes / (1 - spec.safety_margin) * 0.98 and spec.safety_margin > 0.02:
         hint.append("lower --safety-margin")
+    fixed = [f"--activation-checkpointing {spec.activation_checkpointing}"
+             if getattr(spec, "activation_checkpointing", None) not in (None, "full") else "",
+             f"--micro-batch {spec.micro_batch}" if (getattr(spec, "micro_batch", None) or 1) > 1 else ""]
+    if any(fixed):
+        hint.append(f"leave {' '.join(f for f in fixed if f)} to the planner (fixed, they hold more activations)")
     hint.append("or shorten --seq-len")
     bigger = [i for i in result.excluded_unpriced if gpu_lookup(i.gpu).memory_bytes * i.gpus > node_bytes]
     if bigger:
