@@ -194,6 +194,26 @@ class Flops:
     matmul_params: int
     attention: float
     recompute: float
+    attention_recompute: float = 0.0  # attention forward run again in backward (full AC; op-level SAC saves it)
+
+
+# A decoder block's matmuls in forward order (HF/torchtitan Llama-style blocks): attention q, k, v, o, then the
+# MLP's gate (w1), up (w3) and down (w2) projections, as (input width, output width) by the arch's sizes.
+def _block_matmuls(arch: Any) -> list[tuple[int, int]]:
+    h, q, kv = arch.hidden_size, arch.q_dim, arch.kv_dim
+    inter = arch.intermediate_size * (arch.experts_per_token if getattr(arch, "is_moe", False) else 1)
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
+
+
+def sac_recompute_params(arch: Any) -> int:
+    """Weights per block whose matmuls op-level selective AC runs again in backward.
+
+    The trainer's policy (templates/launch/train_model.py selective_ac_context, torchtitan's op SAC) saves the
+    SDPA output and every odd-numbered aten.mm of the block's forward, and recomputes the even-numbered
+    ones (and the pointwise ops around them). LoRA adds two mms per adapted linear (lora_A, lora_B), which
+    keeps the base matmuls' parity, so for every task the recomputed base matmuls are the 2nd, 4th and 6th:
+    k, o and up (w3)."""
+    return sum(i * o for n, (i, o) in enumerate(_block_matmuls(arch), 1) if n % 2 == 0)
 
 
 def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str) -> Flops:
@@ -206,18 +226,22 @@ def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str)
     else:
         model = a.lora_base_flops_per_param * n + 6.0 * trainable + attn
     fwd_attn = attn / 3.0  # forward is a third of forward + backward
+    attn_again = 0.0
     if ac == "full":
-        recompute = 2.0 * n + fwd_attn
+        recompute, attn_again = 2.0 * n + fwd_attn, fwd_attn
     elif ac == "selective":
-        recompute = fwd_attn
+        # op-level SAC keeps SDPA's output and every other matmul's (sac_recompute_params)
+        recompute = 2.0 * arch.num_layers * sac_recompute_params(arch)
     else:
         recompute = 0.0
-    return Flops(model=model, executed=model + recompute, matmul_params=n, attention=attn, recompute=recompute)
+    return Flops(model=model, executed=model + recompute, matmul_params=n, attention=attn, recompute=recompute,
+                 attention_recompute=attn_again)
 
 
 def attention_executed(fl: Flops) -> float:
-    """Attention FLOPs the step runs (forward + backward, + the forward again under AC): what float8 leaves bf16."""
-    return fl.attention + (fl.attention / 3.0 if fl.recompute > 0 else 0.0)
+    """Attention FLOPs the step runs (forward + backward, + the forward again under full AC): what float8 leaves
+    bf16."""
+    return fl.attention + fl.attention_recompute
 
 
 # --------------------------------------------------------------------------- links
