@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from gpuprov.sizing.time_error import time_range
 from gpuprov.plan import CandidateRow
 from gpuprov.planning.space import objective_key
 from gpuprov.planning.space import setup_for
@@ -59,7 +60,8 @@ def candidate_rows(spec: Any, arch: Any, result: Any, best: Any, estimator: Call
             gpus_per_node=c.instance.gpus, nodes=c.nodes, purchase=purchase_of(c),
             price_per_hour_usd=None if price is None else round(price * c.nodes, 2),
             time_hours=round(c.time_hours, 3), cost_usd=None if c.cost_usd is None else round(c.cost_usd, 2),
-            mfu=c.step.mfu, per_gpu_bytes=mem.per_gpu_bytes, gpu_memory_bytes=c.gpu.memory_bytes,
+            mfu=c.step.mfu, time_hours_range=list(time_range(c.time_hours, c.steps * c.step.step_time_s / 3600.0)),
+            per_gpu_bytes=mem.per_gpu_bytes, gpu_memory_bytes=c.gpu.memory_bytes,
             sharding=c.sharding, layout=layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp, c.pp),
             bound=c.step.bound, chosen=c is best))
     return rows

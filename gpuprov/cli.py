@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("gpuprov.commands.gitops", "validate", "Run Terraform, Ansible and shell checks on a bundle."),
     "hosts": ("gpuprov.commands.hosts", "hosts", "On-prem hosts: read what they hold over SSH (hosts probe)."),
     "up": ("gpuprov.commands.up", "up", "Bring a bundle's cluster up: terraform, inventory, ansible, health check."),
+    "calibrate": ("gpuprov.commands.calibrate", "calibrate",
+                  "A measured run's tokens/s, MFU and memory against its plan; writes a calibration file."),
     "status": ("gpuprov.commands.status", "status", "The training job `up` started: state, step, loss, tokens/s, MFU vs the plan."),
     "down": ("gpuprov.commands.up", "down", "Destroy a bundle's cluster (terraform destroy; --dry-run prints it)."),
 }

@@ -166,6 +166,7 @@ class Throughput(_Strict):
     comm_time_s: float  # exposed (not overlapped) communication per step
     bound: Literal["compute", "communication"]
     float8_gain: float = 1.0  # measured float8/bf16 speed-up the compute was timed with (1: bf16)
+    gpu_power_w: int | None = None  # the power limit the GPUs were timed at (their TDP unless capped)
 
 
 class HostCheck(_Strict):
@@ -348,6 +349,7 @@ class CandidateRow(_Strict):
     time_hours: float
     cost_usd: float | None
     mfu: float
+    time_hours_range: list[float] | None = None  # [low, high] from the model's hold-out error (sizing/time_error.py)
     per_gpu_bytes: int
     gpu_memory_bytes: int
     sharding: str
@@ -457,6 +459,8 @@ class Plan(_Strict):
     time_hours: float
     cost_usd: float | None
     host: Host
+    # [low, high]: time_hours with the throughput model's extreme errors on its hold-out (sizing/time_error.py)
+    time_hours_range: list[float] | None = None
     software: Software
     storage: Storage
     health: Health

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, 
 
 from gpuprov import validators as v
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.types import Offload, Optimizer, PpSchedule, Precision, Task
+from gpuprov.sizing.types import ActivationCheckpointing, Offload, Optimizer, PpSchedule, Precision, Task
 
 Cloud = Literal["aws", "gcp", "azure", "oci", "onprem", "any"]
 Objective = Literal["cost", "time", "gpus"]
@@ -52,12 +52,40 @@ class HostEntry(BaseModel):
     nvme_gb_each: int | None = Field(None, ge=0)
     fabric: Literal["infiniband", "roce", "ethernet"] | None = None
     nic_gbps: PositiveInt | None = Field(None, description="fastest inter-node link of the host, Gb/s in total")
+    power_limit_w: PositiveInt | None = Field(None, le=v.MAX_GPU_POWER_W,
+                                              description="the GPUs' power limit in W where below their TDP "
+                                                          "(nvidia-smi -pl); the plan times them at its clocks")
 
     @model_validator(mode="after")
     def _gpu_and_count(self) -> "HostEntry":
         if (self.gpu is None) != (self.gpus is None):
             raise ValueError("give gpu and gpus together (e.g. gpu: a100-80gb, gpus: 8)")
         return self
+
+
+def _note_text(value: str) -> str:
+    v.safe_text(value, "calibration text")
+    return value
+
+
+NoteText = Annotated[str, Field(max_length=400), AfterValidator(_note_text)]
+
+
+class Calibration(BaseModel):
+    """A measured run against its plan (`gpuprov calibrate`): plans on this GPU type scale their step time by
+    1 / speed_ratio (gpuprov/calibration.py RULE)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: Slug = Field(..., description="GPU type (slug) the run was measured on")
+    speed_ratio: float = Field(..., ge=0.05, le=20.0, description="measured / predicted tokens/s")
+    gpu_power_w: PositiveInt | None = Field(None, le=v.MAX_GPU_POWER_W, description="the power limit it ran at")
+    model: NoteText | None = None
+    layout: NoteText | None = None
+    source: NoteText | None = None
+
+    def power_w_text(self) -> str | None:
+        return None if self.gpu_power_w is None else f"{self.gpu_power_w} W"
 
 
 BACKEND_KEY = r"^[a-z][a-z0-9_]{0,63}$"
@@ -159,12 +187,45 @@ class TrainingSpec(BaseModel):
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default 1 (the planner tries no PP)")
     pp_schedule: PpSchedule = Field(
         "1F1B", description="torch.distributed.pipelining schedule with pp > 1 (Interleaved1F1B: two stages per rank)")
+    gpu_power_limit_w: PositiveInt | None = Field(
+        None, le=v.MAX_GPU_POWER_W, description="The GPUs run under this power limit in W (nvidia-smi -pl; e.g. 500 "
+                                                "for H100s at a 500 W site limit); the plan times them at its clocks")
+    calibration: list[Calibration] | None = Field(
+        None, max_length=64, description="Measured runs (`gpuprov calibrate ... -o FILE`, then --calibration FILE): "
+                                         "plans on the same GPU type scale their step time by predicted/measured")
+    # training settings a user fixes (as `gpuprov estimate` takes them); None: the planner chooses
+    activation_checkpointing: ActivationCheckpointing | None = Field(
+        None, description="Activation checkpointing none, selective or full (default: the planner chooses)")
+    micro_batch: PositiveInt | None = Field(None, le=v.MAX_BATCH_TOKENS,
+                                            description="Samples per GPU per forward (default: the planner chooses)")
+    grad_accumulation: PositiveInt | None = Field(
+        None, le=v.MAX_BATCH_TOKENS, description="Micro-batches per optimizer step (with pp > 1: the pipeline's "
+                                                 "micro-batches per step; default: the planner chooses)")
+    compile: bool | None = Field(None, description="torch.compile per decoder block (default: on for full and LoRA "
+                                                   "training, off for QLoRA)")
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
                             "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
+
+    @model_validator(mode="after")
+    def _one_calibration_per_gpu(self) -> "TrainingSpec":
+        slugs = [c.gpu for c in self.calibration or []]
+        twice = sorted({s for s in slugs if slugs.count(s) > 1})
+        if twice:
+            raise ValueError(f"calibration: more than one for {', '.join(twice)}; give one measured run per GPU type")
+        return self
+
+    @model_validator(mode="after")
+    def _compile_task(self) -> "TrainingSpec":
+        from gpuprov.stack import compile_refusal
+
+        why = compile_refusal(self.task) if self.compile else None
+        if why:
+            raise ValueError(why)
+        return self
 
     @model_validator(mode="after")
     def _existing_slurm_on_prem(self) -> "TrainingSpec":

@@ -26,9 +26,20 @@ def _facts() -> dict:
     return load_data("trainer.yaml")
 
 
-def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8: bool = False) -> Stack:
+def compile_refusal(task: str) -> str | None:
+    """Why the trainer cannot torch.compile this task (catalog/data/trainer.yaml compile); None if it can."""
+    c = _facts()["compile"]
+    if task in c["tasks"]:
+        return None
+    return (f"compile: the trainer compiles {' and '.join(c['tasks'])} training only; {task}'s 4-bit base "
+            "matmuls are custom autograd functions torch.compile cannot trace: use --no-compile")
+
+
+def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8: bool = False,
+                 compile: bool | None = None) -> Stack:
     """The stack for this task, precision and model type; `tp` the chosen layout's tensor-parallel
-    degree (the loss is chunked only without TP); `float8` as the planner decided it for the GPU."""
+    degree (the loss is chunked only without TP); `float8` as the planner decided it for the GPU;
+    `compile` as the user fixed it (None: per task, catalog/data/trainer.yaml compile)."""
     if precision not in PRECISIONS:
         raise GpuprovError(f"the trainer has no setting for precision {precision!r}")
     facts = _facts()
@@ -42,7 +53,7 @@ def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8
         attention=attention,
         loss_impl="native",  # train.py deletes the logits before backward
         chunked_cross_entropy=bool(facts["loss"]["chunked_cross_entropy"]) and tp == 1,
-        compile=task in facts["compile"]["tasks"],
+        compile=task in facts["compile"]["tasks"] if compile is None else bool(compile),
         float8=float8,
         tf32=param == "float32",  # fp32 compute: the plan times it on TF32 tensor cores
         optimizer_impl="fused",

@@ -22,6 +22,7 @@ MAX_NODES = 100_000
 MAX_GPUS = 2**24  # 16M GPUs; the largest training clusters hold ~10^5
 MAX_HOSTS = 100_000
 MAX_LORA_RANK = 2**16
+MAX_GPU_POWER_W = 5000  # W per GPU (B200 1,000 W; GB300 1,400 W)
 MAX_CONFIG_COUNT = 2**24  # any config.json size field (Llama 3.1 405B: hidden 16,384, vocab 128,256)
 MAX_PARAMS = 10**15  # a quadrillion parameters; the largest published models hold ~2 x 10^12
 MAX_HOURS = 24 * 365 * 100  # a century

@@ -50,6 +50,24 @@ def test_recompute_costs_flops_but_not_model_flops(arch8b):
     assert full.executed / full.model == pytest.approx(4 / 3, rel=0.02)
 
 
+def test_selective_ac_recomputes_the_matmuls_the_trainers_policy_drops(arch8b):
+    """Op-level SAC (templates/launch/train_model.py selective_ac_context) keeps SDPA and the odd-numbered
+    matmuls of q, k, v, o, gate, up, down: it re-runs k, o and up, whatever the sequence length."""
+    from gpuprov.sizing.throughput import attention_executed, sac_recompute_params
+
+    h, q, kv, inter = arch8b.hidden_size, arch8b.q_dim, arch8b.kv_dim, arch8b.intermediate_size
+    assert sac_recompute_params(arch8b) == h * kv + q * h + h * inter
+    short, long = (flops_per_token(arch8b, s, "full", arch8b.params, "selective") for s in (2048, 65536))
+    assert short.recompute == long.recompute == 2 * arch8b.num_layers * sac_recompute_params(arch8b)
+    assert short.attention_recompute == long.attention_recompute == 0.0  # SDPA's output is saved
+    assert attention_executed(long) == long.attention
+    full = flops_per_token(arch8b, 2048, "full", arch8b.params, "full")
+    assert attention_executed(full) == pytest.approx(full.attention * 4 / 3)  # the forward's attention again
+    # the same under LoRA: its two adapter matmuls per linear keep the base matmuls' parity
+    lora = flops_per_token(arch8b, 2048, "lora", arch8b.trainable_params("lora", 16, "all-linear"), "selective")
+    assert lora.recompute == short.recompute
+
+
 def test_lora_flops_skip_weight_gradients(arch8b):
     lora_trainable = arch8b.trainable_params("lora", 16, "all-linear")
     lora = flops_per_token(arch8b, 4096, "lora", lora_trainable, "none")

@@ -18,11 +18,30 @@ def _bench():
 
 def test_calibration_and_hold_out_are_disjoint_and_sourced() -> None:
     b = _bench()
-    cal, held = b.load_rows(b.CALIBRATION), b.load_rows(b.HOLDOUT)
-    assert len(cal) >= 6 and len(held) >= 8
-    assert not {r["id"] for r in cal} & {r["id"] for r in held}
+    cal, held, published = b.load_rows(b.CALIBRATION), b.load_rows(b.HOLDOUT), b.load_rows(b.HOLDOUT_PUBLISHED)
+    assert len(cal) >= 6 and len(held) >= 8 and len(published) >= 12
+    ids = [r["id"] for r in cal + held + published]
+    assert len(ids) == len(set(ids))
     for row in cal + held:
         assert "@" in row["source"] and row["measured"] > 0, row["id"]
+    for row in published:  # a commit, or the blog post's file in its site repository
+        assert ("@" in row["source"] or "_posts/" in row["source"]) and row["measured"] > 0, row["id"]
+    # no catalog figure cites the IBM/Meta table (the async-TP file is cited only for float8 under TP being run)
+    catalog = " ".join(p.read_text(encoding="utf-8") for p in (REPO / "gpuprov" / "catalog" / "data").glob("*.yaml"))
+    assert "maximizing-training" not in catalog
+
+
+def test_readme_quotes_the_published_hold_out() -> None:
+    b = _bench()
+    pub = b.summary(b.evaluate(b.load_rows(b.HOLDOUT_PUBLISHED)))
+    both = b.summary(b.evaluate(b.load_rows(b.HOLDOUT) + b.load_rows(b.HOLDOUT_PUBLISHED)))
+    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    m = re.search(r"holdout-published-throughput.yaml.*? reads MAPE ([\d.]+)%, worst over-prediction ([+-][\d.]+)% "
+                  r".*? worst under-prediction ([+-][\d.]+)% .*? Over all (\d+) hold-out rows the MAPE is ([\d.]+)%", text)
+    assert m, "README's published hold-out sentence is missing"
+    assert (float(m.group(1)), float(m.group(2)), float(m.group(3))) == (
+        pub["mape_pct"], pub["worst_over_pct"], pub["worst_under_pct"])
+    assert (int(m.group(4)), float(m.group(5))) == (both["rows"], both["mape_pct"])
 
 
 def test_readme_quotes_the_current_figures() -> None:

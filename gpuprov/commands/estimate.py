@@ -10,6 +10,7 @@ import click
 
 from gpuprov.catalog.gpus import accelerator_name, get_gpu, list_gpus
 from gpuprov.catalog.models import get_model
+from gpuprov.commands.spec_options import setting_option
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.frameworks import names, title
 from gpuprov.sizing.memory import allocator_bytes, estimate_memory
@@ -17,7 +18,7 @@ from gpuprov.sizing.setup import setup_from_options
 from gpuprov.sizing.suggest import flags_of
 from gpuprov.sizing.suggest import suggest as find
 from gpuprov.sizing.types import (
-    AC_MODES, COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS, SHARDINGS,
+    COMPILE_SCOPES, LOSS_IMPL_NAMES, OFFLOADS, OPTIMIZER_IMPLS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS, SHARDINGS,
     TASKS,
 )
 from gpuprov.sizing.why import notes as why_notes
@@ -212,23 +213,22 @@ class _FrameworkChoice(click.Choice):
                    "or config.json path.")
 @click.option("--task", type=click.Choice(TASKS), default="full", show_default=True)
 @click.option("--seq-len", type=int, default=4096, show_default=True, help="Tokens per sample.")
-@click.option("--micro-batch", type=int, default=1, show_default=True, help="Samples per GPU per forward.")
+@setting_option("micro_batch", default=1, kind=int)  # range-checked with a one-line error
 @click.option("--gpu", "gpu_slug", default="h100-80gb", show_default=True, help="GPU slug (see `gpuprov gpus`).")
 @click.option("--gpus", type=int, default=8, show_default=True, help="Total GPUs.")
 @click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(8, --gpus)).")
 @click.option("--sharding", type=click.Choice(SHARDINGS), default=None, help="Default: none on 1 GPU, else fsdp.")
 @click.option("--shard-group", type=int, default=None, help="hsdp shard-group size (default: GPUs of one node).")
-@click.option("--activation-checkpointing", type=click.Choice(AC_MODES), default=None, help="[default: selective]")
+@setting_option("activation_checkpointing", help_tail="  [default: selective]")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="[default: bf16-mixed]")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None, help="[default: adamw]")
 @click.option("--lora-rank", type=int, default=16, show_default=True)
 @click.option("--lora-targets", default="all-linear", show_default=True,
               help="qv, attention, all-linear, or a comma list such as q_proj,v_proj.")
 @click.option("--offload", type=click.Choice(OFFLOADS), default=None, help="[default: none]")
-@click.option("--compile/--no-compile", "use_compile", default=None, help="torch.compile (see --compile-scope).  [default: no-compile]")
+@setting_option("compile", "use_compile", help_tail=" (see --compile-scope).  [default: no-compile]")
 @click.option("--chunked-cross-entropy/--no-chunked-cross-entropy", default=None, help="[default: no-chunked-cross-entropy]")
-@click.option("--grad-accumulation", type=int, default=1, show_default=True,
-              help="Micro-batches per optimizer step (>1 keeps gradients through forward).")
+@setting_option("grad_accumulation", default=1, kind=int, help_tail="; > 1 keeps gradients through forward")
 @click.option("--activation-offloading/--no-activation-offloading", default=None,
               help="Saved activations streamed to host memory.  [default: no-activation-offloading]")
 @click.option("--optimizer-impl", type=click.Choice(OPTIMIZER_IMPLS), default=None,

@@ -7,6 +7,7 @@ import json
 import click
 
 from gpuprov.candidates import TABLE_ROWS, layout_label
+from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
 from gpuprov.host import hosts_left_out
@@ -14,6 +15,7 @@ from gpuprov.planner import make_plan
 from gpuprov.preflight import locate_reservation
 from gpuprov.render.explain import render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
+from gpuprov.sizing.time_error import holdout_error
 from gpuprov.spot import stale
 from gpuprov.storage_cost import undated_prices
 from gpuprov.units import GiB, TB, gib
@@ -65,8 +67,11 @@ def _mfu_text(plan) -> str:
     if t.float8_gain != 1.0:
         fp8 = (f" in bf16, and float8 linears run their matmuls x{t.float8_gain:.2f} faster"
                " (from the measured step ratio; attention stays bf16)")
+    capped = ""
+    if t.gpu_power_w is not None and t.gpu_power_w < get_gpu(plan.gpu.slug).tdp_w:
+        capped = f" at the {t.gpu_power_w} W power limit"
     return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
-            f"reach {t.mfu_assumed:.0%} of peak on the work it executes{fp8}; re-running the forward for activation "
+            f"reach {t.mfu_assumed:.0%} of peak{capped} on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
             f"exposed communication is {exposed:.0%} of the step")
 
@@ -101,7 +106,17 @@ def cost_line(plan) -> str:
     step_s = plan.throughput.step_time_s
     step = f"{step_s:,.2f}" if step_s >= 1 else f"{step_s:.4f}"  # enough digits that steps x step adds up
     return (f"{plan.training.steps:,} optimizer steps x {step} s = {train_h:,.2f} h "
-            f"+ {overhead:g} h start-up{parts} = {_hours(plan.time_hours)}, {money}")
+            f"+ {overhead:g} h start-up{parts} = {_hours(plan.time_hours)}{_range_text(plan)}, {money}")
+
+
+def _range_text(plan) -> str:
+    """The hours the model's error on its hold-out spans (gpuprov/sizing/time_error.py)."""
+    if not plan.time_hours_range:
+        return ""
+    low, high = plan.time_hours_range
+    e = holdout_error()
+    return (f" (measured runs: {low:,.1f}-{high:,.1f} h; the time model's error on {e['rows']} held-out runs "
+            f"spans {e['worst_under_pct']:+g}% to {e['worst_over_pct']:+g}%)")
 
 
 def _part(hours: float) -> str:
@@ -130,6 +145,12 @@ def _gpus_x_nodes(r) -> str:
     return f"{r.gpus_per_node} x {r.nodes}"
 
 
+def _table_hours(r) -> str:
+    if not r.time_hours_range:
+        return f"{r.time_hours:,.1f}"
+    return f"{r.time_hours:,.1f} ({r.time_hours_range[0]:,.1f}-{r.time_hours_range[1]:,.1f})"
+
+
 def candidates_table(plan) -> list[str]:
     """The compact table: the best layout per GPU type on each cloud, ranked by the objective."""
     rows = plan.candidates
@@ -142,7 +163,7 @@ def candidates_table(plan) -> list[str]:
         margin = 1 - r.per_gpu_bytes / r.gpu_memory_bytes
         body.append(("*" if r.chosen else "", r.cloud, r.region or "-", r.instance_type, r.gpu, _gpus_x_nodes(r),
                      r.layout, r.purchase, "-" if r.price_per_hour_usd is None else f"{r.price_per_hour_usd:,.2f}",
-                     f"{r.time_hours:,.1f}", "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
+                     _table_hours(r), "-" if r.cost_usd is None else f"{r.cost_usd:,.0f}",
                      f"{r.mfu:.1%}", f"{margin:.0%}"))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     right = {8, 9, 10, 11, 12}

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from gpuprov.errors import GpuprovError
-from gpuprov.sizing.types import OFFLOADS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS, TASKS
+from gpuprov.sizing.types import AC_MODES, OFFLOADS, OPTIMIZERS, PP_SCHEDULES, PRECISIONS, TASKS
 from gpuprov.spec import TrainingSpec
 from gpuprov.specfile import apply_units, build_spec, load_hosts, load_spec_data
 from gpuprov.targets import CHOICES
@@ -73,11 +73,28 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
                     "Pipeline schedule with --pp (Interleaved1F1B: two stages per rank)"),
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
               "Scheduler: auto (Slurm on multi-node clusters), install, existing (on-prem site Slurm: jobs only), none"),
+    "gpu_power_limit_w": (("--gpu-power-limit",), click.IntRange(min=1),
+                          "The GPUs' power limit in W where below their TDP (nvidia-smi -pl): the plan times them at the "
+                          "clocks that limit holds, e.g. 500 for H100s run at 500 W"),
+    "calibration": (("--calibration",), click.Path(dir_okay=False),
+                    "Calibration file from `gpuprov calibrate` (repeatable, one per GPU type): plans on its GPU type "
+                    "scale their step time by the measured run's predicted/measured tokens/s"),
+    # the training settings `gpuprov estimate` takes too (SETTING_FLAGS: one declaration for both commands)
+    "activation_checkpointing": (("--activation-checkpointing",), click.Choice(AC_MODES),
+                                 "Activation checkpointing: none, selective (attention core) or full (every block)"),
+    "micro_batch": (("--micro-batch",), click.IntRange(min=1), "Samples per GPU per forward"),
+    "grad_accumulation": (("--grad-accumulation",), click.IntRange(min=1),
+                          "Micro-batches per optimizer step (with --pp: the pipeline's micro-batches per step)"),
+    "compile": (("--compile/--no-compile",), None, "torch.compile"),
     "float8": (("--float8/--no-float8",), None, "Allow torchao float8 training where a measured speed-up covers the "
                "GPU (Hopper: full bf16-mixed, TP up to 8); the plan counts its gain and memory"),
 }
 
 FLAG_NAMES = {field: decls[0].split("/")[0] for field, (decls, _, _) in _FLAGS.items()}
+# the settings a user may fix for plan/generate as for estimate; plan and generate choose the rest
+SETTING_FLAGS = ("activation_checkpointing", "micro_batch", "grad_accumulation", "compile")
+_CHOOSES = {f: "  [default: the planner chooses]" for f in SETTING_FLAGS} | {
+    "compile": " of each decoder block  [default: on for full and LoRA training, off for QLoRA]"}
 FLAG_NAMES["hosts"] = "--hosts"
 
 
@@ -101,6 +118,11 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
         if field == "init":  # --from-scratch: a switch for init: random
             overrides["init"] = "random" if value else "pretrained"
             continue
+        if field == "calibration":
+            from gpuprov.calibration import load_calibration
+
+            overrides["calibration"] = [load_calibration(path) for path in value]
+            continue
         if field in ("gpus", "purchase", "lora_targets"):
             items = value if field == "gpus" else (value,)
             parts = [t.strip() for item in items for t in item.split(",") if t.strip()]
@@ -121,6 +143,17 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
             raise GpuprovError(f"--hosts lists on-prem machines but the spec says cloud: {cloud}; "
                                "use --cloud onprem or drop --hosts")
     return build_spec(file_data, overrides, source=spec_file, tree=tree, flag_names=FLAG_NAMES)
+
+
+def setting_option(field: str, dest: str | None = None, default: Any = None, help_tail: str = "",
+                   kind: Any = None) -> Callable:
+    """A SETTING_FLAGS option as another command (`gpuprov estimate`) declares it: the same flag and help,
+    with that command's own default (and `kind` where it checks the value itself)."""
+    decls, own_kind, help_text = _FLAGS[field]
+    kind = kind or own_kind
+    extra = {} if kind is None else {"type": kind}
+    return click.option(*decls, dest or field, default=default, show_default=default is not None, **extra,
+                        help=help_text + help_tail)
 
 
 def spec_options(func: Callable) -> Callable:
@@ -144,10 +177,10 @@ def spec_options(func: Callable) -> Callable:
         default = _default_text(field)
         # None: an on/off pair (--x/--no-x); "switch": a flag that is only ever turned on
         extra = {} if kind is None else {"is_flag": True} if kind == "switch" else {
-            "type": kind, "multiple": field == "gpus"}
+            "type": kind, "multiple": field in ("gpus", "calibration")}
         options.append(click.option(
             *decls, field, default=None, **extra,
-            help=help_text + (f"  [default: {default}]" if default else ""),
+            help=help_text + (f"  [default: {default}]" if default else _CHOOSES.get(field, "")),
         ))
     for option in reversed(options):
         wrapper = option(wrapper)

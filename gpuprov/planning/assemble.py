@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from gpuprov.sizing.time_error import time_range
 from gpuprov import __version__, bringup_plan
 from gpuprov.candidates import candidate_rows, pick_warnings
 from gpuprov.catalog.fabrics import fabric_allreduce_threshold, get_fabric, get_software
@@ -142,6 +143,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         training=_training(spec, arch, best), memory=_memory(spec, arch, gpu, mem),
         throughput=_throughput(spec, arch, best, mem.trainable_params),
         time_hours=best.time_hours, cost_usd=best.cost_usd, run=_run(spec, best),
+        time_hours_range=list(time_range(best.time_hours, best.steps * best.step.step_time_s / 3600.0)),
         host=make_host(inst, needs, bom),
         software=get_software(gpu.architecture, fabric.name, inst.nvswitch, gpu=gpu.slug, cloud=inst.cloud,
                               instance=inst.name),
@@ -154,6 +156,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         + spot_notes(inst, spec.region or inst.region, best.nodes, best.steps * best.step.step_time_s / 3600.0)
         + unknown_host_notes(inst, best.nodes)
         + [n for n in (storage_describe(best.storage, best.time_hours) if best.storage else "",) if n]
+        + [n for n in (calibration_note(spec, best),) if n]
         + [n for n in (hosts_note(spec, arch, best, est_fn, get_gpu), result.every_host_note,
                        pipeline_note(spec, arch, best)) if n]
         + bringup_plan.purchase_notes(spec, bringup["purchase"], best.instance, best.time_hours, best.nodes,
@@ -162,6 +165,13 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
         **bringup,
         stack=stack_for(spec, arch, best.tp, best.float8),
     )
+
+
+def calibration_note(spec: Any, best: Candidate) -> str | None:
+    from gpuprov.calibration import layout_of, plan_note
+
+    probe = type("_Probe", (), {"cluster": _cluster(spec, best.instance, best)})()
+    return plan_note(spec, best.instance.gpu, spec.model, layout_of(probe), best.gpu.tdp_w)
 
 
 def _instance_info(spec: Any, inst: Any) -> InstanceInfo:
@@ -213,7 +223,8 @@ def _throughput(spec: Any, arch: Any, best: Candidate, trainable: int) -> Throug
                       flops_per_token=fl.model, attention_flops_per_token=fl.attention,
                       step_time_s=step.step_time_s, compute_time_s=step.compute_time_s,
                       comm_time_s=step.exposed_comm_s, bound=step.bound,
-                      float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0)
+                      float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0,
+                      gpu_power_w=gpu.tdp_w)
 
 
 def _alternatives(spec: Any, result: SearchResult, best: Candidate) -> list[Alternative]:

@@ -10,12 +10,12 @@ from gpuprov.catalog.gpus import list_gpus
 from gpuprov.host import rules
 from gpuprov.recipes import global_batch_tokens
 from gpuprov.planning.space import (
-    Candidate, Estimator, Miss, SearchResult, _lora_targets, stack_for,
+    Candidate, Estimator, Miss, SearchResult, _lora_targets, fixed_settings_words, stack_for,
 )
 from gpuprov.sizing.pipeline import split_layers, stages_per_rank
 from gpuprov.sizing.setup import make_setup
 from gpuprov.units import GiB, tb
-from gpuprov.sizing.throughput import float8_refusal, float8_step_kw
+from gpuprov.sizing.throughput import assumptions, float8_refusal, float8_step_kw
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
 
 def rule_of_thumb_bytes_per_param() -> int:
@@ -75,6 +75,8 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
     miss = result.nearest_miss
     if miss is None and (getattr(spec, "pp", None) or 1) > 1 and result.searched and not result.memory_calls:
         return _unfilled_pipeline(spec)
+    if miss is None and result.searched and not result.memory_calls and fixed_settings_words(spec):
+        return _unformed_batch(spec)
     if miss is None:
         scope = f"cloud {spec.cloud}" + (f", GPUs {','.join(spec.gpus)}" if spec.gpus else "")
         if spec.gpu_count:
@@ -107,6 +109,11 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
         hint.append("use QLoRA (--task qlora)")
     if miss.per_gpu_bytes <= miss.usable_bytes / (1 - spec.safety_margin) * 0.98 and spec.safety_margin > 0.02:
         hint.append("lower --safety-margin")
+    fixed = [f"--activation-checkpointing {spec.activation_checkpointing}"
+             if getattr(spec, "activation_checkpointing", None) not in (None, "full") else "",
+             f"--micro-batch {spec.micro_batch}" if (getattr(spec, "micro_batch", None) or 1) > 1 else ""]
+    if any(fixed):
+        hint.append(f"leave {' '.join(f for f in fixed if f)} to the planner (fixed, they hold more activations)")
     hint.append("or shorten --seq-len")
     bigger = [i for i in result.excluded_unpriced if gpu_lookup(i.gpu).memory_bytes * i.gpus > node_bytes]
     if bigger:
@@ -123,6 +130,16 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
             f"single node holds {node_txt}; nearest miss {miss.instance.name} x{miss.nodes} {miss.sharding}: "
             f"{miss.per_gpu_bytes / GiB:,.1f} GiB per GPU vs {miss.usable_bytes / GiB:,.1f} GiB usable; "
             + "; ".join(hint))
+
+
+def _unformed_batch(spec: Any) -> str:
+    """Every layout was left out before sizing: the fixed micro-batch / accumulation form the global batch
+    on no cluster searched."""
+    batch = (f"{spec.global_batch_tokens:,} tokens" if spec.global_batch_tokens is not None
+             else "the recipe's batch")
+    return (f"{fixed_settings_words(spec)} with --seq-len {spec.seq_len} forms no global batch within "
+            f"{assumptions().raw['run']['batch_tolerance']:.0%} of {batch} on any cluster searched: give "
+            "--global-batch-tokens, or --gpus N to plan your GPUs with the batch these settings make")
 
 
 def _unfilled_pipeline(spec: Any) -> str:

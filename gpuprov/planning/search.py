@@ -15,12 +15,14 @@ from gpuprov.storage_cost import (
 )
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
-    _mp_degrees, _pool, objective_key, pipeline_degree, pipeline_micro_batches, stack_for,
+    _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degree, pipeline_micro_batches,
+    settings_set_batch, stack_for,
 )
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, StepEstimate, assumptions, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
-    intra_node_gbytes, layout_step_estimate, pipelined, tp_gpu_seconds_per_token, utilisation,
+    calibrated, intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
+    utilisation,
 )
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
 from gpuprov.targets import get_target
@@ -74,6 +76,16 @@ class _Search:
         if self.seq > self.gbt_at(1):
             raise GpuprovError(f"--seq-len {self.seq} is longer than the global batch of {self.gbt_at(1)} tokens")
         self.objective = spec.objective
+        # what the user fixed the planner keeps; it chooses the rest
+        fixed_ac = getattr(spec, "activation_checkpointing", None)
+        self.ac_modes = (fixed_ac,) if fixed_ac else AC_MODES
+        self.micro_batches = (spec.micro_batch,) if getattr(spec, "micro_batch", None) else MICRO_BATCHES
+        self.fixed_ga = fixed_grad_accumulation(spec, self.pp, self.pp_schedule)
+        # the GPUs the user has (--gpus) with their micro-batch or accumulation fixed and no batch stated:
+        # the global batch follows those settings instead of the recipe's default (settings_set_batch)
+        self.batch_follows = settings_set_batch(spec)
+        # measured runs: GPU slug -> measured / predicted tokens/s (gpuprov/calibration.py RULE)
+        self.speed = {c.gpu: float(c.speed_ratio) for c in getattr(spec, "calibration", None) or []}
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
         self.stack_f8 = stack_for(spec, arch, float8=True)
@@ -171,8 +183,9 @@ class _Search:
             gpu = self.gpus[inst.gpu]
             util, _ = utilisation(gpu, compiled=self.stack.compile)
             gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
+            speed = self.speed.get(inst.gpu, 1.0)  # a calibration scales every term: the bound too
             out = self.compute_cache[key] = \
-                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain)
+                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain * speed)
         return out
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
@@ -181,7 +194,7 @@ class _Search:
             return 0.0
         # a bound: float8 linears (where allowed on this GPU) gather in float8, the least TP traffic
         return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra,
-                                        float8=self.gain(slot.gpu) is not None)
+                                        float8=self.gain(slot.gpu) is not None) / self.speed.get(slot.inst.gpu, 1.0)
 
     def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
         """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
@@ -226,11 +239,11 @@ class _Search:
         out = self.shape_cache.get(dp)
         if out is None:
             out, gbt = [], self.gbt_at(dp)
-            for mb in MICRO_BATCHES:
+            for mb in self.micro_batches:
                 per_step_tokens = mb * self.seq * dp
-                ga = pipeline_micro_batches(self.pp, self.pp_schedule, round(gbt / per_step_tokens))
+                ga = self.fixed_ga or pipeline_micro_batches(self.pp, self.pp_schedule, round(gbt / per_step_tokens))
                 batch = ga * per_step_tokens
-                if abs(batch - gbt) <= self.tol * gbt:
+                if abs(batch - gbt) <= self.tol * gbt or (self.batch_follows and batch > gbt):
                     out.append((mb, ga, batch))
                 elif per_step_tokens > gbt:
                     break
@@ -345,6 +358,7 @@ class _Search:
                 pipeline=pipeline, async_tp=False,  # the trainer runs no async TP
                 **(self.float8_kw(gpu) if lay.f8 else {}),
             )
+            out = self.step_cache[key] = calibrated(out, self.speed.get(slot.inst.gpu, 1.0))
         return out
 
     # ---------------------------------------------------------------- float8
@@ -457,7 +471,7 @@ class _Search:
             widest = int(self.gbt * (1 + self.tol) * max_mp // (self.seq * inst.gpus))
             self.walk_top[inst.name] = min(order.stop - 1, widest)
         for nodes in order:
-            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp:
+            if self.seq * nodes * inst.gpus > self.gbt * (1 + self.tol) * max_mp and not self.batch_follows:
                 if descending:
                     continue
                 break  # even micro-batch 1 on the widest TP x CP group overshoots; more nodes only worse
@@ -482,7 +496,7 @@ class _Search:
         tried (no bound cut the scan) and nothing fits."""
         fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
         all_shapes = self.batch_shapes(slot.total // lay.mp)
-        for ac in AC_MODES:
+        for ac in self.ac_modes:
             if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in all_shapes):
                 return False  # every micro-batch fits with less recompute: more recompute only costs
             if self.beaten(slot.inst, slot.nodes, ac, self._tp_seconds(slot, lay.tp, ac)):
@@ -523,7 +537,8 @@ def search(
 
     `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
     insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
-    s = _Search(spec, arch, estimator, {i.gpu: gpu_lookup(i.gpu) for i in insts}, exhaustive)
+    limit = plan_power_limit(spec)  # GPUs under a power limit are timed at the clocks it holds
+    s = _Search(spec, arch, estimator, {i.gpu: power_capped(gpu_lookup(i.gpu), limit) for i in insts}, exhaustive)
     if not exhaustive and spec.objective == "cost":
         insts.sort(key=s.lower_bound_cost)
     hosts = len(spec.hosts) if spec.hosts else None

@@ -101,7 +101,7 @@ class SearchResult:
 def stack_for(spec: Any, arch: Any, tp: int = 1, float8: bool = False) -> Any:
     """The Stack the bundle's trainer runs for this spec and model (gpuprov/stack.py)."""
 
-    return choose_stack(spec.task, spec.precision, arch.model_type, tp, float8)
+    return choose_stack(spec.task, spec.precision, arch.model_type, tp, float8, getattr(spec, "compile", None))
 
 
 def _lora_targets(spec: Any) -> tuple[str, ...]:
@@ -166,6 +166,36 @@ def pipeline_micro_batches(pp: int, schedule: str, wanted: int) -> int:
     if schedule == "Interleaved1F1B":
         return pp * max(1, round(wanted / pp))
     return max(pp, wanted)
+
+
+def fixed_grad_accumulation(spec: Any, pp: int, schedule: str) -> int | None:
+    """The grad accumulation the user fixed (None: the planner chooses); with PP it must be a count the
+    schedule runs (pipeline_micro_batches)."""
+    ga = getattr(spec, "grad_accumulation", None)
+    if ga is None:
+        return None
+    if pipeline_micro_batches(pp, schedule, ga) != ga:
+        need = f"a multiple of --pp {pp}" if schedule == "Interleaved1F1B" else f"at least --pp {pp}"
+        raise GpuprovError(f"--grad-accumulation {ga}: with --pp {pp} --pp-schedule {schedule} each step runs "
+                           f"{need} pipeline micro-batches")
+    return int(ga)
+
+
+def settings_set_batch(spec: Any) -> bool:
+    """True when the global batch follows the user's own settings: a fixed GPU count (--gpus) with a fixed
+    micro-batch or accumulation and no batch stated. The recipe's batch is a default; a run the user
+    describes whole (their GPUs, their micro-batch) is planned as described, its batch micro-batch x
+    seq_len x data-parallel ranks x accumulation (accumulation 1 unless fixed or needed to reach the
+    recipe's batch)."""
+    fixed = getattr(spec, "micro_batch", None) or getattr(spec, "grad_accumulation", None)
+    return bool(fixed) and spec.gpu_count is not None and spec.global_batch_tokens is None
+
+
+def fixed_settings_words(spec: Any) -> str:
+    """The batch settings the user fixed, as flags (for messages)."""
+    words = [f"--micro-batch {spec.micro_batch}" if getattr(spec, "micro_batch", None) else "",
+             f"--grad-accumulation {spec.grad_accumulation}" if getattr(spec, "grad_accumulation", None) else ""]
+    return " ".join(w for w in words if w)
 
 
 def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tuple[int, int]]:

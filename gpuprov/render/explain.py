@@ -12,7 +12,7 @@ from typing import Any
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.sizing.throughput import (
-    LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
+    LayerShape, Shape, assumptions, flops_per_token, gpu_class, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
     pipelined,
 )
 from gpuprov.units import GiB, TB
@@ -107,6 +107,12 @@ def _compute(x: _Inputs) -> list[str]:
     c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
     out = ["4. Compute",
            f"   GPU dense BF16 peak {peak:g} TFLOPS x assumed utilisation {t.mfu_assumed:.2f} ({t.mfu_source})"]
+    if t.gpu_power_w is not None and t.gpu_power_w != x.gpu.tdp_w:
+        power = a.raw["power"]
+        measured = power["measured_at_w"].get(gpu_class(x.gpu), x.gpu.tdp_w)
+        out.append(f"   at the {t.gpu_power_w} W power limit (TDP {x.gpu.tdp_w} W): utilisation measured at "
+                   f"{measured} W scaled by (limit / measured)^{float(power['clock_exponent']):.3g} "
+                   "(catalog/data/throughput.yaml power)")
     if plan.task == "qlora":
         out.append(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
     split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""
@@ -172,6 +178,15 @@ def _comm(x: _Inputs) -> list[str]:
     return out
 
 
+def _calibrated_text(plan: Any, step_s: float) -> str:
+    """The step's sum, and with a calibration for this GPU the measured speed ratio it is divided by."""
+    cal = next((c for c in plan.spec.calibration or [] if c.gpu == plan.gpu.slug), None)
+    if cal is None or cal.speed_ratio == 1.0:
+        return f"{step_s:,.3f} s"
+    return (f"{step_s * cal.speed_ratio:,.3f} s, / {cal.speed_ratio:g} measured/predicted tokens/s of a run on "
+            f"{cal.gpu} ({cal.source or 'calibration'}) = {step_s:,.3f} s")
+
+
 def _step(x: _Inputs) -> list[str]:
     plan, terms = x.plan, x.st.terms
     c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
@@ -186,7 +201,7 @@ def _step(x: _Inputs) -> list[str]:
     out = ["6. Step, time and cost",
            f"   step = {times} x ({terms['compute_per_micro_batch_s']:,.3f} + "
            f"{terms['exposed_per_micro_batch_s']:,.3f}) + {terms['exposed_sync_s']:,.3f} + {terms['tail_s']:,.3f} + "
-           f"optimizer {terms['optimizer_s']:,.3f}{bubble} = {t.step_time_s:,.3f} s",
+           f"optimizer {terms['optimizer_s']:,.3f}{bubble} = {_calibrated_text(plan, t.step_time_s)}",
            f"   tokens per step = {c.micro_batch} x {c.seq_len} x {ranks} x {c.grad_accum} = "
            f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
            f"{plan.training.steps:,}",

@@ -96,6 +96,26 @@ def power_factor(gpu: Any) -> float:
     return float((float(tdp) / float(measured_at)) ** float(power["clock_exponent"]))
 
 
+def power_capped(gpu: Any, limit_w: int | None) -> Any:
+    """The GPU as it runs under a power limit (nvidia-smi -pl) below its TDP: its `tdp_w` lowered to the
+    limit, so power_factor times it at the clocks that limit holds. A limit at or above the TDP changes
+    nothing (the board never draws past its TDP)."""
+    import dataclasses
+
+    if not limit_w or not getattr(gpu, "tdp_w", None) or limit_w >= gpu.tdp_w:
+        return gpu
+    return dataclasses.replace(gpu, tdp_w=int(limit_w))
+
+
+def plan_power_limit(spec: Any) -> int | None:
+    """The power limit the plan's GPUs run under: --gpu-power-limit and every on-prem host's
+    power_limit_w, the lowest (the slowest GPU sets every synchronous step's pace)."""
+    limits = [getattr(spec, "gpu_power_limit_w", None)]
+    limits += [getattr(h, "power_limit_w", None) for h in (getattr(spec, "hosts", None) or [])]
+    stated = [int(x) for x in limits if x]
+    return min(stated) if stated else None
+
+
 def utilisation(gpu: Any, compiled: bool = True) -> tuple[float, str]:
     """(sustained fraction of dense BF16 peak, its source) for this GPU at its power limit: the class's
     measured (compiled) value, scaled by the power limit, and by the measured eager/compiled ratio for eager."""
@@ -174,6 +194,26 @@ class Flops:
     matmul_params: int
     attention: float
     recompute: float
+    attention_recompute: float = 0.0  # attention forward run again in backward (full AC; op-level SAC saves it)
+
+
+# A decoder block's matmuls in forward order (HF/torchtitan Llama-style blocks): attention q, k, v, o, then the
+# MLP's gate (w1), up (w3) and down (w2) projections, as (input width, output width) by the arch's sizes.
+def _block_matmuls(arch: Any) -> list[tuple[int, int]]:
+    h, q, kv = arch.hidden_size, arch.q_dim, arch.kv_dim
+    inter = arch.intermediate_size * (arch.experts_per_token if getattr(arch, "is_moe", False) else 1)
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
+
+
+def sac_recompute_params(arch: Any) -> int:
+    """Weights per block whose matmuls op-level selective AC runs again in backward.
+
+    The trainer's policy (templates/launch/train_model.py selective_ac_context, torchtitan's op SAC) saves the
+    SDPA output and every odd-numbered aten.mm of the block's forward, and recomputes the even-numbered
+    ones (and the pointwise ops around them). LoRA adds two mms per adapted linear (lora_A, lora_B), which
+    keeps the base matmuls' parity, so for every task the recomputed base matmuls are the 2nd, 4th and 6th:
+    k, o and up (w3)."""
+    return sum(i * o for n, (i, o) in enumerate(_block_matmuls(arch), 1) if n % 2 == 0)
 
 
 def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str) -> Flops:
@@ -186,18 +226,22 @@ def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str)
     else:
         model = a.lora_base_flops_per_param * n + 6.0 * trainable + attn
     fwd_attn = attn / 3.0  # forward is a third of forward + backward
+    attn_again = 0.0
     if ac == "full":
-        recompute = 2.0 * n + fwd_attn
+        recompute, attn_again = 2.0 * n + fwd_attn, fwd_attn
     elif ac == "selective":
-        recompute = fwd_attn
+        # op-level SAC keeps SDPA's output and every other matmul's (sac_recompute_params)
+        recompute = 2.0 * arch.num_layers * sac_recompute_params(arch)
     else:
         recompute = 0.0
-    return Flops(model=model, executed=model + recompute, matmul_params=n, attention=attn, recompute=recompute)
+    return Flops(model=model, executed=model + recompute, matmul_params=n, attention=attn, recompute=recompute,
+                 attention_recompute=attn_again)
 
 
 def attention_executed(fl: Flops) -> float:
-    """Attention FLOPs the step runs (forward + backward, + the forward again under AC): what float8 leaves bf16."""
-    return fl.attention + (fl.attention / 3.0 if fl.recompute > 0 else 0.0)
+    """Attention FLOPs the step runs (forward + backward, + the forward again under full AC): what float8 leaves
+    bf16."""
+    return fl.attention + fl.attention_recompute
 
 
 # --------------------------------------------------------------------------- links
@@ -409,6 +453,18 @@ def step_estimate(
         optimizer_time_s=opt, tokens_per_s=tps, mfu=tps * flops.model / (peak_tflops * 1e12 * n), utilisation=speed,
         comm_bytes_per_gpu=comm.volume, bound="communication" if exposed > 0.25 * compute else "compute", terms=terms,
     )
+
+
+def calibrated(est: StepEstimate, speed_ratio: float) -> StepEstimate:
+    """The step as a measured run on this GPU type says it goes (gpuprov/calibration.py RULE): every
+    time term divided by measured/predicted tokens/s, tokens/s and MFU multiplied by it."""
+    if speed_ratio == 1.0:
+        return est
+    r = float(speed_ratio)
+    return replace(est, step_time_s=est.step_time_s / r, compute_time_s=est.compute_time_s / r,
+                   comm_time_s=est.comm_time_s / r, exposed_comm_s=est.exposed_comm_s / r,
+                   optimizer_time_s=est.optimizer_time_s / r, tokens_per_s=est.tokens_per_s * r, mfu=est.mfu * r,
+                   terms=dict(est.terms, calibration_speed_ratio=r))
 
 
 # --------------------------------------------------------------------------- tensor / context parallel
