@@ -240,9 +240,13 @@ def load_hf_model(repo_id: str) -> ModelArch | None:
 
 
 def preset_of_repo(repo_id: str) -> str | None:
-    """The preset whose hf_repo is this Hugging Face id (case-insensitive, as the hub treats ids)."""
+    """The preset whose hf_repo, or one of whose hf_ids (its instruct, chat and post-trained releases), is
+    this Hugging Face id (case-insensitive, as the hub treats ids)."""
     want = repo_id.strip().lower()
-    return next((slug for slug, e in _catalog()["models"].items() if str(e.get("hf_repo", "")).lower() == want), None)
+    for slug, e in _catalog()["models"].items():
+        if want in [str(i).lower() for i in [e.get("hf_repo", ""), *(e.get("hf_ids") or [])]]:
+            return slug
+    return None
 
 
 def weights_source(name_or_path: str) -> str:
