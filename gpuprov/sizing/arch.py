@@ -90,6 +90,11 @@ class ModelArch:
         return self.num_attention_heads * self.mla[4] if self.mla else self.q_dim
 
     @property
+    def attn_head_dim(self) -> int:
+        """Mean per-head width of attention's two products (QK^T over q/k, PV over v): MLA's differ."""
+        return (self.mla[2] + self.mla[3] + self.mla[4]) // 2 if self.mla else self.head_dim
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
@@ -140,7 +145,8 @@ class ModelArch:
         """Weights of the big matmuls of one block (all experts), no biases: what NF4 quantizes."""
         return sum(i * o * n for i, o, n in self.linear_shapes(dense).values())
 
-    def _norm_params(self) -> int:
+    def norm_params(self) -> int:
+        """A block's norm weights (hidden-wide, q/k, MLA latent norms)."""
         fam, h = family(self.model_type), self.hidden_size
         total = fam.norms * h
         if fam.qk_norm == "head":
@@ -163,7 +169,7 @@ class ModelArch:
             total += (2 * self.intermediate_size + h) * self.num_experts
         if self.is_moe and not dense:
             total += h * self.num_experts  # router, no bias
-        return total + self._norm_params()
+        return total + self.norm_params()
 
     def active_layer_params(self, dense: bool = False) -> int:
         """Parameters one token touches in a block (MoE: top-k experts), for FLOPs."""
@@ -311,8 +317,8 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
                          "head_dim": 256, "sliding_window": 4096, "max_position_embeddings": 131072,
                          "sliding_window_pattern": 6}
-_VISION_EXCLUDED = ("the vision tower and multimodal projector (Gemma3ForConditionalGeneration) are not sized: "
-                    "the trainer trains the language model (Gemma3ForCausalLM) on text")
+_VISION_EXCLUDED = ("the vision tower and multimodal projector of Gemma3ForConditionalGeneration: the trainer "
+                    "trains the language model (Gemma3ForCausalLM) on text")
 
 
 def _language_config(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
@@ -376,8 +382,8 @@ def _mla(cfg: dict[str, Any], where: str) -> dict[str, Any]:
     mla = (_count(cfg, "q_lora_rank", where, 0), _req(cfg, "kv_lora_rank", where), rope, nope,
            _req(cfg, "v_head_dim", where))
     mtp = _count(cfg, "num_nextn_predict_layers", where, 0)
-    excluded = (f"the {mtp} multi-token-prediction block(s) of the checkpoint (num_nextn_predict_layers) are not "
-                "built by transformers' DeepseekV3ForCausalLM, so neither sized nor trained") if mtp else ""
+    excluded = (f"the checkpoint's {mtp} multi-token-prediction block(s) (num_nextn_predict_layers): transformers' "
+                "DeepseekV3ForCausalLM builds none, so the trainer trains none") if mtp else ""
     # head_dim: the query/key width per head (nope + rope), what attention's QK^T multiplies
     return {"mla": mla, "head_dim": rope + nope, "num_kv_heads": _req(cfg, "num_attention_heads", where),
             "excluded": excluded}

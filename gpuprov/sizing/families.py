@@ -60,8 +60,10 @@ FAMILIES: dict[str, Family] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(FAMILIES)
 
-# LoRA target presets per family: the linear modules peft adapts in every block. Routed experts are
-# never adapted (transformers 5 keeps them as 3-D tensors, not nn.Linear; the trainer excludes them in 4.x).
+# LoRA target presets per family: the linear modules peft adapts in every block. MoE families adapt their
+# attention only: routed experts are never adapted (transformers 5 keeps them as 3-D tensors, and peft >= 0.18
+# maps the names gate_proj/up_proj/down_proj onto those tensors, so DeepSeek's dense and shared-expert MLPs
+# cannot be named apart from the experts; 4.x builds one Linear per expert, which the trainer excludes).
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _MLA = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
@@ -69,9 +71,8 @@ LORA_PRESETS: dict[str, dict[str, tuple[str, ...]]] = {
     "default": {"qv": ("q_proj", "v_proj"), "attention": _ATTN, "all-linear": _ATTN + _MLP},
     "phi3": {"qv": ("qkv_proj",), "attention": ("qkv_proj", "o_proj"),
              "all-linear": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")},
-    # no dense MLP in any block of the released configs: adapters on attention only
     "qwen3_moe": {"qv": ("q_proj", "v_proj"), "attention": _ATTN, "all-linear": _ATTN},
-    "deepseek_v3": {"qv": ("q_b_proj", "kv_b_proj"), "attention": _MLA, "all-linear": _MLA + _MLP},
+    "deepseek_v3": {"qv": ("q_b_proj", "kv_b_proj"), "attention": _MLA, "all-linear": _MLA},
 }
 
 
