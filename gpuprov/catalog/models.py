@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import json
 import os
@@ -280,7 +281,10 @@ def get_model(name_or_path: str) -> ModelArch:
     if HF_ID.match(name_or_path) and not Path(name_or_path).expanduser().exists():
         preset = preset_of_repo(name_or_path)
         if preset is not None:  # the preset's config is that repo's config.json, verbatim: no cache needed
-            return _preset(preset)
+            arch = _preset(preset)
+            same = name_or_path.lower() == str(_catalog()["models"][preset]["hf_repo"]).lower()
+            # an instruct / chat release of the preset's architecture: named as the id the weights come from
+            return arch if same else dataclasses.replace(arch, display_name=name_or_path)
         arch = load_hf_model(name_or_path)
         if arch is not None:
             return arch
