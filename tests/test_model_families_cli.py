@@ -148,3 +148,15 @@ def test_sliding_window_mask_only_past_the_window():
     assert sliding_mask_bytes(arch, setup(1024)) == 0
     assert sliding_mask_bytes(arch, setup(8192)) == 2 * 8192 * 8192
     assert sliding_mask_bytes(get_model("qwen3-8b"), setup(8192)) == 0
+
+
+def test_the_bundles_transformers_pin_has_every_family():
+    """software.yaml's pinned transformers (what the bundle installs) builds every family the planner sizes."""
+    facts = load_data("trainer.yaml")["model_families"]
+    software = load_data("software.yaml")
+    pins = [r for r in yaml.safe_dump(software).split() if r.startswith("transformers==")]
+    assert pins, "software.yaml pins no transformers"
+    pinned = tuple(int(x) for x in pins[0].split("==")[1].split("."))
+    for model_type, first in facts["min_transformers"].items():
+        assert pinned >= tuple(int(x) for x in first.split(".")), model_type
+    assert set(facts["blocks"]) >= set(facts["min_transformers"])
