@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 class ModelInfo(_Strict):
     name: str  # preset slug, or the config.json path the user gave
     display_name: str  # e.g. "Llama 3.1 70B"
-    hf_model_type: str  # llama, mistral, mixtral, qwen2, gemma2
+    hf_model_type: str  # a model_type of gpuprov/sizing/families.py (gemma3 sized as gemma3_text)
     params: int
     trainable_params: int
     hf_config: dict  # the config.json the trainer builds the model from (AutoConfig.for_model)

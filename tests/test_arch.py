@@ -21,8 +21,26 @@ def test_issue_reference_counts() -> None:
 
 @pytest.mark.parametrize("slug", list(PRESETS))
 def test_preset_count_equals_published(slug: str) -> None:
-    entry = PRESETS[slug]
-    assert get_model(slug).params == entry["published_params"], slug
+    """The page's exact total where recorded (less a multimodal model's vision tower and projector, plus
+    what the publisher's own code counts as parameters and transformers as buffers); else the card's
+    rounded figures, to the digits shown."""
+    entry, arch = PRESETS[slug], get_model(slug)
+    if "published_params" in entry:
+        vision = entry.get("vision_params", 0)
+        projector = 1152 * arch.hidden_size + 1152 if vision else 0  # SigLIP width into the text width, + norm
+        assert arch.params + vision + projector + entry.get("published_buffers", 0) == entry["published_params"], slug
+    else:
+        assert "card_params" in entry, slug
+    card = entry.get("card_params")
+    if card:
+        assert card["source"].startswith("https://huggingface.co/")
+        non_embedding = arch.params - arch.embedding_params - arch.lm_head_params
+        for key, ours in (("total", arch.params), ("active", arch.active_params), ("non_embedding", non_embedding)):
+            if key in card:
+                shown = card[key]
+                digits = len(f"{shown / 1e9:g}".replace(".", "").lstrip("0"))  # 0.44e9 -> 2 digits, 6.95e9 -> 3
+                unit = 10 ** (len(str(ours)) - digits)  # the last digit shown (cards round or truncate)
+                assert shown - unit / 2 <= ours < shown + unit, (slug, key, ours, shown)
     assert entry["source"].startswith("https://huggingface.co/") and entry["source"].endswith("config.json")
 
 

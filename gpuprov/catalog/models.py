@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import json
 import os
@@ -240,9 +241,13 @@ def load_hf_model(repo_id: str) -> ModelArch | None:
 
 
 def preset_of_repo(repo_id: str) -> str | None:
-    """The preset whose hf_repo is this Hugging Face id (case-insensitive, as the hub treats ids)."""
+    """The preset whose hf_repo, or one of whose hf_ids (its instruct, chat and post-trained releases), is
+    this Hugging Face id (case-insensitive, as the hub treats ids)."""
     want = repo_id.strip().lower()
-    return next((slug for slug, e in _catalog()["models"].items() if str(e.get("hf_repo", "")).lower() == want), None)
+    for slug, e in _catalog()["models"].items():
+        if want in [str(i).lower() for i in [e.get("hf_repo", ""), *(e.get("hf_ids") or [])]]:
+            return slug
+    return None
 
 
 def weights_source(name_or_path: str) -> str:
@@ -276,7 +281,10 @@ def get_model(name_or_path: str) -> ModelArch:
     if HF_ID.match(name_or_path) and not Path(name_or_path).expanduser().exists():
         preset = preset_of_repo(name_or_path)
         if preset is not None:  # the preset's config is that repo's config.json, verbatim: no cache needed
-            return _preset(preset)
+            arch = _preset(preset)
+            same = name_or_path.lower() == str(_catalog()["models"][preset]["hf_repo"]).lower()
+            # an instruct / chat release of the preset's architecture: named as the id the weights come from
+            return arch if same else dataclasses.replace(arch, display_name=name_or_path)
         arch = load_hf_model(name_or_path)
         if arch is not None:
             return arch

@@ -18,23 +18,25 @@ def models(as_json: bool) -> None:
     gpuprov models --json
     """
     from gpuprov.catalog.models import aliases, list_models  # lazy: `gpus` does not need it (7 ms)
+    from gpuprov.sizing.families import SUPPORTED_MODEL_TYPES
 
     presets = list_models()
     if as_json:
         out = {"models": [m.summary() for m in presets], "aliases": aliases()}
         click.echo(json.dumps(out, indent=2))
         return
-    click.echo(f"{'name':<16}{'model':<20}{'type':<9}{'params':>17}{'layers':>7}{'hidden':>7}{'heads/kv':>10}{'vocab':>8}")
+    click.echo(f"{'name':<17}{'model':<20}{'type':<12}{'params':>17}{'layers':>7}{'hidden':>7}{'heads/kv':>10}{'vocab':>8}")
     for m in presets:
         experts = f" ({m.num_experts}x{m.experts_per_token})" if m.is_moe else ""
         click.echo(
-            f"{m.name:<16}{m.display_name:<20}{m.model_type:<9}{m.params:>17,}{m.num_layers:>7}{m.hidden_size:>7}"
+            f"{m.name:<17}{m.display_name:<20}{m.model_type:<12}{m.params:>17,}{m.num_layers:>7}{m.hidden_size:>7}"
             f"{f'{m.num_attention_heads}/{m.num_kv_heads}':>10}{m.vocab_size:>8}{experts}"
         )
     click.echo("\nshorthands:")
     for short, entry in aliases().items():
         click.echo(f"  {short:<6} = {entry['model']:<16} ({entry['why']})")
-    click.echo("\n--model also takes a path to a Hugging Face config.json (llama, mistral, mixtral, qwen2, gemma2).")
+    click.echo("\n--model also takes a preset's Hugging Face id or one of its instruct/chat ids (offline), any other id "
+               f"(its config.json from the cache or the hub), or a path to a config.json ({', '.join(SUPPORTED_MODEL_TYPES)}).")
 
 
 @click.command(name="gpus")

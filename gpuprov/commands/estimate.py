@@ -319,6 +319,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
     arch = get_model(model_name)
     gpu = get_gpu(gpu_slug)
     params = _gpu_count_from_name(click.get_current_context(), gpu_slug)
+    params["model_type"] = arch.model_type  # LoRA presets name the family's modules
     setup, explicit, shape, applied = setup_from_options(params)
     if precise and tp * cp * pp > 1:
         raise GpuprovError("--precise simulates FSDP on one rank; it does not model --tp/--cp/--pp yet (drop --precise)")

@@ -18,6 +18,7 @@ from gpuprov.plan import (
     Alternative, Cluster, GpuInfo, Health, InstanceInfo, Memory, ModelInfo, Plan, RunBreakdown, Storage, Throughput,
     Training,
 )
+from gpuprov.planning.families import check_family
 from gpuprov.planning.messages import (
     _notes, loss_reason, nothing_fits_message, pipeline_note, rule_of_thumb_bytes_per_param,
 )
@@ -90,6 +91,7 @@ OFFLOAD_NOTE = ("Nothing fits on these GPUs without CPU offload: planned with --
 def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Iterable[Any] | None = None) -> Any:
     """The cheapest (or fastest / fewest-GPU) configuration that fits, as a complete Plan."""
     arch = get_model(spec.model)
+    check_family(spec, arch)
     est_fn = estimator or estimate_memory
     pool = list(instances) if instances is not None else list(list_instances())
     pool = with_declared_hosts(spec, pool, get_gpu)
@@ -197,7 +199,7 @@ def _cluster(spec: Any, inst: Any, best: Candidate) -> Cluster:
 
 
 def _training(spec: Any, arch: Any, best: Candidate) -> Training:
-    targets = list(_lora_targets(spec)) if spec.task != "full" else []
+    targets = list(_lora_targets(spec, arch)) if spec.task != "full" else []
     return Training(task=spec.task, init=spec.init,
                     base_weights=weights_source(spec.model) if spec.init == "pretrained" else None,
                     lora_rank=None if spec.task == "full" else spec.lora_rank,

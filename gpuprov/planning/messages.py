@@ -39,7 +39,7 @@ def _floor_with_many_gpus(spec: Any, arch: Any, miss: Miss, estimator: Estimator
     setup = make_setup(task=spec.task, seq_len=spec.seq_len, micro_batch=1, gpus=64, gpus_per_node=8,
                        sharding="fsdp", shard_group=None, activation_checkpointing="full",
                        precision=spec.precision, optimizer=spec.optimizer, offload=spec.offload,
-                       lora_rank=spec.lora_rank, lora_targets=_lora_targets(spec) if spec.task != "full"
+                       lora_rank=spec.lora_rank, lora_targets=_lora_targets(spec, arch) if spec.task != "full"
                        else LORA_TARGET_PRESETS["all-linear"], grad_accum=2,
                        framework=getattr(spec, "framework", "gpuprov"), stack=stack_for(spec, arch))
     return estimator(arch, setup).per_gpu_bytes

@@ -64,7 +64,7 @@ class _Search:
 
         self.spec, self.arch, self.estimator, self.gpus, self.exhaustive = spec, arch, estimator, gpus, exhaustive
         self.task = spec.task
-        self.targets = _lora_targets(spec) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
+        self.targets = _lora_targets(spec, arch) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
         self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
             if self.task != "full" else arch.params
         self.seq, self.tokens = spec.seq_len, spec.tokens

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from gpuprov.catalog import load_data
 from gpuprov.catalog.regions import check_region
 from gpuprov.errors import GpuprovError
+from gpuprov.planning.families import tensor_parallel_ok
 from gpuprov.sizing.arch import resolve_lora_targets
 from gpuprov.sizing.pipeline import stages_per_rank
 from gpuprov.sizing.setup import make_setup
@@ -104,9 +105,9 @@ def stack_for(spec: Any, arch: Any, tp: int = 1, float8: bool = False) -> Any:
     return choose_stack(spec.task, spec.precision, arch.model_type, tp, float8, getattr(spec, "compile", None))
 
 
-def _lora_targets(spec: Any) -> tuple[str, ...]:
-
-    return resolve_lora_targets(spec.lora_targets)
+def _lora_targets(spec: Any, arch: Any) -> tuple[str, ...]:
+    """The spec's LoRA targets as the model family's module names (phi3's fused, DeepSeek's MLA projections)."""
+    return resolve_lora_targets(spec.lora_targets, arch.model_type)
 
 
 def objective_key(objective: str, c: Candidate) -> tuple:
@@ -216,7 +217,7 @@ def _mp_degrees(spec: Any, arch: Any, gpu: Any, gpus_per_node: int) -> list[tupl
     ok_tp = [t for t in tps if t == 1 or (
         bool(gpu.nvlink_gbytes_per_s) and gpus_per_node % t == 0 and arch.num_attention_heads % t == 0
         and arch.num_kv_heads % t == 0 and arch.intermediate_size % t == 0 and seq % t == 0
-        and not arch.tie_word_embeddings)]
+        and not arch.tie_word_embeddings and tensor_parallel_ok(arch))]
     if (getattr(spec, "pp", None) or 1) > 1 and not load_data("trainer.yaml")["pipeline"]["with_cp"]:
         cps = [1]  # the trainer's pipeline stages run no ring attention (pipeline_degree refuses a fixed --cp)
     ok_cp = [c for c in cps if c == 1 or seq % (2 * c) == 0]
@@ -319,7 +320,7 @@ def setup_for(spec: Any, arch: Any, c: Candidate) -> TrainSetup:
         shard_group=c.shard_group if c.sharding == "hsdp" else None,
         activation_checkpointing=c.activation_checkpointing, precision=spec.precision, optimizer=spec.optimizer,
         offload=spec.offload, lora_rank=spec.lora_rank,
-        lora_targets=_lora_targets(spec) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
+        lora_targets=_lora_targets(spec, arch) if spec.task != "full" else LORA_TARGET_PRESETS["all-linear"],
         grad_accum=c.grad_accum, tp=c.tp, cp=c.cp, pp=c.pp, pp_schedule=c.pp_schedule,
         framework=getattr(spec, "framework", "gpuprov"),
         stack=stack_for(spec, arch, c.tp, c.float8),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.arch import ModelArch, resolve_lora_targets
+from gpuprov.sizing.families import family
 from gpuprov.sizing.memory_weights import autocast_fp32, constants, kbit_fp32, loss_compiled
 from gpuprov.sizing.types import TrainSetup
 
@@ -38,26 +39,64 @@ def _kv_as_attended(arch: ModelArch) -> int:
 
 
 def _norms_per_layer(arch: ModelArch) -> int:
-    return 4 if arch.model_type == "gemma2" else 2
+    return family(arch.model_type).norms
 
 
-def layer_activation_bytes_per_token(arch: ModelArch, a: int, compiled: bool, lora_rank_sum: int = 0) -> int:
-    """Bytes one token leaves saved for backward in one decoder block, no checkpointing."""
-    h, q, f = arch.hidden_size, arch.q_dim, arch.intermediate_size
-    kv = _kv_as_attended(arch)
-    if compiled:
-        norm = 2 * a * h  # fused: input and output only
-    else:
-        norm = 4 * h + 2 * a * h  # eager: fp32 upcast copy + normalized + weighted output
-    attn = a * (q + 2 * kv + q + q) + 4 * arch.num_attention_heads  # q_rot, k, v, out, o_proj input, lse
-    mlp_dense = (3 if compiled else 4) * a * f  # gate, up, (silu), product
-    if arch.is_moe:
-        k = arch.experts_per_token
-        mlp = k * (mlp_dense + 2 * a * h) + 4 * arch.num_experts * 2  # routed copies + router probs
-    else:
-        mlp = mlp_dense
+def _norm_bytes(width: int, a: int, compiled: bool) -> int:
+    """What one RMSNorm over `width` saves per token."""
+    return 2 * a * width if compiled else 4 * width + 2 * a * width  # eager: fp32 upcast copy too
+
+
+def _qk_norm_width(arch: ModelArch) -> int:
+    """Width the q/k (or MLA latent) norms run over per token: Qwen3/Gemma 3 per head over every head,
+    OLMo 2 over the whole projections, DeepSeek's q_a/kv_a latent norms."""
+    if arch.mla:
+        return arch.mla[0] + arch.mla[1]
+    return arch.q_dim + arch.kv_dim if family(arch.model_type).qk_norm else 0
+
+
+def _attention_elems(arch: ModelArch) -> int:
+    """Elements per token attention saves, beyond its norms: q_rot, k, v, out, o_proj input (GQA K/V as
+    attended). MLA (transformers' DeepseekV3Attention) also keeps its latents: q_b's input (q_lora_rank),
+    kv_a's output (kv_lora_rank + rope), kv_b's input and output (heads x (nope + v)); V is v_head_dim wide."""
+    if not arch.mla:
+        q, kv = arch.q_dim, _kv_as_attended(arch)
+        return q + 2 * kv + q + q
+    qr, kvr, rope, nope, v = arch.mla
+    heads = arch.num_attention_heads
+    latents = qr + (kvr + rope) + kvr + heads * (nope + v)
+    return latents + arch.q_dim + arch.kv_dim + arch.v_dim + 2 * arch.attn_out_dim
+
+
+def _mlp_bytes(arch: ModelArch, a: int, compiled: bool, dense: bool) -> int:
+    h = arch.hidden_size
+    per_width = (3 if compiled else 4) * a  # gate, up, (silu), product
+    if not arch.is_moe or dense:
+        return per_width * (arch.dense_intermediate_size if (arch.is_moe and arch.dense_intermediate_size)
+                            else arch.intermediate_size)
+    k = arch.experts_per_token
+    routed = k * (per_width * arch.intermediate_size + 2 * a * h) + 4 * arch.num_experts * 2  # copies + router probs
+    return routed + per_width * arch.shared_intermediate_size  # DeepSeek's shared expert runs on every token
+
+
+def layer_activation_bytes_per_token(arch: ModelArch, a: int, compiled: bool, lora_rank_sum: int = 0,
+                                     dense: bool = False) -> int:
+    """Bytes one token leaves saved for backward in one decoder block, no checkpointing (`dense`: an
+    MoE model's dense block)."""
+    h = arch.hidden_size
+    norms = _norms_per_layer(arch) * _norm_bytes(h, a, compiled) + _norm_bytes(_qk_norm_width(arch), a, compiled)
+    attn = a * _attention_elems(arch) + 4 * arch.num_attention_heads  # + the softmax lse
     lora = a * lora_rank_sum  # adapters' A outputs
-    return _norms_per_layer(arch) * norm + attn + mlp + lora
+    return norms + attn + _mlp_bytes(arch, a, compiled, dense) + lora
+
+
+def mean_layer_activation_bytes_per_token(arch: ModelArch, a: int, compiled: bool, lora_rank_sum: int = 0) -> int:
+    """Per block, averaged over an MoE model's dense and expert blocks (DeepSeek's first dense blocks)."""
+    moe = layer_activation_bytes_per_token(arch, a, compiled, lora_rank_sum)
+    if not arch.is_moe or not arch.dense_layers:
+        return moe
+    dense = layer_activation_bytes_per_token(arch, a, compiled, lora_rank_sum, dense=True)
+    return (moe * arch.moe_layers + dense * arch.dense_layers) // arch.num_layers
 
 
 def lora_dropout_bytes_per_token(arch: ModelArch, a: int, targets: tuple[str, ...]) -> int:
@@ -89,8 +128,8 @@ def selective_layer_bytes_per_token(
     """
     h, q = arch.hidden_size, arch.q_dim
     if arch.is_moe:
-        mlp = a * arch.intermediate_size * arch.experts_per_token
-        return a * (h + q + arch.kv_dim + q + h) + mlp + 4 * arch.num_attention_heads
+        mlp = a * (arch.intermediate_size * arch.experts_per_token + arch.shared_intermediate_size)
+        return a * (h + q + arch.kv_dim + arch.attn_out_dim + h) + mlp + 4 * arch.num_attention_heads
     count = saved = 0
     for name, (_, out_features, _) in arch.linear_shapes().items():  # forward order
         outputs = [] if _biased(arch, name) else [out_features]
@@ -99,7 +138,7 @@ def selective_layer_bytes_per_token(
         for width in outputs:
             count += 1
             saved += width if count % 2 == 1 else 0
-    return a * (h + q + saved) + 4 * arch.num_attention_heads  # block input, SDPA out (+ lse)
+    return a * (h + arch.attn_out_dim + saved) + 4 * arch.num_attention_heads  # block input, SDPA out (+ lse)
 
 
 def autocast_extra_bytes_per_token(arch: ModelArch, lora_targets: tuple[str, ...] = ()) -> int:
@@ -165,10 +204,23 @@ def hf_buffer_bytes(arch: ModelArch, s: TrainSetup) -> int:
     return arch.num_layers * 2 * positions * head_dim * 4 + positions * positions
 
 
+def sliding_mask_bytes(arch: ModelArch, s: TrainSetup) -> int:
+    """The boolean (batch, 1, seq, seq) sliding-window mask SDPA gets (and saves for backward) once the
+    sequence is longer than the window: transformers masking_utils' sliding_window_causal_mask, built once
+    per forward and shared by every local block (Gemma 3's five of six, Mistral's and Phi-3's all); shorter
+    sequences attend causally (no mask). SDPA runs such a mask on its memory-efficient kernel, which still
+    stores no s^2 scores, and computes every block of the product: the FLOPs stay those of full causal
+    attention (sizing/throughput.py)."""
+    if not arch.sliding_layers or not arch.sliding_window or s.seq_len <= arch.sliding_window:
+        return 0
+    return s.micro_batch * s.seq_len * s.seq_len
+
+
 def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
     """Activation gradients alive while one block runs backward (MLP-wide plus residual)."""
     k = arch.experts_per_token if arch.is_moe else 1
-    return a * (2 * arch.intermediate_size * k + 2 * arch.hidden_size)
+    width = max(arch.intermediate_size * k + arch.shared_intermediate_size, arch.dense_intermediate_size)
+    return a * (2 * width + 2 * arch.hidden_size)
 
 
 # ---------------------------------------------------------------------------- one micro-batch
@@ -185,7 +237,7 @@ def _per_layer(arch: ModelArch, s: TrainSetup, a: int) -> tuple[int, int]:
     """(bytes per token one block saves under the run's checkpointing, bytes it recomputes in backward)."""
     adapted = resolve_lora_targets(s.lora_targets) if s.task != "full" else ()
     lora_rank_sum = s.lora_rank * len(adapted)
-    full_layer = layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
+    full_layer = mean_layer_activation_bytes_per_token(arch, a, s.compile, lora_rank_sum)
     fp32_autocast = autocast_fp32(s) or kbit_fp32(s)
     if fp32_autocast:
         full_layer += autocast_extra_bytes_per_token(arch, adapted)
@@ -219,7 +271,7 @@ def activations(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> Activati
         saved = tokens * (saved_layer * arch.num_layers + final_norm)
     transient = tokens * (recompute + _grad_work_bytes_per_token(arch, a))
     mask, mask_slice = dense_causal_mask_bytes(arch, s, 4 if (autocast_fp32(s) or kbit_fp32(s)) else a)
-    saved += mask
+    saved += mask + sliding_mask_bytes(arch, s)
     if s.activation_checkpointing != "none":
         transient += mask_slice  # the recomputed block's attn_mask copy (every block keeps its own without AC)
     else:

@@ -40,6 +40,7 @@ def assumptions(
     if arch.model_type == "gemma2":
         attn += "; gemma2 attention soft-capping needs flash-attn >= 2.6 for this (eager attention would store s^2 scores)"
     out.append(attn)
+    out.extend(family_notes(arch))
     ac = {
         "none": "no activation checkpointing: every block's saved tensors live until its backward",
         "selective": "selective AC = torchtitan op-level SAC (keep block input, every other matmul output, SDPA output; recompute the rest)",
@@ -168,3 +169,25 @@ def _states_note(s: TrainSetup, fsdp: bool) -> str:
     if s.precision == "bf16-mixed":
         return "torch.autocast bf16: fp32 params, fp32 grads, fp32 AdamW states, and bf16 weight casts kept for backward (18 B/param)"
     return f"{s.precision}: params, grads and AdamW states in {s.precision.replace('-mixed', '')}"
+
+
+def family_notes(arch: ModelArch) -> list[str]:
+    """What the model's family changes in the sizing: experts, latent attention, windows, what is left out."""
+    out = []
+    if arch.is_moe:
+        shared = f" + a shared expert of width {arch.shared_intermediate_size}" if arch.shared_intermediate_size else ""
+        dense = f"; {arch.dense_layers} of {arch.num_layers} blocks dense" if arch.dense_layers else ""
+        out.append(f"MoE: all {arch.num_experts} experts' weights, gradients and optimizer states are held, sharded by "
+                   "FSDP with the rest of each block and gathered whole per block (no expert parallelism); activations "
+                   f"and FLOPs from the {arch.experts_per_token} routed experts per token{shared}{dense}")
+    if arch.mla:
+        qr, kvr, rope, nope, v = arch.mla
+        out.append(f"multi-head latent attention: latents of {qr} (q) and {kvr} + {rope} (kv) saved, K/V decompressed "
+                   f"to {arch.num_attention_heads} heads of {nope + rope} (q/k) and {v} (v) for attention")
+    if arch.sliding_layers:
+        out.append(f"sliding-window attention on {arch.sliding_layers} of {arch.num_layers} blocks (window "
+                   f"{arch.sliding_window}): a (micro-batch, seq, seq) bool mask once seq exceeds it; FLOPs counted "
+                   "as full causal attention (SDPA computes the masked blocks)")
+    if arch.excluded:
+        out.append(f"not sized: {arch.excluded}")
+    return out

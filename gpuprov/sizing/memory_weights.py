@@ -129,7 +129,7 @@ def _shards(s: TrainSetup, shard: int) -> _Shards:
 
 
 def _root_params(arch: ModelArch, s: TrainSetup) -> int:
-    root = arch.params - arch.num_layers * arch.layer_params()
+    root = arch.params - arch.blocks_params()
     if s.shard_embeddings and arch.lm_head_params:
         # embeddings are their own FSDP unit, resharded after forward: only the head (+ final norm) is
         # gathered at the start of backward (torchtitan fsdp.py, torchtune custom_sharded_layers)

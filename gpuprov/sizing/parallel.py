@@ -136,8 +136,7 @@ def communicators(setup: Any) -> int:
 
 
 def _norm_params(arch: Any) -> int:
-    per_layer = 4 if arch.model_type == "gemma2" else 2
-    return per_layer * arch.hidden_size
+    return arch.norm_params()  # a block's norms: TP leaves them whole
 
 
 _NONE: pipeline.Part = (0, False, False)
@@ -213,7 +212,7 @@ def _stage_phase(arch: Any, lay: Layout, st: Stage, terms: dict[str, int], a: in
         # reserved mid-step too, as memory.py counts them for FSDP without PP.
         whole = terms["gradients"]  # the whole model's, unsharded (memory_weights: grad shard 1 under PP)
         out["gradients"] = int(whole * frac["grads"] + whole / shard * frac["held"])
-    root_all = arch.params - arch.num_layers * layer_params
+    root_all = arch.params - arch.blocks_params()
     if "gathered_params" in out and out["gathered_params"]:
         root_bytes = a * root_all
         layer_part = max(0, out["gathered_params"] - root_bytes)

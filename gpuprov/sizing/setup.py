@@ -112,9 +112,10 @@ def _check_shape(seq_len: int, micro_batch: int, gpus: int, gpus_per_node: int |
 def build_setup(
     *, task: str, seq_len: int, micro_batch: int, gpus: int, gpus_per_node: int | None, shard_group: int | None,
     lora_rank: int, lora_targets: Any, grad_accumulation: int = 1, stack: dict | None = None,
-    tp: int = 1, cp: int = 1, pp: int = 1, pp_schedule: str = "1F1B",
+    tp: int = 1, cp: int = 1, pp: int = 1, pp_schedule: str = "1F1B", model_type: str | None = None,
 ) -> TrainSetup:
-    """The setup `gpuprov estimate` sizes: its shape flags and a resolved stack (resolve_stack)."""
+    """The setup `gpuprov estimate` sizes: its shape flags and a resolved stack (resolve_stack); LoRA
+    presets as `model_type`'s module names."""
     gpus_per_node = _check_shape(seq_len, micro_batch, gpus, gpus_per_node, lora_rank, grad_accumulation, tp, cp, pp)
     values = dict(stack_defaults(), **(stack or {}))
     if values["sharding"] is None:
@@ -125,7 +126,7 @@ def build_setup(
         raise GpuprovError(f"--lora-dropout must be in [0, 1), got {values['lora_dropout']}")
     return make_setup(
         task=task, seq_len=seq_len, micro_batch=micro_batch, gpus=gpus, gpus_per_node=gpus_per_node,
-        shard_group=shard_group, lora_rank=lora_rank, lora_targets=resolve_lora_targets(lora_targets),
+        shard_group=shard_group, lora_rank=lora_rank, lora_targets=resolve_lora_targets(lora_targets, model_type),
         tp=tp, cp=cp, pp=pp, pp_schedule=pp_schedule, grad_accum=grad_accumulation, framework=None, **values)
 
 
@@ -151,5 +152,5 @@ def setup_from_options(p: dict) -> tuple[TrainSetup, dict, dict, dict]:
     stack, applied = resolve_stack(p["framework"], explicit, task=p["task"], gpus=p["gpus"],
                                    model_parallel=p["tp"] * p["cp"] * p["pp"], tp=p["tp"])
     shape = {k: p[k] for k in SHAPE_OPTIONS}
-    setup = build_setup(**shape, grad_accumulation=p["grad_accumulation"], stack=stack)
+    setup = build_setup(**shape, grad_accumulation=p["grad_accumulation"], stack=stack, model_type=p.get("model_type"))
     return setup, explicit, shape, applied

@@ -220,7 +220,7 @@ def flops_per_token(arch: Any, seq_len: int, task: str, trainable: int, ac: str)
     a = assumptions()
     # the input embedding is a lookup, not a matmul; a tied head still multiplies by it
     n = arch.active_params - (0 if arch.tie_word_embeddings else arch.embedding_params)
-    attn = a.attn_coeff * arch.num_layers * seq_len * arch.num_attention_heads * arch.head_dim
+    attn = a.attn_coeff * arch.num_layers * seq_len * arch.num_attention_heads * arch.attn_head_dim
     if task == "full":
         model = 6.0 * n + attn
     else:
