@@ -176,12 +176,17 @@ def schedule(spec: Any, params: int, steps: int) -> dict[str, Any]:
     return dict(learning_rate=float(r["learning_rate"]), warmup_steps=warmup, weight_decay=float(r["weight_decay"]))
 
 
+def tokens_assumed(spec: Any) -> bool:
+    """Whether the run's token count is gpuprov's fine-tune default rather than the user's data.
+    Decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)."""
+    return (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
+            and spec.tokens == assumed_finetune_tokens())
+
+
 def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
     """plan's Notes on the training budget: the recipe, and any size gpuprov assumed."""
     out = [describe(spec, steps, batch_tokens, dp)]
-    # decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)
-    if (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
-            and spec.tokens == assumed_finetune_tokens()):
+    if tokens_assumed(spec):
         out.append(f"{spec.tokens:,} training tokens is the size gpuprov assumes for a fine-tune without "
                    "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
     elif getattr(spec, "dataset_tokens", None):

@@ -12,7 +12,7 @@ from gpuprov.commands.spec_options import spec_options
 from gpuprov.host import hosts_left_out
 from gpuprov.planner import make_plan
 from gpuprov.preflight import locate_reservation
-from gpuprov.render.explain import render_explain
+from gpuprov.render.explain import explain_data, render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.spot import stale
 from gpuprov.storage_cost import undated_prices
@@ -255,11 +255,16 @@ def plan(spec, as_json: bool) -> None:
 
 @click.command()
 @spec_options
-def explain(spec) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as one JSON object (README: JSON output)")
+def explain(spec, as_json: bool) -> None:
     """Show the arithmetic behind a plan, term by term, beside the 18 B/param rule of thumb.
 
     \b
     gpuprov explain --model 70b --tokens 20B
     gpuprov explain -f gpuprov.yaml
+    gpuprov explain --model 8b --task lora --json
     """
+    if as_json:
+        click.echo(json.dumps(explain_data(spec, _plan(spec)), indent=2))
+        return
     click.echo(render_explain(spec, _plan(spec)))
