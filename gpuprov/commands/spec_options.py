@@ -68,7 +68,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "placement_group": (("--placement-group",), str, "AWS: an existing placement group to launch into"),
     "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
     "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
-    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1: the planner tries no PP)"),
+    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default: the planner also tries 2, 4, 8 where the trainer pipelines the run; 1: no PP)"),
     "pp_schedule": (("--pp-schedule",), click.Choice(PP_SCHEDULES),
                     "Pipeline schedule with --pp (Interleaved1F1B: two stages per rank)"),
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),

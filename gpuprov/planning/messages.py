@@ -145,7 +145,8 @@ def pipeline_note(spec: Any, arch: Any, best: Candidate) -> str | None:
     rule = ("that are multiples of pp (ScheduleInterleaved1F1B refuses others)" if v > 1
             else "of at least pp (fewer leave stages idle)")
     bubble = best.step.terms.get("pipeline_bubble_s", 0.0)
-    return (f"Pipeline: PP {best.pp} {best.pp_schedule}, {v} stage(s) per rank, blocks per stage {list(split)} "
+    chosen = "" if getattr(spec, "pp", None) else " (proposed by the planner: the best run it found; --pp 1 rules PP out)"
+    return (f"Pipeline{chosen}: PP {best.pp} {best.pp_schedule}, {v} stage(s) per rank, blocks per stage {list(split)} "
             f"(torchtitan's split); each optimizer step runs grad accumulation = {best.grad_accum} pipeline "
             f"micro-batches of {best.micro_batch} sample(s) per data-parallel rank (train.yaml batch.grad_accum); the "
             f"planner keeps only counts {rule}; the schedule's bubble "
