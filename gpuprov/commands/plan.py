@@ -9,7 +9,7 @@ import click
 from gpuprov.candidates import TABLE_ROWS, layout_label
 from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, clip
 from gpuprov.host import hosts_left_out
 from gpuprov.planner import make_plan
 from gpuprov.preflight import locate_reservation
@@ -118,7 +118,7 @@ def price_warnings(plan, today=None) -> list[str]:
     why = stale(plan.instance.price_date, today)
     if why is not None:
         out.append(f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
-                   f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})")
+                   f"current rate ({clip(plan.instance.source.split('; price: ')[-1], 160)})")
     kind = plan.shared_storage.kind if plan.shared_storage else None
     for what, date, source in undated_prices(plan.instance.cloud, kind):
         why = stale(date, today)

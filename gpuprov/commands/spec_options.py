@@ -112,6 +112,9 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
             overrides[field] = value
     apply_units(overrides, where=FLAG_NAMES)
     file_data, tree = load_spec_data(spec_file) if spec_file else ({}, None)
+    from gpuprov.userconfig import apply_defaults, user_defaults  # the user's defaults file, lowest precedence
+
+    file_data = apply_defaults(user_defaults(), file_data, overrides, hosts=bool(hosts_file))
     if hosts_file:
         overrides["hosts"] = [h.model_dump(exclude_none=True) for h in load_hosts(hosts_file)]
         cloud = overrides.get("cloud", file_data.get("cloud"))
