@@ -394,6 +394,27 @@ def display(step: Step, root: Path) -> str:
     return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
 
 
+def dry_run_report(root: Path, plan) -> dict:
+    """`up --dry-run --json`: the steps in order, what must be set first, and the training command."""
+    steps = build_steps(root, plan.cluster.cloud) + job_steps(root, plan)
+    tf = root / "terraform"
+    missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
+    rows = [{"number": n, "name": s.name, "title": s.title, "kind": s.kind,
+             "cwd": s.cwd.relative_to(root).as_posix() if s.cwd.is_relative_to(root) else str(s.cwd),
+             "argv": list(s.argv), "command": display(s, root),
+             "writes": f"ansible/{INVENTORY}" if s.kind == "inventory" else None}
+            for n, s in enumerate(steps, start=1)]
+    price = plan.purchase.price_per_hour_usd if plan.purchase.price_per_hour_usd is not None \
+        else plan.instance.price_per_hour_usd
+    submits = bool(steps) and steps[-1].kind == "submit"
+    return {"bundle": str(root), "steps": rows, "missing_variables": missing,
+            "unreachable": _connection_problem(root, plan),
+            "training_command": None if submits else training_command(root, plan),
+            "submits_job": submits,
+            "running_cost_per_hour_usd": None if price is None or plan.cluster.cloud == "onprem"
+            else round(price * plan.cluster.nodes, 2)}
+
+
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
              echo: Callable[[str], None] = print) -> None:
     steps = build_steps(root, plan.cluster.cloud) + staging_steps(root, plan) + job_steps(root, plan)

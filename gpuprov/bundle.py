@@ -1,6 +1,6 @@
 """The bundle: every renderer's files plus plan.json and gpuprov.lock, written atomically or as a tar.
 
-Layout (TEAM.md): README.md, topology.svg, plan.json, gpuprov.lock, terraform/, ansible/, launch/.
+Layout (TEAM.md): README.md, topology.svg, memory.svg, cost.svg, plan.json, gpuprov.lock, terraform/, ansible/, launch/.
 Deterministic bytes: sorted keys, no timestamps, fixed modes (0644, 0755 for *.sh/*.sbatch), and a
 tar stream with sorted entries, mtime 0 and root ownership, so GitOps diffs show only real changes.
 

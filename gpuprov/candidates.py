@@ -64,7 +64,15 @@ def candidate_rows(spec: Any, arch: Any, result: Any, best: Any, estimator: Call
             per_gpu_bytes=mem.per_gpu_bytes, gpu_memory_bytes=c.gpu.memory_bytes,
             sharding=c.sharding, layout=layout_label(c.sharding, c.shard_group, c.total_gpus, c.tp, c.cp, c.pp),
             bound=c.step.bound, chosen=c is best))
-    return rows
+    front = pareto_front([(r.time_hours, r.cost_usd) for r in rows])
+    return [r.model_copy(update={"pareto": i in front}) if i in front else r for i, r in enumerate(rows)]
+
+
+def pareto_front(points: list[tuple[float, float | None]]) -> set[int]:
+    """Indexes of the (hours, cost) points no other point beats on both (ties kept); unpriced: never."""
+    priced = [(h, c, i) for i, (h, c) in enumerate(points) if c is not None]
+    return {i for h, c, i in priced
+            if not any((h2 <= h and c2 <= c) and (h2 < h or c2 < c) for h2, c2, _ in priced)}
 
 
 def pick_warnings(spec: Any, best: Any, rows: list[Any], min_gbps_per_gpu: float) -> list[str]:

@@ -19,7 +19,7 @@ import sys
 import click
 
 from gpuprov import __version__
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, clip
 
 # name -> (module, attribute, one-line help shown in `gpuprov --help` without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -40,6 +40,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                   "A measured run's tokens/s, MFU and memory against its plan; writes a calibration file."),
     "status": ("gpuprov.commands.status", "status", "The training job `up` started: state, step, loss, tokens/s, MFU vs the plan."),
     "down": ("gpuprov.commands.up", "down", "Destroy a bundle's cluster (terraform destroy; --dry-run prints it)."),
+    "config": ("gpuprov.commands.habits", "config", "Show the user's defaults file (cloud, region, objective, purchase)."),
+    "completion": ("gpuprov.commands.habits", "completion", "Print the shell completion script: bash, zsh or fish."),
 }
 
 
@@ -163,8 +165,7 @@ def _stdout_closed() -> None:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip(" ".join(str(text).split()), limit)
 
 
 def _unexpected(exc: Exception) -> None:

@@ -356,6 +356,8 @@ class CandidateRow(_Strict):
     layout: str  # how the GPUs split the work, e.g. "TP8 x FSDP 16", "FSDP 64", "HSDP 8x4" (shard x replicas)
     bound: str
     chosen: bool
+    # on the cost/time Pareto front: no other priced row is both cheaper and faster (candidates.pareto_front)
+    pareto: bool = False
 
 
 class SlurmBuild(_Strict):

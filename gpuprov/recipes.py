@@ -232,12 +232,17 @@ def warmup_fraction(r: dict[str, Any]) -> float | None:
     return min(1.0, warmup / (float(r["dataset_examples"]) * float(r["epochs"]) / samples))
 
 
+def tokens_assumed(spec: Any) -> bool:
+    """Whether the run's token count is gpuprov's fine-tune default rather than the user's data.
+    Decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)."""
+    return (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
+            and spec.tokens == assumed_finetune_tokens())
+
+
 def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
     """plan's Notes on the training budget: the recipe, and any size gpuprov assumed."""
     out = [describe(spec, steps, batch_tokens, dp)]
-    # decided from the spec's own values (a spec reloaded from a lock holds the number, not how it came)
-    if (getattr(spec, "init", "pretrained") != "random" and getattr(spec, "dataset", None) is None
-            and spec.tokens == assumed_finetune_tokens()):
+    if tokens_assumed(spec):
         out.append(f"{spec.tokens:,} training tokens is the size gpuprov assumes for a fine-tune without "
                    "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
     elif getattr(spec, "dataset_tokens", None):

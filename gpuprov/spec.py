@@ -184,7 +184,8 @@ class TrainingSpec(BaseModel):
 
     tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
     cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
-    pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default 1 (the planner tries no PP)")
+    pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default: the planner also tries 2, 4 and 8 where the "
+                                 "trainer pipelines the run (full training, untied dense model); 1: no PP")
     pp_schedule: PpSchedule = Field(
         "1F1B", description="torch.distributed.pipelining schedule with pp > 1 (Interleaved1F1B: two stages per rank)")
     gpu_power_limit_w: PositiveInt | None = Field(

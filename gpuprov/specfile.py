@@ -205,6 +205,29 @@ def _show(part: Any) -> str:
     return text if re.fullmatch(r"[\w.-]{1,60}", text) else repr(text[:60])
 
 
+# Spellings of an idea that are not its spec key (the flag's own name, or a common alias) -> the key and
+# what to write: an unknown key with one of these names gets that hint, not only "unknown key".
+OTHER_SPELLINGS: dict[str, tuple[str, str]] = {
+    "gpu": ("gpus", "a list of GPU types, what --gpu takes: gpus: [h100-80gb]"),
+    "gpu_type": ("gpus", "a list of GPU types, what --gpu takes: gpus: [h100-80gb]"),
+    "gpu_types": ("gpus", "a list of GPU types, what --gpu takes: gpus: [h100-80gb]"),
+    "num_gpus": ("gpu_count", "the GPUs in total, what --gpus takes: gpu_count: 8"),
+    "deadline": ("deadline_hours", "what --deadline takes: deadline_hours: 48 (or 30d, 12h)"),
+    "budget": ("budget_usd", "what --budget takes: budget_usd: 50000"),
+    "from_scratch": ("init", "what --from-scratch sets: init: random"),
+    "batch_tokens": ("global_batch_tokens", "what --batch-tokens takes: global_batch_tokens: 4M"),
+    "nodes": ("max_nodes", "the largest node count, what --max-nodes takes: max_nodes: 4"),
+    "spot": ("purchase", "the allowed purchase options, what --purchase takes: purchase: [spot]"),
+}
+
+
+def _unknown_key(key: object) -> str:
+    other = OTHER_SPELLINGS.get(str(key).replace("-", "_").lower())
+    if other is None:
+        return "unknown key (see `gpuprov schema`)"
+    return f"unknown key: write {other[0]}: ({other[1]})"
+
+
 def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
                             names: dict[str, str] | None = None) -> str:
     """A pydantic ValidationError as one line: 'file:line: field: message; ...' (first three errors)."""
@@ -219,7 +242,7 @@ def format_validation_error(exc: Any, *, prefix: str = "", tree: Any = None,
             field = names[loc[0]] + "".join(f".{_show(p)}" for p in loc[1:])
         message = error.get("msg", "invalid").removeprefix("Value error, ")
         if error.get("type") == "extra_forbidden":
-            message = "unknown key (see `gpuprov schema`)"
+            message = _unknown_key(loc[-1] if loc else "")
         line = _line_of(tree, loc) if tree is not None else None
         where = f"{prefix}:{line}: " if prefix and line else (f"{prefix}: " if prefix else "")
         parts.append(f"{where}{field}: {message}")

@@ -153,17 +153,21 @@ def test_objectives_rank_differently():
 
 def test_multinode_on_a_thin_fabric_prefers_hsdp():
     # a2-ultragpu: one 100 Gb/s gVNIC per node, no GPU fabric: FSDP's rings across nodes would wait on it
+    # (--pp 1: the data-parallel choice alone; with PP allowed the planner pipelines across nodes instead)
     p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["a100-80gb"],
-                               deadline_hours=48, init="random"))
+                               deadline_hours=48, init="random", pp=1))
     assert p.cluster.nodes > 1 and p.fabric.gbps_per_gpu * p.cluster.gpus_per_node <= 100
     assert p.cluster.sharding == "hsdp" and p.cluster.shard_group % p.cluster.gpus_per_node == 0
+    piped = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["a100-80gb"],
+                                   deadline_hours=48, init="random"))
+    assert piped.cluster.pp > 1 and piped.cost_usd < p.cost_usd  # only activations cross the thin links
 
 
 def test_multinode_on_a_rail_aligned_fabric_keeps_fsdp():
     # a3-megagpu: 8 x 200 Gb/s GPUDirect-TCPXO NICs; NCCL's rings cross nodes on all of them at once, so
     # FSDP across nodes is not communication-bound and the planner need not fall back to HSDP
     p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["h100-80gb"],
-                               deadline_hours=48, init="random"))
+                               deadline_hours=48, init="random", pp=1))
     assert p.cluster.nodes > 1 and p.fabric.gbps_per_gpu >= 200
     assert p.cluster.sharding == "fsdp" and p.throughput.bound == "compute"
 

@@ -120,3 +120,47 @@ def test_objective_time_on_spot_prices_what_has_a_price_and_says_what_has_none()
     p = json.loads(r.stdout)
     named = any(n.startswith(f"Spot: no spot price recorded for {p['instance']['name']}") for n in p["notes"])
     assert named == (p["cost_usd"] is None)
+
+
+def test_one_gpu_types_have_spot_prices_and_are_ranked_on_spot():
+    """One-GPU AWS types (g5, g6e) carry SkyPilot's spot prices: a LoRA of 8B on spot ranks them by cost
+    beside the 8-GPU nodes, none is noted as unpriced."""
+    for name in ("g5.xlarge", "g6e.xlarge", "g6e.2xlarge"):
+        assert spot.price(name, "aws", "us-east-1") is not None
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", "aws",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    one_gpu = [c for c in p["candidates"] if c["gpus_per_node"] == 1]
+    assert one_gpu and all(c["purchase"] == "spot" and c["cost_usd"] is not None for c in one_gpu)
+    assert not [n for n in p["notes"] if "no recorded spot price" in n or "no public on-demand price" in n]
+
+
+def test_a_missing_spot_price_is_said_as_such_and_objective_time_plans_it():
+    """GCP sells the H200 machine on spot but the snapshot has no price for it: `--objective cost` names
+    the missing price (not "no instance matches"); `--objective time` plans the run unpriced."""
+    args = ("plan", "--model", "8b", "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp", "--gpu", "h200")
+    r = run(*args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "a3-ultragpu-8g (no recorded spot price in us-central1)" in r.stderr and "--objective time" in r.stderr
+    assert "no instance in the catalog matches" not in r.stderr
+    r = run(*args, "--objective", "time", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["instance"]["name"] == "a3-ultragpu-8g" and p["purchase"]["option"] == "spot" and p["cost_usd"] is None
+
+
+def test_instances_lists_the_spot_price_beside_the_on_demand_one():
+    r = run("instances", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {i["name"]: i for i in json.loads(r.stdout)}
+    assert rows["g5.xlarge"]["spot"]["price_per_hour_usd"] == pytest.approx(spot.price("g5.xlarge", "aws", "us-east-1").usd)
+    assert rows["g5.xlarge"]["spot"]["other_regions"]["us-west-2"] < rows["g5.xlarge"]["price_per_hour_usd"]
+    h200 = rows["a3-ultragpu-8g"]["spot"]
+    assert h200["sold"] and h200["price_per_hour_usd"] is None
+    assert not rows["p5e.48xlarge"]["spot"]["sold"]  # Capacity Blocks only
+    table = run("instances", "--cloud", "aws").stdout.splitlines()
+    col = table[0].index("spot $/h")
+    cells = {ln.split()[1]: ln[col:col + 8].strip() for ln in table[1:] if ln.startswith("aws ")}
+    assert float(cells["g5.xlarge"]) == pytest.approx(rows["g5.xlarge"]["spot"]["price_per_hour_usd"], abs=0.005)
+    assert cells["p5e.48xlarge"] == "-"

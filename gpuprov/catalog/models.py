@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from gpuprov.catalog import load_data
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, clip
 from gpuprov.sizing.arch import ModelArch, arch_from_hf_config
 
 
@@ -224,7 +224,7 @@ def _downloaded_config(repo_id: str) -> Path | None:
         return Path(hf_hub_download(repo_id=repo_id, filename="config.json"))
     except Exception as exc:  # offline, gated, no such repo: one line, whatever the hub raised
         raise GpuprovError(f"--model {repo_id}: not in the local Hugging Face cache ({_hf_cache_dir()}) and the "
-                           f"hub did not serve its config.json ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})"
+                           f"hub did not serve its config.json ({exc.__class__.__name__}: {clip(str(exc).splitlines()[0], 160)})"
                            ) from None
 
 

@@ -12,6 +12,7 @@ from gpuprov.catalog.gpus import accelerator_name, get_gpu, list_gpus
 from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import setting_option
 from gpuprov.errors import GpuprovError
+from gpuprov.render.escape import shell_word
 from gpuprov.sizing.frameworks import names, title
 from gpuprov.sizing.memory import allocator_bytes, estimate_memory
 from gpuprov.sizing.setup import setup_from_options
@@ -144,7 +145,9 @@ def _what_would_fit(d: dict) -> str:
             else "no GPU in the catalog holds it as set up"]
     if s["activation_checkpointing"] != "full":
         bits.append("--activation-checkpointing full recomputes activations instead of keeping them")
-    bits.append(f"`gpuprov plan --model ... --task {s['task']} --gpus N` searches sharding, recompute and micro-batch")
+    plan = (f"gpuprov plan --model {shell_word(d['model']['name'])} --task {s['task']} --gpu {d['gpu']['slug']} "
+            f"--gpus {s['gpus']}")
+    bits.append(f"`{plan}` searches sharding, recompute and micro-batch on these GPUs")
     return "what would make it fit: " + "; ".join(bits)
 
 

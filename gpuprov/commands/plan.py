@@ -10,10 +10,11 @@ from gpuprov.candidates import TABLE_ROWS, layout_label
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.commands.spec_options import spec_options
+from gpuprov.errors import GpuprovError, clip
 from gpuprov.host import hosts_left_out
 from gpuprov.planner import make_plan
 from gpuprov.preflight import locate_reservation
-from gpuprov.render.explain import render_explain
+from gpuprov.render.explain import explain_data, render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.sizing.time_error import holdout_error
 from gpuprov.spot import stale
@@ -132,7 +133,7 @@ def price_warnings(plan, today=None) -> list[str]:
     why = stale(plan.instance.price_date, today)
     if why is not None:
         out.append(f"the {plan.purchase.option} price ${plan.instance.price_per_hour_usd:,.2f}/h is {why}: check the "
-                   f"current rate ({plan.instance.source.split('; price: ')[-1][:160]})")
+                   f"current rate ({clip(plan.instance.source.split('; price: ')[-1], 160)})")
     kind = plan.shared_storage.kind if plan.shared_storage else None
     for what, date, source in undated_prices(plan.instance.cloud, kind):
         why = stale(date, today)
@@ -257,7 +258,9 @@ def render_plan(plan) -> str:
 @click.command()
 @spec_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object")
-def plan(spec, as_json: bool) -> None:
+@click.option("--svg", "svg_dir", metavar="DIR", default=None,
+              help="Also write the plan's pictures (topology.svg, memory.svg, cost.svg) into DIR")
+def plan(spec, as_json: bool, svg_dir: str | None) -> None:
     """Choose GPU type, instance, node count and sharding for the cheapest run that fits.
 
     \b
@@ -266,21 +269,61 @@ def plan(spec, as_json: bool) -> None:
     gpuprov plan --model llama-3.1-8b --task lora --tokens 200M --gpus 2 --json
     gpuprov plan --model 70b --tokens 1B --hosts hosts.yaml   # on-prem (gpu:/gpus: per host)
     gpuprov plan --model 70b --deadline 30d --budget 50000 --objective time
+    gpuprov plan --model 70b --tokens 20B --svg pictures/   # memory by term, cost against hours
     """
+    if svg_dir is not None:
+        _check_svg_dir(svg_dir)
     result = _plan(spec)
+    if svg_dir is not None:
+        _write_pictures(result, svg_dir)
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
         click.echo(render_plan(result))
 
 
+def _check_svg_dir(path: str) -> None:
+    """Refused before planning: an empty name, a control character, or something that is not a folder."""
+    from pathlib import Path
+
+    from gpuprov.validators import safe_text
+
+    if not path.strip():
+        raise GpuprovError("--svg is empty: give the folder the pictures go in (e.g. --svg pictures/)")
+    try:
+        safe_text(path, "--svg")
+    except ValueError as exc:
+        raise GpuprovError(f"{exc}; choose a plain folder name") from None
+    if Path(path).exists() and not Path(path).is_dir():
+        raise GpuprovError(f"--svg {path}: not a folder")
+
+
+def _write_pictures(plan, path: str) -> None:
+    """The bundle's pictures, each written whole (a fresh file renamed over the old one)."""
+    from pathlib import Path
+
+    from gpuprov.render.charts import render_pictures
+    from gpuprov.safefile import write_atomic
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in render_pictures(plan).items():
+        write_atomic(folder / name, text)
+    click.echo(f"wrote {', '.join(render_pictures(plan))} to {path}", err=True)
+
+
 @click.command()
 @spec_options
-def explain(spec) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as one JSON object (README: JSON output)")
+def explain(spec, as_json: bool) -> None:
     """Show the arithmetic behind a plan, term by term, beside the 18 B/param rule of thumb.
 
     \b
     gpuprov explain --model 70b --tokens 20B
     gpuprov explain -f gpuprov.yaml
+    gpuprov explain --model 8b --task lora --json
     """
+    if as_json:
+        click.echo(json.dumps(explain_data(spec, _plan(spec)), indent=2))
+        return
     click.echo(render_explain(spec, _plan(spec)))

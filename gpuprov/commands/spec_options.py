@@ -68,7 +68,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "placement_group": (("--placement-group",), str, "AWS: an existing placement group to launch into"),
     "tp": (("--tp",), click.IntRange(min=1), "Tensor-parallel degree (default: the planner chooses)"),
     "cp": (("--cp",), click.IntRange(min=1), "Context-parallel degree (default: the planner chooses)"),
-    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default 1: the planner tries no PP)"),
+    "pp": (("--pp",), click.IntRange(min=1), "Pipeline stages (default: the planner also tries 2, 4, 8 where the trainer pipelines the run; 1: no PP)"),
     "pp_schedule": (("--pp-schedule",), click.Choice(PP_SCHEDULES),
                     "Pipeline schedule with --pp (Interleaved1F1B: two stages per rank)"),
     "slurm": (("--slurm",), click.Choice(("auto", "install", "existing", "none")),
@@ -134,6 +134,9 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
             overrides[field] = value
     apply_units(overrides, where=FLAG_NAMES)
     file_data, tree = load_spec_data(spec_file) if spec_file else ({}, None)
+    from gpuprov.userconfig import apply_defaults, user_defaults  # the user's defaults file, lowest precedence
+
+    file_data = apply_defaults(user_defaults(), file_data, overrides, hosts=bool(hosts_file))
     if hosts_file:
         overrides["hosts"] = [h.model_dump(exclude_none=True) for h in load_hosts(hosts_file)]
         cloud = overrides.get("cloud", file_data.get("cloud"))

@@ -41,16 +41,29 @@ def _load(directory: str):
 @click.argument("directory", metavar="DIR")
 @click.option("--dry-run", is_flag=True, help="Print every command, in order, and run nothing")
 @click.option("--restart", is_flag=True, help="Ignore the progress of an earlier run and start from the first step")
-def up(directory: str, dry_run: bool, restart: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the steps as one JSON object "
+              "(README: JSON output)")
+def up(directory: str, dry_run: bool, restart: bool, as_json: bool) -> None:
     """Create the cluster (terraform), configure it (ansible), health-check it, print the training command.
 
     Re-running continues at the step that failed (progress in DIR/.gpuprov-up.json).
 
     \b
     gpuprov up infra/ --dry-run
+    gpuprov up infra/ --dry-run --json
     gpuprov up infra/
     """
+    if as_json and not dry_run:
+        raise GpuprovError("--json reports the steps `up` would run: add --dry-run (a real run streams the tools' "
+                           "own output)")
     root, plan = _load(directory)
+    if as_json:
+        import json
+
+        from gpuprov.bringup import dry_run_report
+
+        click.echo(json.dumps(dry_run_report(root, plan), indent=2))
+        return
     bring_up(root, plan, dry_run=dry_run, restart=restart, echo=lambda line: click.echo(line))
 
 

@@ -84,6 +84,9 @@ def nothing_fits_message(spec: Any, arch: Any, result: SearchResult, instances: 
             return (f"no instance type of {scope} makes exactly {spec.gpu_count} GPUs within --max-nodes "
                     f"{spec.max_nodes} (GPUs per node on offer: {', '.join(map(str, sizes)) or 'none'}; "
                     f"see `gpuprov instances`)")
+        unpriced = _unpriced_in_scope(spec, result.excluded_unpriced)
+        if unpriced:
+            return unpriced_message(spec, unpriced)
         return f"no instance in the catalog matches {scope} (see `gpuprov instances`)"
     node_bytes, node = largest_node_bytes(result.searched or instances, gpu_lookup)
     # model states of one replica: the nearest miss's total over its shard group(s)
@@ -159,7 +162,8 @@ def pipeline_note(spec: Any, arch: Any, best: Candidate) -> str | None:
     rule = ("that are multiples of pp (ScheduleInterleaved1F1B refuses others)" if v > 1
             else "of at least pp (fewer leave stages idle)")
     bubble = best.step.terms.get("pipeline_bubble_s", 0.0)
-    return (f"Pipeline: PP {best.pp} {best.pp_schedule}, {v} stage(s) per rank, blocks per stage {list(split)} "
+    chosen = "" if getattr(spec, "pp", None) else " (proposed by the planner: the best run it found; --pp 1 rules PP out)"
+    return (f"Pipeline{chosen}: PP {best.pp} {best.pp_schedule}, {v} stage(s) per rank, blocks per stage {list(split)} "
             f"(torchtitan's split); each optimizer step runs grad accumulation = {best.grad_accum} pipeline "
             f"micro-batches of {best.micro_batch} sample(s) per data-parallel rank (train.yaml batch.grad_accum); the "
             f"planner keeps only counts {rule}; the schedule's bubble "
@@ -251,11 +255,43 @@ def _notes(spec: Any, arch: Any, best: Candidate, mem: MemoryEstimate, instances
     if spec.region and best.instance.region and spec.region != best.instance.region:
         notes.append(f"Price is the {best.instance.region} list price ({best.instance.price_date}); "
                      f"{spec.region} may differ and the instance type may not be offered there")
-    for name in sorted({i.name for i in instances if not i.onprem and i.price_per_hour_usd is None
-                        and spec.cloud in ("any", i.cloud)}):
-        if spec.objective == "cost":
-            notes.append(f"{name} has no public on-demand price (quote only); not ranked by cost")
+    unpriced = [i for i in instances if not i.onprem and i.price_per_hour_usd is None and spec.cloud in ("any", i.cloud)]
+    if unpriced and spec.objective == "cost":
+        notes.append(unpriced_note(spec, unpriced))
     return notes
+
+
+def _price_kind(inst: Any) -> str:
+    """The price an unpriced type lacks: its purchase option's (spot, capacity-block) or the list price."""
+    option = getattr(inst, "purchase", None) or "on-demand"
+    return "recorded spot price" if option == "spot" else f"public {option} price (quote only)"
+
+
+def _unpriced_in_scope(spec: Any, insts: list[Any]) -> list[Any]:
+    wanted = {g.lower() for g in spec.gpus} if spec.gpus else None
+    return [i for i in insts if spec.cloud in ("any", i.cloud) and (wanted is None or i.gpu.lower() in wanted)]
+
+
+def _names_by_kind(spec: Any, insts: list[Any]) -> str:
+    """`a, b (no recorded spot price in us-central1); c (no public on-demand price (quote only))`."""
+    groups: dict[str, list[str]] = {}
+    for i in sorted(insts, key=lambda i: i.name):
+        where = spec.region if spec.region and spec.cloud == i.cloud else i.region
+        kind = _price_kind(i) + (f" in {where}" if getattr(i, "purchase", None) == "spot" and where else "")
+        groups.setdefault(kind, []).append(i.name)
+    return "; ".join(f"{', '.join(names)} (no {kind})" for kind, names in groups.items())
+
+
+def unpriced_message(spec: Any, insts: list[Any]) -> str:
+    """Why nothing was ranked when every matching type lacks a price under --objective cost."""
+    return (f"every instance type that matches has no price to rank by cost: {_names_by_kind(spec, insts)}; "
+            "--objective time plans them without a cost, or allow a priced option with --purchase")
+
+
+def unpriced_note(spec: Any, insts: list[Any]) -> str:
+    """One Notes line for the types --objective cost left out for want of a price."""
+    return (f"Not ranked by cost, no price: {_names_by_kind(spec, insts)}; --objective time ranks them by "
+            "time without a cost")
 
 
 def _float8_note(spec: Any, arch: Any, best: Candidate) -> str:

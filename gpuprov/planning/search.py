@@ -15,7 +15,7 @@ from gpuprov.storage_cost import (
 )
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
-    _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degree, pipeline_micro_batches,
+    _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degrees, pipeline_micro_batches,
     settings_set_batch, stack_for,
 )
 from gpuprov.sizing.setup import make_setup
@@ -68,7 +68,9 @@ class _Search:
         self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
             if self.task != "full" else arch.params
         self.seq, self.tokens = spec.seq_len, spec.tokens
-        self.pp, self.pp_schedule = pipeline_degree(spec, arch)  # --pp fixes it; the search tries no PP itself
+        # --pp fixes the degree; unset, the search also tries pipeline stages where the trainer runs them
+        self.pps, self.pp_schedule = pipeline_degrees(spec, arch)
+        self.auto_pp = getattr(spec, "pp", None) is None
         # the batch a fine-tuning recipe publishes depends on the data-parallel ranks (gpuprov/recipes.py);
         # it never shrinks as ranks grow, so the widest batch bounds every walk
         self.gbt_cache: dict[int, int] = {}
@@ -80,7 +82,10 @@ class _Search:
         fixed_ac = getattr(spec, "activation_checkpointing", None)
         self.ac_modes = (fixed_ac,) if fixed_ac else AC_MODES
         self.micro_batches = (spec.micro_batch,) if getattr(spec, "micro_batch", None) else MICRO_BATCHES
-        self.fixed_ga = fixed_grad_accumulation(spec, self.pp, self.pp_schedule)
+        # a fixed --pp refuses an accumulation its schedule cannot run; pipeline stages the search tries
+        # itself skip it (batch_shapes)
+        self.fixed_ga = fixed_grad_accumulation(spec, self.pps[0], self.pp_schedule) if not self.auto_pp \
+            else getattr(spec, "grad_accumulation", None)
         # the GPUs the user has (--gpus) with their micro-batch or accumulation fixed and no batch stated:
         # the global batch follows those settings instead of the recipe's default (settings_set_batch)
         self.batch_follows = settings_set_batch(spec)
@@ -109,7 +114,7 @@ class _Search:
         # alive between micro-batches (steps > 1), not how many; the family key separates the two.
         # The brute force asks every time; tests and benchmark hold the two to the same answer.
         self.seen: dict[tuple, list[tuple[int, int]]] = {}
-        self.shape_cache: dict[int, list[tuple[int, int, int]]] = {}
+        self.shape_cache: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         self.compute_cache: dict[tuple[str, str], float] = {}
         self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
@@ -230,24 +235,29 @@ class _Search:
             out = self.gbt_cache[dp] = global_batch_tokens(self.spec, dp)
         return out
 
-    def batch_shapes(self, dp: int) -> list[tuple[int, int, int]]:
+    def batch_shapes(self, dp: int, pp: int = 1) -> list[tuple[int, int, int]]:
         """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
 
         `dp` counts data-parallel ranks: the GPUs over tp x cp x pp (one sample spans a TP x CP x PP group).
         With PP the accumulation steps are the pipeline's micro-batches: only counts the schedule runs and
         that fill the pipeline (pipeline_micro_batches)."""
-        out = self.shape_cache.get(dp)
+        out = self.shape_cache.get((dp, pp))
         if out is None:
             out, gbt = [], self.gbt_at(dp)
             for mb in self.micro_batches:
                 per_step_tokens = mb * self.seq * dp
-                ga = self.fixed_ga or pipeline_micro_batches(self.pp, self.pp_schedule, round(gbt / per_step_tokens))
+                if self.fixed_ga is None:
+                    ga = pipeline_micro_batches(pp, self.pp_schedule, round(gbt / per_step_tokens))
+                elif pipeline_micro_batches(pp, self.pp_schedule, self.fixed_ga) == self.fixed_ga:
+                    ga = self.fixed_ga
+                else:
+                    continue  # the user's accumulation is no count this pipeline runs
                 batch = ga * per_step_tokens
                 if abs(batch - gbt) <= self.tol * gbt or (self.batch_follows and batch > gbt):
                     out.append((mb, ga, batch))
                 elif per_step_tokens > gbt:
                     break
-            self.shape_cache[dp] = out
+            self.shape_cache[(dp, pp)] = out
         return out
 
     def record_miss(self, slot: _Slot, sharding: str, est: MemoryEstimate) -> None:
@@ -331,7 +341,8 @@ class _Search:
             total = nodes * slot.gpn
             if total % lay.mp:
                 continue
-            shape = next((x for x in self.batch_shapes(total // lay.mp) if x[0] == mb and (x[1] > 1) == accumulating),
+            shape = next((x for x in self.batch_shapes(total // lay.mp, lay.pp)
+                          if x[0] == mb and (x[1] > 1) == accumulating),
                          None)
             if shape is None:
                 continue
@@ -483,19 +494,32 @@ class _Search:
 
     def walk_slot(self, slot: _Slot, degrees: list[tuple[int, int]]) -> None:
         """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
-        missed: set[tuple[int, int]] = set()  # (tp, cp) whose FSDP fits nothing on this slot
-        for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees, self.pp):
+        missed: set[tuple[int, int, int]] = set()  # (tp, cp, pp) whose FSDP fits nothing on this slot
+        for lay in self.layouts(slot, degrees):
             lay = lay._replace(f8=self.float8_on(slot.gpu, lay.tp))
-            if lay.sharding == "hsdp" and (lay.tp, lay.cp) in missed and not self.exhaustive:
+            if lay.sharding == "hsdp" and (lay.tp, lay.cp, lay.pp) in missed and not self.exhaustive:
                 continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
             if self.walk_layout(slot, lay) and lay.sharding == "fsdp":
-                missed.add((lay.tp, lay.cp))
+                missed.add((lay.tp, lay.cp, lay.pp))
+
+    def layouts(self, slot: _Slot, degrees: list[tuple[int, int]]) -> list[_Layout]:
+        """The slot's layouts for each PP degree the search walks. A proposed pipeline's stages span whole
+        nodes (pp divides the node count: activations cross the inter-node fabric between stages), shard
+        each stage with FSDP (torchtitan's PP x FSDP x TP; HSDP per stage is left to --pp, to keep plan
+        fast) and run no CP (the trainer's stages have no ring attention)."""
+        out: list[_Layout] = []
+        for pp in self.pps:
+            if pp > 1 and self.auto_pp and slot.nodes % pp:
+                continue
+            out += [lay for lay in _layouts(slot.total, slot.gpn, slot.nodes, degrees, pp)
+                    if lay.pp == 1 or not self.auto_pp or (lay.cp == 1 and lay.sharding == "fsdp")]
+        return out
 
     def walk_layout(self, slot: _Slot, lay: _Layout) -> bool:
         """Every AC mode and micro-batch of one layout on one slot. True when every AC mode was
         tried (no bound cut the scan) and nothing fits."""
         fitted: set[int] = set()  # micro-batches a cheaper AC mode already fits
-        all_shapes = self.batch_shapes(slot.total // lay.mp)
+        all_shapes = self.batch_shapes(slot.total // lay.mp, lay.pp)
         for ac in self.ac_modes:
             if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in all_shapes):
                 return False  # every micro-batch fits with less recompute: more recompute only costs

@@ -132,7 +132,7 @@ def _shardings(total: int, gpus_per_node: int, nodes: int) -> list[tuple[str, in
 
 
 def pipeline_degree(spec: Any, arch: Any) -> tuple[int, str]:
-    """(pp, schedule) the plan lays out: --pp fixes it (the search tries no PP by itself); one-line errors
+    """(pp, schedule) --pp fixes (1 when unset; pipeline_degrees adds what the search tries); one-line errors
     for what the trainer's pipeline cannot run (catalog/data/trainer.yaml `pipeline`)."""
     pp = getattr(spec, "pp", None) or 1
     if pp == 1:
@@ -156,6 +156,24 @@ def pipeline_degree(spec: Any, arch: Any) -> tuple[int, str]:
         raise GpuprovError(f"{what}, more than the {arch.num_layers} layers of {arch.display_name}: use a smaller --pp"
                            + (" or --pp-schedule 1F1B" if stages != pp and pp <= arch.num_layers else ""))
     return pp, schedule
+
+
+AUTO_PP = (2, 4, 8)  # the degrees the search tries when --pp is not given (torchtitan's 405B recipe: PP 8)
+
+
+def pipeline_degrees(spec: Any, arch: Any) -> tuple[tuple[int, ...], str]:
+    """(PP degrees the search walks, schedule). --pp N fixes one (--pp 1: no PP); unset, the search tries no
+    PP and each AUTO_PP degree the trainer's pipeline runs for this spec (trainer.yaml `pipeline`: its tasks,
+    untied embeddings, no CP with it, no more stages than blocks); dense models only (its stages split
+    Llama-family decoder blocks; an MoE block's experts are not placed per stage)."""
+    pp, schedule = pipeline_degree(spec, arch)
+    if getattr(spec, "pp", None) is not None:
+        return (pp,), schedule
+    facts = load_data("trainer.yaml")["pipeline"]
+    if (spec.task not in facts["tasks"] or arch.is_moe or (arch.tie_word_embeddings and not facts["tied_embeddings"])
+            or ((getattr(spec, "cp", None) or 1) > 1 and not facts["with_cp"])):
+        return (1,), schedule
+    return (1, *(p for p in AUTO_PP if p * stages_per_rank(schedule) <= arch.num_layers)), schedule
 
 
 def pipeline_micro_batches(pp: int, schedule: str, wanted: int) -> int:

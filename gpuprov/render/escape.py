@@ -22,7 +22,7 @@ import re
 import shlex
 import unicodedata
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, clip
 
 # context names and Plan paths whose strings come from the user (spec, hosts file, config.json)
 USER_VALUES: tuple[str, ...] = (
@@ -152,8 +152,7 @@ def shell_word(value: object) -> str:
 def comment(value: object, limit: int = COMMENT_LIMIT) -> str:
     """Text safe after `#`: one line, unsafe characters as '?', whitespace runs as one space."""
     text = "".join("?" if _unsafe_char(ch) and not ch.isspace() else ch for ch in str(value))
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip(" ".join(text.split()), limit)
 
 
 # ---------------------------------------------------------------- Markdown

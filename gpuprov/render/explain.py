@@ -240,3 +240,32 @@ def render_explain(spec: Any, plan: Any) -> str:
         out += section + [""]
     out += _host(plan)
     return "\n".join(out)
+
+
+def explain_data(spec: Any, plan: Any) -> dict:
+    """`explain --json`: the numbers the sections print, by name (README: JSON output)."""
+    x = _inputs(spec, plan)
+    c, m, t, fl = plan.cluster, plan.memory, plan.throughput, x.fl
+    overhead = float(x.a.raw["run"]["overhead_hours"])
+    ideal = 6 * plan.model.params * plan.training.tokens / (c.total_gpus * x.gpu.bf16_tflops * 1e12 * t.mfu_assumed) / 3600
+    return {
+        "model": plan.model.display_name, "params": plan.model.params, "trainable_params": plan.model.trainable_params,
+        "memory": {"terms_bytes": {k: v for k, v in m.breakdown.items() if v}, "per_gpu_bytes": m.per_gpu_bytes,
+                   "usable_bytes": int(m.gpu_memory_bytes * (1 - m.safety_margin)), "headroom_bytes": m.headroom_bytes,
+                   "model_states_one_replica_bytes": m.model_states_bytes // c.replicate,
+                   "rule_of_thumb_bytes": m.rule_of_thumb_bytes},
+        "flops_per_token": {"matmul_params": fl.matmul_params, "model": fl.model, "attention": fl.attention,
+                            "recompute": fl.recompute, "executed": fl.executed,
+                            "rule_of_thumb_6n": 6 * plan.model.params},
+        "step": {"terms_s": dict(x.st.terms), "step_time_s": t.step_time_s, "utilisation": x.st.utilisation,
+                 "comm_bytes_per_gpu": x.st.comm_bytes_per_gpu, "tokens_per_step": c.global_batch_tokens,
+                 "steps": plan.training.steps},
+        "links": {"intra_node": x.link, "intra_gbytes_per_s": x.intra, "inter_gbytes_per_s": x.inter},
+        "time_hours": plan.time_hours, "startup_hours": overhead,
+        "checkpoint_hours": plan.run.checkpoint_hours if plan.run else 0.0,
+        "preemption_hours": plan.run.preemption_hours if plan.run else 0.0,
+        "rule_of_thumb_hours": ideal, "cost_usd": plan.cost_usd, "tokens_per_s": t.tokens_per_s, "mfu": t.mfu,
+        "host_checks": [{"rule": chk.rule, "ok": chk.ok, "required": chk.required, "actual": chk.actual}
+                        for chk in plan.host.checks],
+        "notes": list(plan.notes),
+    }

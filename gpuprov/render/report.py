@@ -1,4 +1,5 @@
-"""The bundle's README.md (what was planned and why, how to apply it) and topology.svg.
+"""The bundle's README.md (what was planned and why, how to apply it), topology.svg and (render/charts.py)
+memory.svg and cost.svg.
 
 Pure: reads the Plan, decides nothing. Numbers are formatted with fixed precision and the SVG
 is built from integers, so the same plan always gives the same bytes.
@@ -257,6 +258,10 @@ def render_readme(plan) -> str:
         "",
         "![cluster topology](topology.svg)",
         "",
+        "![memory per GPU by term](memory.svg)",
+        "",
+        "![candidates: cost against hours](cost.svg)",
+        "",
         "## The plan",
         "",
         *_summary(plan),
@@ -486,4 +491,6 @@ def render_topology(plan) -> str:
 
 
 def render_report(plan) -> RenderedFiles:
-    return {"README.md": render_readme(plan), "topology.svg": render_topology(plan)}
+    from gpuprov.render.charts import render_pictures
+
+    return {"README.md": render_readme(plan), **render_pictures(plan)}

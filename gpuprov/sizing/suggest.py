@@ -202,7 +202,8 @@ def offload_notes(arch: Any, s: TrainSetup, trainable: int, base_breakdown: dict
 
 def suggest(arch: Any, gpu: Any, setup: TrainSetup, estimator: Callable, memory_bytes: int,
             limit: int = 3, rebuild: Callable[[dict[str, str]], TrainSetup] | None = None) -> list[Suggestion]:
-    """The `limit` cheapest single changes or pairs of changes that fit, cheapest first.
+    """The `limit` cheapest single changes or pairs of changes that fit (on the user's GPU count first),
+    cheapest first.
 
     `rebuild(flags)` gives the setup the command with those flags changed would size (the CLI passes
     its own flag resolution, so a framework preset's task- or sharding-dependent settings follow the
@@ -227,6 +228,7 @@ def suggest(arch: Any, gpu: Any, setup: TrainSetup, estimator: Callable, memory_
         found.append(Suggestion(combo, s, est.per_gpu_bytes, cost, notes))
     # keep the smallest changes: drop what a fitting subset, or a shorter step of the same kinds, already does
     found = [x for x in found if not _dominated(x, found)]
-    # what fits the GPUs the user has comes first: more GPUs is hardware they may not own
+    # what fits the GPUs the user has is kept first (more GPUs is hardware they may not own); the ones
+    # kept are then shown cheapest first, as the list's heading says
     found.sort(key=lambda x: (any(c.kind == "gpus" for c in x.changes), x.gpu_seconds_per_token, len(x.changes)))
-    return found[:limit]
+    return sorted(found[:limit], key=lambda x: (x.gpu_seconds_per_token, len(x.changes)))
