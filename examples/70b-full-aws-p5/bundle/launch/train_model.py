@@ -33,7 +33,7 @@ def build_model(cfg: Config, rt: Runtime) -> tuple[torch.nn.Module, bool]:
         return build_qlora_model(cfg, rt), False
     path = pretrained_path(cfg)
     if path:
-        config = AutoConfig.from_pretrained(path)
+        config = language_config(AutoConfig.from_pretrained(path), mcfg.hf_config)
     else:
         hf = dict(mcfg.hf_config)
         config = AutoConfig.for_model(hf.pop("model_type"), **hf)
@@ -42,6 +42,17 @@ def build_model(cfg: Config, rt: Runtime) -> tuple[torch.nn.Module, bool]:
         # The plan sizes attention that never stores the s x s scores: ask for it, never eager.
         model = AutoModelForCausalLM.from_config(config, attn_implementation=mcfg.attn_implementation)
     return model.to(master), True
+
+
+def language_config(config, planned: dict):
+    """A multimodal checkpoint (Gemma 3's `gemma3`, text_config nested) trains its language model: the
+    model_type the plan sized (model.hf_config), without the vision tower."""
+    want = planned.get("model_type")
+    if want and config.model_type != want and hasattr(config, "get_text_config"):
+        text = config.get_text_config()
+        if getattr(text, "model_type", None) == want:
+            return text
+    return config
 
 
 def pretrained_path(cfg: Config) -> str | None:
@@ -122,9 +133,15 @@ def lora_config(cfg: Config):
 
     lora = cfg.task.lora
     targets = lora.targets
+    # routed experts are never adapted, as the plan sizes them (transformers 4.x builds one Linear per expert,
+    # whose gate_proj/up_proj/down_proj names a dense MLP or a shared expert shares)
     return LoraConfig(r=int(lora.rank), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
                       target_modules="all-linear" if targets == "all-linear" else list(targets),
-                      task_type="CAUSAL_LM", base_model_name_or_path=cfg.model.pretrained_path)
+                      exclude_modules=ROUTED_EXPERTS, task_type="CAUSAL_LM",
+                      base_model_name_or_path=cfg.model.pretrained_path)
+
+
+ROUTED_EXPERTS = r".*\.experts(\..*)?"  # peft exclude_modules: a regex over module names (experts and within)
 
 
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.Module:
@@ -342,14 +359,18 @@ def load_pretrained(model: torch.nn.Module, path: str, rt: Runtime) -> None:
     if not files:
         raise ConfigError(f"model.pretrained_path {path!r} has no *.safetensors files (save_pretrained writes them)")
     params = {hf_name(n): p for n, p in model.named_parameters() if "lora_" not in n}
+    # persistent buffers the checkpoint may hold (DeepSeek's router e_score_correction_bias)
+    buffers = {hf_name(n): b for n, b in model.named_buffers() if "rotary" not in n and "inv_freq" not in n}
     loaded: set[str] = set()
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for key in sf.keys():
-                p = params.get(key)
+            names = set(sf.keys())
+            for stored in names:
+                key = language_model_name(stored)
+                p = params.get(key, buffers.get(key))
                 if p is None:
                     continue
-                full = sf.get_tensor(key).to(p.dtype)
+                full = dequantised(sf, stored, names).to(p.dtype)
                 if isinstance(p, DTensor):
                     # src_data_rank=None: slice locally, no communication (every rank has the file)
                     local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
@@ -363,6 +384,30 @@ def load_pretrained(model: torch.nn.Module, path: str, rt: Runtime) -> None:
     if missing:
         raise ConfigError(f"model.pretrained_path {path!r} lacks {len(missing)} weights, e.g. {missing[0]}")
     log(f"pretrained: {len(loaded)} tensors from {len(files)} safetensors file(s) in {path}")
+
+
+def language_model_name(key: str) -> str:
+    """A multimodal checkpoint's language-model tensor under the text-only model's name (Gemma 3: saved as
+    language_model.model.* before transformers 4.52, model.language_model.* since); others unchanged."""
+    if key.startswith("language_model."):
+        return key.removeprefix("language_model.")
+    return "model." + key.removeprefix("model.language_model.") if key.startswith("model.language_model.") else key
+
+
+FP8_BLOCK = 128  # DeepSeek-V3's quantization_config weight_block_size: [128, 128]
+
+
+def dequantised(sf, key: str, names: set[str]) -> torch.Tensor:
+    """A tensor as stored, or an FP8 weight times its blockwise `<key>_scale_inv` (DeepSeek-V3's checkpoint)."""
+    t = sf.get_tensor(key)
+    if t.dtype not in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        return t
+    if f"{key}_scale_inv" not in names:
+        raise ConfigError(f"model.pretrained_path: {key} is FP8 without its {key}_scale_inv in the same file")
+    scale = sf.get_tensor(f"{key}_scale_inv").float()
+    rows, cols = t.shape
+    full = scale.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+    return t.float() * full
 
 
 def reset_lora(model: torch.nn.Module) -> None:
@@ -490,19 +535,19 @@ def install_chunked_loss(model: torch.nn.Module, cfg: Config) -> None:
 
 
 def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:
+                   positions: torch.Tensor | None = None, attention: dict | None = None) -> torch.Tensor:
     """Summed cross-entropy over the labelled tokens (`inputs` are the tokens before each label;
     -100 labels carry no loss). The caller divides by the step's global count of labelled tokens.
 
-    `positions`: position ids that restart at each packed document; transformers then builds a
-    per-document causal mask from them (sdpa, eager: a block-diagonal mask; flash_attention_2:
-    varlen kernels), so attention never crosses documents. The logits are dropped before
-    backward: only the loss's own fp32 log-softmax stays alive (the plan's loss_impl "native",
-    as torchtitan). Under TP the logits and the loss are DTensors.
+    `attention`: the model's position ids and per-document mask (train_attention.model_inputs, from
+    the batch's recorded document boundaries), so attention never crosses packed documents;
+    `positions` alone: position ids only. The logits are dropped before backward: only the loss's
+    own fp32 log-softmax stays alive (the plan's loss_impl "native", as torchtitan). Under TP the
+    logits and the loss are DTensors.
     """
     hf = unwrap(model)
     head = getattr(hf, "get_output_embeddings", lambda: None)()
-    kw = {} if positions is None else {"position_ids": positions}
+    kw = dict(attention) if attention is not None else ({} if positions is None else {"position_ids": positions})
     if isinstance(head, ChunkedLossHead):
         cap = getattr(hf.config, "final_logit_softcapping", None)
         head.labels = labels
@@ -520,16 +565,14 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
     return loss
 
 
-def check_document_attention() -> None:
-    """transformers turns restarting position ids into a per-document mask (masking_utils'
-    find_packed_sequence_indices, in transformers 5) only when no attention mask and no KV cache
-    are given, as here; an older one would let packed documents attend to each other."""
-    try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("data.document_attention needs a transformers that builds per-document masks from "
-                          "position ids (masking_utils.find_packed_sequence_indices); upgrade it or set "
-                          "data.document_attention=false") from exc
+def batch_loss_sum(model: torch.nn.Module, batch) -> torch.Tensor:
+    """token_loss_sum of a train_data.Batch: its documents masked as train_attention builds them."""
+    from train_attention import model_inputs
+
+    hf = unwrap(model)
+    attention = model_inputs(hf.config._attn_implementation, batch.documents, batch.positions, batch.q_index,
+                             batch.k_index)
+    return token_loss_sum(model, batch.inputs, batch.labels, attention=attention)
 
 
 def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
