@@ -65,7 +65,8 @@ def read_records(paths: list[str], hf_dataset: str | None, split: str):
         except ImportError:
             fail("--hf-dataset needs the `datasets` package (pip install datasets)")
         name, _, config = hf_dataset.partition(":")
-        yield from datasets.load_dataset(name, config or None, split=split, streaming=True)
+        # downloaded once into the datasets cache and memory-mapped (Arrow): read a record at a time
+        yield from datasets.load_dataset(name, config or None, split=split)
     for path in map(Path, paths):
         if not path.is_file():
             fail(f"{path}: no such file")
