@@ -46,6 +46,7 @@ def test_text_files_are_documents_separated_by_eos_and_packed(prep, tokenizer, t
                       *map(str, docs)]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["documents"] == 20 and meta["validation_documents"] == 4 and not meta["loss_mask"]
+    assert meta["document_tokens"] == 20 * 10 and meta["mean_document_tokens"] == 10.0  # 9 words + EOS
     train = read(out, "train", "bin", "<u2")
     assert (len(train) - 1) % 16 == 0 and meta["train_samples"] == (len(train) - 1) // 16
     eos = meta["eos_token_id"]
