@@ -371,7 +371,7 @@ def _run_stage(tool: str, step: Step, env: dict, echo: Callable[[str], None]) ->
     lines = []
     with subprocess.Popen([tool, *step.argv[1:]], cwd=step.cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:
+        for line in proc.stdout or ():
             lines.append(line)
             echo(line.rstrip("\n"))
     if proc.returncode:

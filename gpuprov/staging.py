@@ -52,7 +52,7 @@ def download_command(source: str, dest: str) -> tuple[list[str], dict[str, str],
     """(argv, env, source of the fact) that copy a dataset URI to `dest` on a node."""
     from gpuprov.catalog.bringup import dataset_download
 
-    scheme = dataset_scheme(source)
+    scheme = dataset_scheme(source) or "local"
     entry = dataset_download(scheme)
     src = source
     if scheme == "az":  # az://ACCOUNT/CONTAINER/PATH -> the blob's https URL, which azcopy reads
@@ -88,7 +88,8 @@ def staging_for(plan: Plan) -> Staging:
     """The plan's staging record (the plan must already carry its provisioning decisions)."""
     from gpuprov.render.launch import run_paths
 
-    paths = run_paths(plan)
+    paths = run_paths(plan)  # refuses a plan without provisioning decisions
+    assert plan.provisioning is not None
     root = plan.provisioning.checkpoint_root
     repo, weights_dir = _weights(plan, root)
     data = _dataset(plan.spec, root, paths["run_id"])
