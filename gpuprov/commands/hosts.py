@@ -17,7 +17,7 @@ from gpuprov.spec import HostEntry
 from gpuprov.specfile import hosts_format, load_hosts
 
 MAX_PROBE_CHARS = 1 << 20  # the probe's output is a few KiB, even with 16 NVMe drives and 8 HCAs
-FIELDS = ("gpu", "gpus", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
+FIELDS = ("gpu", "gpus", "power_limit_w", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
 
 
 @click.group()
@@ -70,7 +70,7 @@ def _line(entry: dict) -> str:
 @click.option("--write", is_flag=True, help="Update FILE (a YAML list or mapping) in place instead of printing it")
 @click.option("--timeout", type=click.IntRange(min=1), default=10, show_default=True, help="SSH connect timeout, s")
 def probe(hosts_file: str, write: bool, timeout: int) -> None:
-    """Read GPUs (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
+    """Read GPUs and their power limit (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
 
     \b
     gpuprov hosts probe hosts.yaml
