@@ -20,6 +20,8 @@ MAX_LSBLK_DEPTH = 8  # disk > partition > crypt/LVM > ...: real trees are three 
 # each section starts with a marker line, so one round trip reads everything
 PROBE_SCRIPT = "; ".join([
     "echo '### nvidia-smi'", "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits",
+    # power.limit is what the board enforces now (nvidia-smi -pl), power.max_limit the most it may be set to
+    "echo '### power'", "nvidia-smi --query-gpu=power.limit,power.max_limit --format=csv,noheader,nounits",
     "echo '### free'", "free -b",
     "echo '### lscpu'", "lscpu",
     "echo '### nproc'", "nproc --all",
@@ -82,6 +84,20 @@ def _bounded(text: str, what: str, limit: int = MAX_COUNT) -> int:
     if len(text) > 20 or int(text) > limit:
         raise ValueError(f"{what} {text[:24]!r} is out of range")
     return int(text)
+
+
+def parse_power_limit(text: str) -> int | None:
+    """The lowest enforced power limit (W) of the host's GPUs when it is below their maximum (a capped board);
+    None when uncapped or unreported ([N/A], older drivers)."""
+    capped = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 2 or not all(_NUMBER.fullmatch(x) for x in parts):
+            continue
+        limit, most = float(parts[0]), float(parts[1])
+        if 0 < limit < most - 0.5:
+            capped.append(limit)
+    return int(round(min(capped))) if capped else None
 
 
 def parse_ram_gib(text: str) -> int | None:
@@ -155,7 +171,8 @@ def parse_network(ip: str, speed: str, ibstat: str) -> tuple[str, int | None]:
 
 
 def parse_probe(text: str, gpus: list[Any]) -> dict[str, Any]:
-    """The hosts-file fields one probe's output fills (gpu, gpus, ram_gib, cores, nvme_*, fabric, nic_gbps)."""
+    """The hosts-file fields one probe's output fills (gpu, gpus, power_limit_w when capped, ram_gib, cores, nvme_*,
+    fabric, nic_gbps)."""
     if "\0" in text:
         raise ValueError("the probe's output holds a NUL byte; expected the text of standard tools")
     s = sections(text)
@@ -165,6 +182,9 @@ def parse_probe(text: str, gpus: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if count:
         out.update(gpu=slug, gpus=count)
+        limit = parse_power_limit(s.get("power", ""))
+        if limit:
+            out["power_limit_w"] = limit
     ram, cores = parse_ram_gib(s.get("free", "")), parse_cores(s.get("lscpu", ""), s.get("nproc", ""))
     if ram:
         out["ram_gib"] = ram

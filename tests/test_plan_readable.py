@@ -477,6 +477,20 @@ def test_hosts_probe_fills_the_file_from_recorded_output(tmp_path):
     assert "infiniband 200 Gb/s per GPU" in out and "Bill of materials" not in out
 
 
+def test_hosts_probe_reads_a_power_cap_and_the_plan_times_it(tmp_path):
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("- {name: gpu0, address: 10.0.0.1, user: ops}\n- {name: gpu1, address: 10.0.0.2, user: ops}\n")
+    env = _fake_ssh(tmp_path, {"10.0.0.1": "hgx-a100-80gb-capped.txt", "10.0.0.2": "hgx-a100-80gb.txt"})
+    r = run("hosts", "probe", str(hosts), env=env)
+    assert r.returncode == 0, r.stderr
+    found = yaml.safe_load(r.stdout)
+    assert found[0]["power_limit_w"] == 300 and "power_limit_w" not in found[1]  # uncapped or unreported: left out
+    assert run("hosts", "probe", str(hosts), "--write", env=env).returncode == 0
+    capped = json.loads(ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--hosts", str(hosts), "--gpus", "16",
+                           "--json"))
+    assert capped["throughput"]["gpu_power_w"] == 300
+
+
 def test_hosts_probe_connects_on_the_hosts_ssh_port_and_keeps_it(tmp_path):
     """ansible_port / port: probe, the written file and the bundle's inventory all use it (it was dropped)."""
     hosts = tmp_path / "hosts.ini"

@@ -19,7 +19,7 @@ from gpuprov.spec import HostEntry
 from gpuprov.specfile import format_validation_error, hosts_format, load_hosts
 
 MAX_PROBE_CHARS = 1 << 20  # the probe's output is a few KiB, even with 16 NVMe drives and 8 HCAs
-FIELDS = ("gpu", "gpus", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
+FIELDS = ("gpu", "gpus", "power_limit_w", "ram_gib", "cores", "nvme_count", "nvme_gb_each", "fabric", "nic_gbps")
 
 
 @click.group()
@@ -73,7 +73,7 @@ def _line(entry: dict) -> str:
 @click.option("--timeout", type=click.IntRange(min=1), default=10, show_default=True, help="SSH connect timeout, s")
 @click.option("--json", "as_json", is_flag=True, help="Print the hosts as one JSON object (README: JSON output)")
 def probe(hosts_file: str, write: bool, timeout: int, as_json: bool) -> None:
-    """Read GPUs (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
+    """Read GPUs and their power limit (nvidia-smi), RAM and cores (free, lscpu), NVMe (lsblk) and NICs (ip, ibstat) over SSH.
 
     \b
     gpuprov hosts probe hosts.yaml
