@@ -13,8 +13,6 @@ from gpuprov.commands.spec_options import spec_options
 from gpuprov.errors import GpuprovError, clip
 from gpuprov.host import hosts_left_out
 from gpuprov.planner import make_plan
-from gpuprov.preflight import locate_reservation
-from gpuprov.render.explain import explain_data, render_explain
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.sizing.time_error import holdout_error
 from gpuprov.spot import stale
@@ -23,7 +21,11 @@ from gpuprov.units import GiB, TB, gib
 
 
 def _plan(spec):
-    return make_plan(locate_reservation(spec))
+    if spec.capacity_reservation_id or spec.reservation:  # lazy: only a held reservation asks a cloud CLI
+        from gpuprov.preflight import locate_reservation
+
+        spec = locate_reservation(spec)
+    return make_plan(spec)
 
 
 def _money(x: float | None) -> str:
@@ -323,6 +325,8 @@ def explain(spec, as_json: bool) -> None:
     gpuprov explain -f gpuprov.yaml
     gpuprov explain --model 8b --task lora --json
     """
+    from gpuprov.render.explain import explain_data, render_explain  # lazy: plan does not print the arithmetic
+
     if as_json:
         click.echo(json.dumps(explain_data(spec, _plan(spec)), indent=2))
         return
