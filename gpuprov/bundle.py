@@ -103,6 +103,19 @@ def plan_json(plan: Any) -> str:
     return json.dumps(json.loads(plan.model_dump_json()), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def parse_plan(text: str) -> Any:
+    """The Plan of a plan.json text: json.loads, then validation of that data. pydantic's JSON mode
+    validates every item of an over-long list before refusing it (seconds for a 1 MiB file);
+    from Python data it stops at the limit. ValueError (one line first) when it does not load."""
+    from gpuprov.plan import Plan
+
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return Plan.model_validate(data)
+
+
 def render_files(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None) -> dict[str, str]:
     """Every generated file except the lock, keyed by bundle path, sorted."""
     files: dict[str, str] = {PLAN_NAME: plan_json(plan)}

@@ -256,6 +256,13 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     data = dict(file_data or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(overrides)
+    from gpuprov.validators import MAX_HOSTS
+
+    long = next((k for k, value in data.items() if isinstance(value, (list, dict)) and len(value) > MAX_HOSTS), None)
+    if long is not None:  # no spec list is that long; validating each item of one only to refuse it costs seconds
+        line = _line_of(tree, (long,)) if tree is not None and long not in overrides else None
+        where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
+        raise GpuprovError(f"{where}{_show(long)}: more than {MAX_HOSTS:,} items")
     if isinstance(data.get("model"), str) and data["model"].strip():
         # a path in a file is relative to that file; on the command line, to the current directory
         base = Path.cwd() if "model" in overrides or not source else Path(source).absolute().parent

