@@ -51,6 +51,9 @@ USER_FILES: tuple[str, ...] = (
     "ansible/inventory.yml", "ansible/*.retry",
 )
 # the defaults of locks written before segment matching, read as today's
+_LEGACY_DEFAULTS = ("terraform/.terraform/*", "terraform/.terraform.lock.hcl", "terraform/terraform.tfstate",
+                    "terraform/terraform.tfstate.*", "terraform/.terraform.tfstate.lock.info",
+                    "terraform/terraform.tfvars", "ansible/inventory.yml", "ansible/*.retry")
 _LEGACY_KEEP = {"terraform/.terraform/*": ("terraform/.terraform/**",),
                 "terraform/terraform.tfstate.*": ("terraform/terraform.tfstate.backup",
                                                   "terraform/terraform.tfstate.*.backup")}
@@ -166,6 +169,8 @@ def lock_keep(lock: dict | None) -> list[str]:
         return list(USER_FILES)
     if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep) or len(keep) > 1000:
         raise GpuprovError(f"{LOCK_NAME}: keep must be a list of file patterns")
+    if tuple(keep) == _LEGACY_DEFAULTS:
+        keep = list(USER_FILES)
     keep = [new for k in keep for new in _LEGACY_KEEP.get(k, (k,))]
     bad = next((k for k in keep if not k or "\0" in k or len(k) > 4096 or k.startswith("/")
                 or ".." in k.split("/")), None)

@@ -421,6 +421,10 @@ def load_hosts(path: str | Path) -> list:
             raise GpuprovError(f"{path}: expected a list of hosts (- name: gpu0, address: 10.0.0.10)")
     if not entries:
         raise GpuprovError(f"{path}: lists no hosts")
+    from gpuprov.validators import MAX_HOSTS
+
+    if len(entries) > MAX_HOSTS:  # before validating each one only to refuse the list
+        raise GpuprovError(f"{path}: more than {MAX_HOSTS:,} hosts")
     hosts = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
