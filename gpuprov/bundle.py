@@ -243,12 +243,23 @@ def could_hide_code(pattern: str) -> bool:
 
 
 def _match_segments(parts: list[str], pattern: list[str]) -> bool:
-    """Glob on path segments: fnmatch per segment (`*` inside one), `**` for any number of them."""
-    if not pattern:
-        return not parts
-    if pattern[0] == "**":
-        return any(_match_segments(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match_segments(parts[1:], pattern[1:])
+    """Glob on path segments: fnmatch per segment (`*` inside one), `**` for any number of them.
+    The set of pattern positions reached so far, one path segment at a time: linear in both."""
+    def closed(states: set[int]) -> set[int]:
+        out = set(states)
+        for j in sorted(states):
+            while j < len(pattern) and pattern[j] == "**":
+                j += 1
+                out.add(j)
+        return out
+
+    states = closed({0})
+    for part in parts:
+        states = closed({j if pattern[j] == "**" else j + 1 for j in states
+                         if j < len(pattern) and (pattern[j] == "**" or fnmatch.fnmatchcase(part, pattern[j]))})
+        if not states:
+            return False
+    return len(pattern) in states
 
 
 def keep_matches(path: str, pattern: str) -> bool:

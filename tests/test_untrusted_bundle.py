@@ -319,7 +319,8 @@ def test_status_takes_only_connection_settings_from_the_inventory(copy: Path) ->
     for setting in ("ansible_shell_executable: /bin/sh", "ansible_become_exe: /tmp/x",
                     "ansible_connection: community.general.evil",
                     "ansible_python_interpreter: \"touch /tmp/x; python3\"",
-                    f"ansible_python_interpreter: {copy / 'launch' / 'train.sh'}"):
+                    f"ansible_python_interpreter: {copy / 'launch' / 'train.sh'}",
+                    "ansible_user: \"-oProxyCommand=touch x\""):
         inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        node0:\n"
                              f"          ansible_host: 10.0.0.1\n          {setting}\n")
         line = _refused(*cli("status", str(copy))[::2])
@@ -465,3 +466,17 @@ def test_hostile_plan_json_is_one_line(copy: Path, text: str) -> None:
     (copy / bundle.PLAN_NAME).write_text(text)
     assert "plan.json" in _refused(*cli("up", str(copy), "--dry-run")[::2])
     assert gitops.check_plan(copy)[0] == "fail"
+
+
+def test_status_reads_the_connection_of_the_inventory_up_writes(copy: Path) -> None:
+    from gpuprov.commands.status import _inventory
+
+    (copy / "ansible" / "inventory.yml").write_text(
+        "# written by `gpuprov up` from `terraform output ansible_inventory`\nall:\n  vars:\n    ansible_user: ubuntu\n"
+        "    ansible_port: 22\n    ansible_ssh_common_args: -o ProxyCommand=\"sh -c 'aws ssm start-session --target %h'\"\n"
+        "    shared_storage_mount: null\n  children:\n    gpu_nodes:\n      hosts:\n"
+        "        node-0: {ansible_host: i-0123456789abcdef0, private_ip: 10.0.1.5}\n"
+        "        node-1: {ansible_host: i-0123456789abcdef1, private_ip: 10.0.1.6}\n")
+    hosts = _inventory(copy)["all"]["children"]["gpu_nodes"]["hosts"]
+    assert hosts == {"node-0": {"ansible_user": "ubuntu", "ansible_port": 22, "ansible_host": "i-0123456789abcdef0",
+                                "ansible_ssh_common_args": "-o ProxyCommand=\"sh -c 'aws ssm start-session --target %h'\""}}
