@@ -190,7 +190,8 @@ def lock_keep(lock: dict | None) -> list[str]:
 # role file, template, inventory, ansible.cfg and plugin folder; the launch scripts source and
 # run what sits beside them.
 TERRAFORM_SUFFIXES = (".tf", ".tf.json", ".tfvars", ".tfvars.json", ".hcl")
-DATA_SUFFIXES = (".retry", ".log", ".out", ".err")  # what ansible/ and launch/ may keep: logs
+# what ansible/ and launch/ may keep: logs, retry lists and tables no tool there reads on its own
+DATA_SUFFIXES = (".retry", ".log", ".out", ".err", ".csv", ".tsv", ".jsonl")
 # the only loadable files a user keeps: the values `up` reads, the provider hashes `init` writes
 # and the inventory `up` writes (each read and checked by gpuprov itself)
 _KEPT_LOADABLE = frozenset({"terraform/terraform.tfvars", "terraform/.terraform.lock.hcl", "ansible/inventory.yml"})
@@ -200,7 +201,7 @@ _WILD = re.compile(r"[*?[]")
 def is_loadable(path: str) -> bool:
     """Whether a tool of the bundle loads `path` (bundle-relative): an added one is always drift.
 
-    In ansible/ and launch/ every file but logs and .retry files; in terraform/ configuration,
+    In ansible/ and launch/ every file but logs, .retry files and tables; in terraform/ configuration,
     variable and .hcl files and terraform.d/ (state, backups, the saved plan are data; Terraform's
     own .terraform/ folder is filled by `init` and checked against the lock file's hashes)."""
     if path in _KEPT_LOADABLE:
