@@ -51,6 +51,9 @@ USER_FILES: tuple[str, ...] = (
     "ansible/inventory.yml", "ansible/*.retry",
 )
 # the defaults of locks written before segment matching, read as today's
+_LEGACY_DEFAULTS = ("terraform/.terraform/*", "terraform/.terraform.lock.hcl", "terraform/terraform.tfstate",
+                    "terraform/terraform.tfstate.*", "terraform/.terraform.tfstate.lock.info",
+                    "terraform/terraform.tfvars", "ansible/inventory.yml", "ansible/*.retry")
 _LEGACY_KEEP = {"terraform/.terraform/*": ("terraform/.terraform/**",),
                 "terraform/terraform.tfstate.*": ("terraform/terraform.tfstate.backup",
                                                   "terraform/terraform.tfstate.*.backup")}
@@ -103,6 +106,19 @@ def plan_json(plan: Any) -> str:
     return json.dumps(json.loads(plan.model_dump_json()), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def parse_plan(text: str) -> Any:
+    """The Plan of a plan.json text: json.loads, then validation of that data. pydantic's JSON mode
+    validates every item of an over-long list before refusing it (seconds for a 1 MiB file);
+    from Python data it stops at the limit. ValueError (one line first) when it does not load."""
+    from gpuprov.plan import Plan
+
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return Plan.model_validate(data)
+
+
 def render_files(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None) -> dict[str, str]:
     """Every generated file except the lock, keyed by bundle path, sorted."""
     files: dict[str, str] = {PLAN_NAME: plan_json(plan)}
@@ -153,6 +169,8 @@ def lock_keep(lock: dict | None) -> list[str]:
         return list(USER_FILES)
     if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep) or len(keep) > 1000:
         raise GpuprovError(f"{LOCK_NAME}: keep must be a list of file patterns")
+    if tuple(keep) == _LEGACY_DEFAULTS:
+        keep = list(USER_FILES)
     keep = [new for k in keep for new in _LEGACY_KEEP.get(k, (k,))]
     bad = next((k for k in keep if not k or "\0" in k or len(k) > 4096 or k.startswith("/")
                 or ".." in k.split("/")), None)
@@ -172,7 +190,8 @@ def lock_keep(lock: dict | None) -> list[str]:
 # role file, template, inventory, ansible.cfg and plugin folder; the launch scripts source and
 # run what sits beside them.
 TERRAFORM_SUFFIXES = (".tf", ".tf.json", ".tfvars", ".tfvars.json", ".hcl")
-DATA_SUFFIXES = (".retry", ".log", ".out", ".err")  # what ansible/ and launch/ may keep: logs
+# what ansible/ and launch/ may keep: logs, retry lists and tables no tool there reads on its own
+DATA_SUFFIXES = (".retry", ".log", ".out", ".err", ".csv", ".tsv", ".jsonl")
 # the only loadable files a user keeps: the values `up` reads, the provider hashes `init` writes
 # and the inventory `up` writes (each read and checked by gpuprov itself)
 _KEPT_LOADABLE = frozenset({"terraform/terraform.tfvars", "terraform/.terraform.lock.hcl", "ansible/inventory.yml"})
@@ -182,7 +201,7 @@ _WILD = re.compile(r"[*?[]")
 def is_loadable(path: str) -> bool:
     """Whether a tool of the bundle loads `path` (bundle-relative): an added one is always drift.
 
-    In ansible/ and launch/ every file but logs and .retry files; in terraform/ configuration,
+    In ansible/ and launch/ every file but logs, .retry files and tables; in terraform/ configuration,
     variable and .hcl files and terraform.d/ (state, backups, the saved plan are data; Terraform's
     own .terraform/ folder is filled by `init` and checked against the lock file's hashes)."""
     if path in _KEPT_LOADABLE:
@@ -225,12 +244,23 @@ def could_hide_code(pattern: str) -> bool:
 
 
 def _match_segments(parts: list[str], pattern: list[str]) -> bool:
-    """Glob on path segments: fnmatch per segment (`*` inside one), `**` for any number of them."""
-    if not pattern:
-        return not parts
-    if pattern[0] == "**":
-        return any(_match_segments(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match_segments(parts[1:], pattern[1:])
+    """Glob on path segments: fnmatch per segment (`*` inside one), `**` for any number of them.
+    The set of pattern positions reached so far, one path segment at a time: linear in both."""
+    def closed(states: set[int]) -> set[int]:
+        out = set(states)
+        for j in sorted(states):
+            while j < len(pattern) and pattern[j] == "**":
+                j += 1
+                out.add(j)
+        return out
+
+    states = closed({0})
+    for part in parts:
+        states = closed({j if pattern[j] == "**" else j + 1 for j in states
+                         if j < len(pattern) and (pattern[j] == "**" or fnmatch.fnmatchcase(part, pattern[j]))})
+        if not states:
+            return False
+    return len(pattern) in states
 
 
 def keep_matches(path: str, pattern: str) -> bool:

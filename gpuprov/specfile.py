@@ -279,6 +279,13 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
     data = dict(file_data or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(overrides)
+    from gpuprov.validators import MAX_HOSTS
+
+    long = next((k for k, value in data.items() if isinstance(value, (list, dict)) and len(value) > MAX_HOSTS), None)
+    if long is not None:  # no spec list is that long; validating each item of one only to refuse it costs seconds
+        line = _line_of(tree, (long,)) if tree is not None and long not in overrides else None
+        where = f"{source}:{line}: " if source and line else (f"{source}: " if source else "")
+        raise GpuprovError(f"{where}{_show(long)}: more than {MAX_HOSTS:,} items")
     if isinstance(data.get("model"), str) and data["model"].strip():
         # a path in a file is relative to that file; on the command line, to the current directory
         base = Path.cwd() if "model" in overrides or not source else Path(source).absolute().parent
@@ -453,6 +460,10 @@ def load_hosts(path: str | Path) -> list:
             raise GpuprovError(f"{path}: expected a list of hosts (- name: gpu0, address: 10.0.0.10)")
     if not entries:
         raise GpuprovError(f"{path}: lists no hosts")
+    from gpuprov.validators import MAX_HOSTS
+
+    if len(entries) > MAX_HOSTS:  # before validating each one only to refuse the list
+        raise GpuprovError(f"{path}: more than {MAX_HOSTS:,} hosts")
     hosts = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):

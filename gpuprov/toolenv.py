@@ -127,7 +127,7 @@ def tree_files(root: Path, folder: str) -> list[str]:
     """Regular files under root/folder (bundle-relative), not descending into symlinks or the
     folders its tool loads code from."""
     loaded = TERRAFORM_LOADED_DIRS if folder == "terraform" else ANSIBLE_LOADED_DIRS
-    found = []
+    found: list[str] = []
     top = root / folder
     if top.is_symlink() or not top.is_dir():
         return found

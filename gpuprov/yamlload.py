@@ -57,10 +57,12 @@ class Lines:
 
 class Map(dict):
     __slots__ = ("lc",)
+    lc: Lines
 
 
 class Seq(list):
     __slots__ = ("lc",)
+    lc: Lines
 
 
 def _int(text: str) -> int:
@@ -114,32 +116,41 @@ class _Frame:
 
     def __init__(self, node: Any, line: int, column: int, anchor: str | None):
         self.node, self.line, self.column, self.anchor = node, line, column, anchor
-        self.key, self.has_key, self.key_line = None, False, 0
-        self.size, self.height, self.merges = 1, 0, []
+        self.key, self.has_key, self.key_line = None, False, (line, column)
+        self.size, self.height = 1, 0
+        self.merges: list[Any] = []
 
 
-def load(text: str, *, max_depth: int, max_values: int) -> Any:
-    """The document's data (Map/Seq/scalars), or YamlError / yaml.YAMLError."""
-    anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (value, expanded size, height)
-    stack: list[_Frame] = []
-    total = 0
-    root: Any = None
+_SPECIAL = set("-+0123456789.tTfF~nN<")  # plain scalars starting otherwise are strings (1.2 core schema)
 
-    def add(value: Any, size: int, height: int, line: int, column: int, collection: bool) -> None:
-        nonlocal total, root
-        total += size if not stack else 0  # sizes are summed into the parent, counted at the root
+
+class _Builder:
+    """The tree of one document, built event by event with its bounds checked as it grows."""
+
+    def __init__(self, max_depth: int, max_values: int):
+        self.max_depth, self.max_values = max_depth, max_values
+        self.anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (value, expanded size, height)
+        self.stack: list[_Frame] = []
+        self.root: Any = None
+        self.documents = 0
+
+    def add(self, value: Any, size: int, height: int, line: int, column: int, collection: bool) -> None:
+        stack = self.stack
         if not stack:
-            root = value
+            if size > self.max_values:
+                raise YamlError(line, f"more than {self.max_values:,} values once YAML aliases are expanded")
+            self.root = value
             return
         top = stack[-1]
-        if len(stack) + height > max_depth:
-            raise YamlError(line, f"nested more than {max_depth} levels deep")
+        if len(stack) + height > self.max_depth:
+            raise YamlError(line, f"nested more than {self.max_depth} levels deep")
         top.size += size
-        top.height = max(top.height, height + 1)
-        if top.size > max_values:
-            raise YamlError(line, f"more than {max_values:,} values once YAML aliases are expanded")
+        if height >= top.height:
+            top.height = height + 1
+        if top.size > self.max_values:
+            raise YamlError(line, f"more than {self.max_values:,} values once YAML aliases are expanded")
         node = top.node
-        if isinstance(node, list):
+        if type(node) is Seq:
             node.lc._at[len(node)] = (line, column)
             node.append(value)
         elif not top.has_key:
@@ -152,48 +163,66 @@ def load(text: str, *, max_depth: int, max_values: int) -> Any:
                 top.merges.append(value)
                 return
             try:
-                if key in node:
-                    raise YamlError(top.key_line[0], f"duplicate key {str(key)[:60]!r}")
+                duplicate = key in node
             except TypeError:
                 raise YamlError(top.key_line[0], "a mapping key must be a name or a number") from None
+            if duplicate:
+                raise YamlError(top.key_line[0], f"duplicate key {str(key)[:60]!r}")
             node.lc._at[key] = top.key_line
             node[key] = value
 
-    for event in yaml.parse(text, Loader=_PARSER):
+    def event(self, event: Any) -> None:
         mark = event.start_mark
         kind = type(event)
         if kind is yaml.ScalarEvent:
-            value = scalar(event.value, event.tag, event.implicit[0])
+            value = event.value
+            if event.tag is not None or not event.implicit[0] or not value or value[0] in _SPECIAL:
+                value = scalar(value, event.tag, event.implicit[0])
             if event.anchor:
-                anchors[event.anchor] = (value, 1, 0)
-            add(value, 1, 0, mark.line, mark.column, False)
+                self.anchors[event.anchor] = (value, 1, 0)
+            self.add(value, 1, 0, mark.line, mark.column, False)
         elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
-            node = Map() if kind is yaml.MappingStartEvent else Seq()
-            node.lc = Lines()
-            if len(stack) >= max_depth:
-                raise YamlError(mark.line, f"nested more than {max_depth} levels deep")
-            if stack and isinstance(stack[-1].node, dict) and not stack[-1].has_key:
+            stack = self.stack
+            if len(stack) >= self.max_depth:
+                raise YamlError(mark.line, f"nested more than {self.max_depth} levels deep")
+            if stack and type(stack[-1].node) is Map and not stack[-1].has_key:
                 raise YamlError(mark.line, "a mapping key must be a name or a number, not a nested collection")
+            node: Map | Seq = Map() if kind is yaml.MappingStartEvent else Seq()
+            node.lc = Lines()
             stack.append(_Frame(node, mark.line, mark.column, event.anchor))
         elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
-            frame = stack.pop()
+            frame = self.stack.pop()
             for merged in frame.merges:
                 for part in merged if isinstance(merged, list) else [merged]:
                     if isinstance(part, dict):
                         for key, value in part.items():
                             frame.node.setdefault(key, value)
             if frame.anchor:
-                anchors[frame.anchor] = (frame.node, frame.size, frame.height)
-            add(frame.node, frame.size, frame.height, frame.line, frame.column, True)
+                self.anchors[frame.anchor] = (frame.node, frame.size, frame.height)
+            self.add(frame.node, frame.size, frame.height, frame.line, frame.column, True)
         elif kind is yaml.AliasEvent:
-            if any(frame.anchor == event.anchor for frame in stack):
-                raise YamlError(mark.line, f"nested more than {max_depth} levels deep (an alias inside itself)")
-            if event.anchor not in anchors:
+            if any(frame.anchor == event.anchor for frame in self.stack):
+                raise YamlError(mark.line, f"nested more than {self.max_depth} levels deep (an alias inside itself)")
+            if event.anchor not in self.anchors:
                 raise YamlError(mark.line, f"unknown alias {event.anchor[:60]!r}")
-            value, size, height = anchors[event.anchor]
-            add(value, size, height, mark.line, mark.column, isinstance(value, (dict, list)))
-        elif kind is yaml.DocumentStartEvent and root is not None:
-            raise YamlError(mark.line, "expected one YAML document, found more")
-    if total > max_values:
-        raise YamlError(0, f"more than {max_values:,} values once YAML aliases are expanded")
-    return root
+            value, size, height = self.anchors[event.anchor]
+            self.add(value, size, height, mark.line, mark.column, isinstance(value, (dict, list)))
+        elif kind is yaml.DocumentStartEvent:
+            self.documents += 1
+            if self.documents > 1:
+                raise YamlError(mark.line, "expected one YAML document, found more")
+
+
+def load(text: str, *, max_depth: int, max_values: int) -> Any:
+    """The document's data (Map/Seq/scalars), or YamlError / yaml.YAMLError."""
+    builder = _Builder(max_depth, max_values)
+    parser = _PARSER(text)
+    try:
+        while True:  # get_event, not yaml.parse: one C call an event, no generator in between
+            event = parser.get_event()
+            if event is None or type(event) is yaml.StreamEndEvent:
+                break
+            builder.event(event)
+    finally:
+        parser.dispose()
+    return builder.root

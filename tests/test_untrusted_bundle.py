@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import sys
 from pathlib import Path
 
@@ -254,13 +253,16 @@ def test_hosts_probe_with_sane_figures_still_fills_the_file(tmp_path: Path, monk
 
 
 def test_a_spec_is_parsed_in_one_yaml_pass(tmp_path: Path, monkeypatch) -> None:
-    import yaml
-
-    from gpuprov import specfile
+    from gpuprov import specfile, yamlload
 
     calls = []
-    real = yaml.parse
-    monkeypatch.setattr(yaml, "parse", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    class Counted(yamlload._PARSER):  # one parser per YAML pass
+        def __init__(self, *args):
+            calls.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(yamlload, "_PARSER", Counted)
     spec = tmp_path / "gpuprov.yaml"
     spec.write_text("model: 70b\ntokens: 20B\nhosts:\n  - {name: gpu0, address: 10.0.0.1}\n")
     data, _ = specfile.load_spec_data(spec)
@@ -317,7 +319,8 @@ def test_status_takes_only_connection_settings_from_the_inventory(copy: Path) ->
     for setting in ("ansible_shell_executable: /bin/sh", "ansible_become_exe: /tmp/x",
                     "ansible_connection: community.general.evil",
                     "ansible_python_interpreter: \"touch /tmp/x; python3\"",
-                    f"ansible_python_interpreter: {copy / 'launch' / 'train.sh'}"):
+                    f"ansible_python_interpreter: {copy / 'launch' / 'train.sh'}",
+                    "ansible_user: \"-oProxyCommand=touch x\""):
         inventory.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        node0:\n"
                              f"          ansible_host: 10.0.0.1\n          {setting}\n")
         line = _refused(*cli("status", str(copy))[::2])
@@ -436,3 +439,44 @@ def test_corpus_validate_on_edited_tool_files(copy: Path, tmp_path: Path, edit: 
 
 def _no_network(plan, inventory, script):
     raise AssertionError("status got past its checks to the network on a tampered bundle")
+
+
+def test_up_runs_only_the_generated_ansible_cfg(copy: Path, tmp_path: Path, monkeypatch) -> None:
+    """`up` (no dry run) may use the bundle's ansible.cfg only when it is the generated one."""
+    ran = []
+    monkeypatch.setattr("gpuprov.commands.up.bring_up", lambda *a, **k: ran.append(k))
+    code, _, err = cli("up", str(copy))
+    assert code == 0 and len(ran) == 1, err
+    _hostile_ansible(copy, tmp_path / "ran")
+    line = _refused(*cli("up", str(copy))[::2])
+    assert "ansible.cfg" in line and len(ran) == 1
+    assert cli("up", str(copy), "--dry-run")[0] == 0 and len(ran) == 2  # a dry run runs nothing
+
+
+def test_plan_json_reads_the_same_through_python_data(pristine: Path) -> None:
+    from gpuprov.plan import Plan
+
+    text = (pristine / bundle.PLAN_NAME).read_text()
+    assert bundle.parse_plan(text) == Plan.model_validate_json(text)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"spec": {"hosts": ['
+                                  + ",".join(['{"name": "a", "address": "10.0.0.1"}'] * 20_000) + "]}}"])
+def test_hostile_plan_json_is_one_line(copy: Path, text: str) -> None:
+    (copy / bundle.PLAN_NAME).write_text(text)
+    assert "plan.json" in _refused(*cli("up", str(copy), "--dry-run")[::2])
+    assert gitops.check_plan(copy)[0] == "fail"
+
+
+def test_status_reads_the_connection_of_the_inventory_up_writes(copy: Path) -> None:
+    from gpuprov.commands.status import _inventory
+
+    (copy / "ansible" / "inventory.yml").write_text(
+        "# written by `gpuprov up` from `terraform output ansible_inventory`\nall:\n  vars:\n    ansible_user: ubuntu\n"
+        "    ansible_port: 22\n    ansible_ssh_common_args: -o ProxyCommand=\"sh -c 'aws ssm start-session --target %h'\"\n"
+        "    shared_storage_mount: null\n  children:\n    gpu_nodes:\n      hosts:\n"
+        "        node-0: {ansible_host: i-0123456789abcdef0, private_ip: 10.0.1.5}\n"
+        "        node-1: {ansible_host: i-0123456789abcdef1, private_ip: 10.0.1.6}\n")
+    hosts = _inventory(copy)["all"]["children"]["gpu_nodes"]["hosts"]
+    assert hosts == {"node-0": {"ansible_user": "ubuntu", "ansible_port": 22, "ansible_host": "i-0123456789abcdef0",
+                                "ansible_ssh_common_args": "-o ProxyCommand=\"sh -c 'aws ssm start-session --target %h'\""}}

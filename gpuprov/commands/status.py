@@ -43,6 +43,7 @@ CONNECTION_VARS = ("ansible_host", "ansible_user", "ansible_port", "ansible_ssh_
                    "ansible_ssh_private_key_file", "ansible_connection", "ansible_python_interpreter")
 _JINJA = re.compile(r"{{|{%|{#")
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/+@=,-]{1,4000}")
+_WORD = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:%@\[\]-]{0,252}")  # a name, IPv4/IPv6 address, id, user or port
 
 
 def _inside(root: Path, path: str) -> bool:
@@ -64,6 +65,9 @@ def _connection_vars(root: Path, where: str, values: Any) -> dict:
                                f"({', '.join(CONNECTION_VARS)}); status does not run with it")
         if not isinstance(value, (str, int)) or isinstance(value, bool) or _JINJA.search(str(value)) or "\0" in str(value):
             raise GpuprovError(f"{where}: {key} must be plain text without Jinja markers")
+        if key in ("ansible_host", "ansible_user", "ansible_port") and not _WORD.fullmatch(str(value)):
+            # ssh reads a leading `-` as an option (-oProxyCommand=...)
+            raise GpuprovError(f"{where}: {key} {str(value)[:40]!r} is not a plain host, user or port")
         if key == "ansible_connection" and value not in ("ssh", "local"):
             raise GpuprovError(f"{where}: ansible_connection {str(value)[:40]!r}: status connects over ssh (or local)")
         if key == "ansible_python_interpreter" and (not _PLAIN_PATH.fullmatch(str(value)) or _inside(root, str(value))):

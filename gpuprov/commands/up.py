@@ -12,7 +12,6 @@ import click
 from gpuprov import bundle
 from gpuprov.bringup import bring_up, tear_down
 from gpuprov.errors import GpuprovError
-from gpuprov.plan import Plan
 from gpuprov.safefile import check_bundle_tree, read_text
 
 
@@ -31,7 +30,7 @@ def _load(directory: str):
     if not os.path.lexists(root / bundle.PLAN_NAME):
         raise GpuprovError(f"{root / bundle.PLAN_NAME} is missing: regenerate the bundle")
     try:
-        plan = Plan.model_validate_json(read_text(root / bundle.PLAN_NAME, what="plan"))
+        plan = bundle.parse_plan(read_text(root / bundle.PLAN_NAME, what="plan"))
     except ValueError as exc:
         raise GpuprovError(f"{root / bundle.PLAN_NAME} does not load: {str(exc).splitlines()[0]}") from None
     return root, plan
@@ -64,7 +63,24 @@ def up(directory: str, dry_run: bool, restart: bool, as_json: bool) -> None:
 
         click.echo(json.dumps(dry_run_report(root, plan), indent=2))
         return
+    if not dry_run:
+        _generated_ansible_cfg(root, plan)
     bring_up(root, plan, dry_run=dry_run, restart=restart, echo=lambda line: click.echo(line))
+
+
+def _generated_ansible_cfg(root: Path, plan) -> None:
+    """`up` runs Ansible in ansible/, where ansible.cfg configures the controller (vault password
+    programs, plugin and callback paths): only the one gpuprov generates for this plan is used."""
+    from gpuprov.render.ansible import render_ansible
+
+    cfg = root / "ansible" / "ansible.cfg"
+    if not os.path.lexists(cfg):
+        return
+    if read_text(cfg, what="ansible.cfg") != render_ansible(plan)["ansible.cfg"]:
+        raise GpuprovError(f"{cfg} is not the one gpuprov generates for this plan; it configures the Ansible "
+                           f"that `up` runs here: `gpuprov check {shlex.quote(str(root))}` shows the difference, "
+                           f"`gpuprov generate -f {shlex.quote(str(root / bundle.LOCK_NAME))} -o "
+                           f"{shlex.quote(str(root))} --force` restores it")
 
 
 @click.command()
