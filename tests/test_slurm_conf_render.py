@@ -77,6 +77,12 @@ def test_slurm_conf_addresses_are_private_and_render_under_limit(shape):
     assert ctl == f"SlurmctldHost={names[0]}({hosts[names[0]]['private_ip']})"
     nodes = [_fields(ln) for ln in conf.splitlines() if ln.startswith("NodeName=")]
     assert [(n["NodeName"], n["NodeAddr"]) for n in nodes] == [(n, hosts[n]["private_ip"]) for n in names]
+    # job records and controller state on the shared filesystem (a replaced first node keeps them),
+    # the periodic node health check (item: Slurm forgets jobs and sick nodes)
+    lines = dict(ln.split("=", 1) for ln in conf.split("#CGROUP")[0].splitlines() if ln[:1].isupper() and "=" in ln)
+    assert lines["JobCompType"] == "jobcomp/filetxt" and lines["JobCompLoc"] == group_vars["slurm_jobcomp_loc"]
+    assert lines["StateSaveLocation"].startswith("/shared/") and lines["JobCompLoc"].startswith(lines["StateSaveLocation"])
+    assert lines["HealthCheckProgram"].endswith("/node-health.sh") and int(lines["HealthCheckInterval"]) > 0
     # neither an instance id nor a public address reaches slurm.conf
     assert "i-0" not in conf and "198.51.100." not in conf
     # every node's size is the plan's, the same on every node whatever facts this host has

@@ -17,26 +17,31 @@ from gpuprov.bringup import read_state
 from gpuprov.commands.up import _load
 from gpuprov.errors import GpuprovError
 from gpuprov.job import FIRST_NODE, INVENTORY
-from gpuprov.job_status import SEPARATOR, TAIL_BYTES, read_tail
+from gpuprov.job_status import JOBCOMP_SEPARATOR, SEPARATOR, TAIL_BYTES, read_tail
 from gpuprov.specfile import read_text
 
 
-def _job_query(kind: str, job_id: str) -> str:
+def _job_query(kind: str, job_id: str, jobcomp: str = "") -> str:
     if kind == "slurm":
-        return f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
+        live = f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
+        if not jobcomp:  # the site's Slurm: its records are not the bundle's to read
+            return live
+        # the completion record outlives slurmctld's memory of the job (MinJobAge)
+        return (f"{live}; echo {JOBCOMP_SEPARATOR}; "
+                f"grep -F {shlex.quote(f'JobId={job_id} ')} {shlex.quote(jobcomp)} 2>/dev/null | tail -n 1 || true")
     return f"ps -o pid= -p {shlex.quote(job_id)} || echo exited"
 
 
-def _local(kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
-    proc = subprocess.run(["sh", "-c", _job_query(kind, job_id)], capture_output=True, text=True, timeout=60)
+def _local(kind: str, job_id: str, metrics: Path, jobcomp: str = "") -> tuple[str, str]:
+    proc = subprocess.run(["sh", "-c", _job_query(kind, job_id, jobcomp)], capture_output=True, text=True, timeout=60)
     return proc.stdout, read_tail(metrics)
 
 
-def _remote(root: Path, kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
+def _remote(root: Path, kind: str, job_id: str, metrics: Path, jobcomp: str = "") -> tuple[str, str]:
     tool = shutil.which("ansible") or shutil.which("ansible", path=str(Path(sys.executable).parent))
     if tool is None:
         raise GpuprovError("ansible not found on PATH (pip install ansible-core), or run status on the first node with --local")
-    script = f"{_job_query(kind, job_id)}; echo {SEPARATOR}; tail -c {TAIL_BYTES} {shlex.quote(str(metrics))} 2>/dev/null || true"
+    script = f"{_job_query(kind, job_id, jobcomp)}; echo {SEPARATOR}; tail -c {TAIL_BYTES} {shlex.quote(str(metrics))} 2>/dev/null || true"
     proc = subprocess.run([tool, FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.shell", "-a", script],
                           cwd=root / "ansible", capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -70,7 +75,9 @@ def status(directory: str, job_id: str | None, local: bool, as_json: bool) -> No
         raise GpuprovError(f"--job {job_id!r}: expected a number")
     config = yaml.safe_load(read_text(root / "launch" / "train.yaml"))
     metrics = Path(config["logging"]["metrics_file"])
-    job_text, metrics_text = _local(kind, job_id, metrics) if local else _remote(root, kind, job_id, metrics)
+    jobcomp = plan.scheduler.jobcomp_loc if plan.scheduler.kind == "slurm" else ""
+    job_text, metrics_text = (_local(kind, job_id, metrics, jobcomp) if local
+                              else _remote(root, kind, job_id, metrics, jobcomp))
     result = job_status.report(plan, str(job_id), kind, job_status.job_summary(kind, job_text),
                                job_status.parse_metrics(metrics_text))
     # the job log sits beside the metrics file (both in the run's log folder)

@@ -104,6 +104,7 @@ def _context(plan: Plan) -> dict:
         "log_dir": paths["log_dir"],
         "scheduler": plan.scheduler,
         "max_requeues": plan.scheduler.max_requeues,
+        "max_requeues_without_progress": plan.scheduler.max_requeues_without_progress,
         **_weights(plan, plan.provisioning.checkpoint_root if plan.provisioning else ""),
     }
 
