@@ -4,6 +4,7 @@ and `up --dry-run` ending with the job submission on every cloud and on-prem."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,32 @@ def test_submission_output_and_status_parsing():
     shown = job_status.lines(r)
     assert shown[0].startswith("job 7 (Slurm): RUNNING") and "requeued 2x" in shown[0]
     assert shown[1].startswith("step 2 of ") and "resumed at step 1" in shown[1]
+
+
+def test_status_reads_the_job_completion_record_once_slurmctld_forgot_the_job(tmp_path, monkeypatch):
+    """slurmctld forgets an ended job after MinJobAge; its jobcomp/filetxt record (slurm.conf
+    JobCompLoc, the plan's jobcomp_loc) stays: status reports how it ended, not GONE. scontrol is
+    stood in for; the record has jobcomp/filetxt's line format (test_slurm_role.py checks it against
+    a real slurmctld's)."""
+    from gpuprov.commands import status as status_cmd
+
+    plan = sample_plan("aws", nodes=2)
+    assert plan.scheduler.jobcomp_loc.startswith(plan.scheduler.state_save_location)
+    comp = tmp_path / "jobcomp.log"
+    comp.write_text("JobId=420 UserId=u(1000) GroupId=u(1000) Name=x JobState=COMPLETED Partition=gpu ExitCode=0:0\n"
+                    "JobId=42 UserId=u(1000) GroupId=u(1000) Name=x JobState=NODE_FAIL Partition=gpu "
+                    "NodeList=n-[00-01] EndTime=2026-12-06T01:00:00 ExitCode=0:0\n"
+                    "JobId=42 UserId=u(1000) GroupId=u(1000) Name=x JobState=FAILED Partition=gpu "
+                    "NodeList=n-[00-01] EndTime=2026-12-06T02:00:00 ExitCode=1:0\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified'\n")
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    text, _ = status_cmd._local("slurm", "42", tmp_path / "metrics.jsonl", str(comp))
+    summary = job_status.job_summary("slurm", text)
+    assert summary["state"] == "FAILED" and "exit code 1:0" in summary["reason"] and summary["nodes"] == "n-[00-01]"
+    assert job_status.job_summary("slurm", status_cmd._local("slurm", "42", tmp_path / "m", "")[0])["state"] == "GONE"
 
 
 def test_status_without_a_job_is_a_one_line_error(tmp_path):
