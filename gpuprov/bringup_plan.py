@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 from gpuprov.catalog import bringup as cat
+from gpuprov.errors import GpuprovError
 from gpuprov.host import rules
 from gpuprov.plan import Access, Alternative, Head, Image, Purchase, SharedStorage
 from gpuprov.targets import get_target
@@ -87,9 +88,9 @@ def _access(cloud: str, image_user: str | None, spec: Any) -> Any:
         # the issue's alternative to a bastion: public node addresses, SSH from that CIDR only
         return Access(method="ssh", user=user, head=head, source=f"public node addresses, SSH from {spec.ssh_cidr} only")
     source = entry["source"]
-    if entry.get("no_public_address") and spec.ssh_cidr:  # nothing to open port 22 to (issue finding 7)
-        source = (f"--ssh-cidr {spec.ssh_cidr} is not used: {cloud} nodes get no public address "
-                  f"({entry['no_public_address']}); {entry['method'].upper()} reaches them. {source}")
+    if entry.get("no_public_address") and spec.ssh_cidr:  # nothing to open port 22 to: refused, not dropped
+        raise GpuprovError(f"--ssh-cidr {spec.ssh_cidr}: {cloud} nodes get no public address "
+                           f"({entry['no_public_address']}); {entry['method'].upper()} reaches them: drop --ssh-cidr")
     return Access(method=entry["method"], user=user, proxy=entry.get("proxy"), head=head, source=source)
 
 
@@ -125,12 +126,13 @@ def bringup_fields(spec: Any, inst: Any, nodes: int, needs: Any) -> dict[str, An
     cloud = inst.cloud
     image = None if cloud == "onprem" else _image(cloud)
     hosts = list(spec.hosts[:nodes]) if inst.onprem and spec.hosts else None
+    shared = _shared(cloud, nodes, needs, spec.tokens, spec.shared_nfs if cloud == "onprem" else None)
     return {
-        "scheduler": decide(spec, cloud, nodes, hosts, instance=inst),
+        "scheduler": decide(spec, cloud, nodes, hosts, instance=inst, shared_mount=shared.mount_point if shared else None),
         "purchase": _purchase(spec, inst),
         "image": image,
         "access": _access(cloud, image.user if image else None, spec),
-        "shared_storage": _shared(cloud, nodes, needs, spec.tokens, spec.shared_nfs if cloud == "onprem" else None),
+        "shared_storage": shared,
         "bundle_id": bundle_id(spec),
     }
 

@@ -14,6 +14,7 @@ from typing import Any
 
 TAIL_BYTES = 256 * 1024  # enough for the newest few hundred records of a long run
 SEPARATOR = "---gpuprov-metrics---"
+JOBCOMP_SEPARATOR = "---gpuprov-jobcomp---"  # then the job's newest jobcomp/filetxt record, if any
 
 
 def parse_scontrol(text: str) -> dict[str, str]:
@@ -24,9 +25,26 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return fields
 
 
+def parse_jobcomp(text: str, job_id: str) -> dict[str, str] | None:
+    """The newest jobcomp/filetxt record of this job (one `Key=value ...` line per ended run)."""
+    found = None
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("JobId") == job_id and "JobState" in fields:
+            found = fields
+    return found
+
+
 def job_summary(kind: str, text: str) -> dict[str, Any]:
     if kind == "slurm":
-        f = parse_scontrol(text)
+        live, _, comp = text.partition(JOBCOMP_SEPARATOR)
+        f = parse_scontrol(live)
+        job_id = next((w.split("=", 1)[1] for w in comp.split() if w.startswith("JobId=")), "")
+        record = parse_jobcomp(comp, job_id) if f["JobState"] == "GONE" and job_id else None
+        if record:  # slurmctld forgot the job; its completion record did not
+            return {"state": record["JobState"], "restarts": None, "nodes": record.get("NodeList"),
+                    "run_time": None, "reason": f"ended {record.get('EndTime', '?')}, exit code "
+                                                f"{record.get('ExitCode', '?')} (job completion record)"}
         return {"state": f["JobState"], "restarts": int(f.get("Restarts", "0") or 0), "nodes": f.get("NodeList"),
                 "run_time": f.get("RunTime"), "reason": f.get("Reason") if f.get("Reason") not in (None, "None") else None}
     alive = text.strip() not in ("", "exited")

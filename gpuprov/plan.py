@@ -394,6 +394,11 @@ class Scheduler(_Strict):
     # name Terraform gave); on-prem the hosts keep theirs and the hosts file must use them
     set_hostname: bool = False
     max_requeues: int = 0  # times a failed job is requeued to resume from its newest checkpoint
+    # consecutive requeues without a new checkpoint: more means a deterministic failure, not a lost node
+    max_requeues_without_progress: int = 0
+    state_save_location: str = ""  # slurmctld's state (shared filesystem where the bundle has one)
+    jobcomp_loc: str = ""  # jobcomp/filetxt records: one line per ended job, read by `gpuprov status`
+    health_check_interval: int = 0  # seconds between slurmd's node health checks (0: none)
     reason: str = ""
     source: str = ""
 

@@ -135,19 +135,21 @@ def _reservation_zone_rule(plan: Any, s: dict) -> Check | None:
 
 
 def _provider_support_rule(plan: Any, s: dict) -> Check | None:
-    """A provisioning model the pinned provider may not send as written (checked by no schema)."""
+    """A provisioning model the provider sends as written only from some release on: the bundle's
+    versions.tf must pin that line (the target decides the pin; no mined schema covers it)."""
     model = {"flex-start": "FLEX_START"}.get(s["purchase"])
     if s["purchase"] == "reservation" and plan.purchase.reservation_bound:
         model = "RESERVATION_BOUND"
     fact = cat.provider_support(plan.cluster.cloud).get(model or "")
     if not fact:
         return None
-    return Check("skip", "provider support", f"provisioning_model {model}: hashicorp/google added it to its instance "
-                 f"and instance-template resources in {fact['since']} ({fact['source']}); terraform/versions.tf "
-                 "pins an earlier line, "
-                 "whose handling of it no schema shows: unchecked",
-                 f"after `terraform plan`, check it shows provisioning_model = \"{model}\"; if it shows STANDARD, "
-                 "raise the hashicorp/google pin in terraform/versions.tf to a release that carries it")
+    pinned = (plan.infra.inputs if plan.infra else {}).get("google_provider_version")
+    if fact.get("pin") and pinned == fact["pin"]:
+        return Check("ok", "provider support", f"provisioning_model {model}: terraform/versions.tf pins hashicorp/google "
+                     f"{pinned}, the line that sends it ({fact['source']})")
+    return Check("fail", "provider support", f"provisioning_model {model}: hashicorp/google sends it only from "
+                 f"{fact['since']}; this bundle pins {pinned or 'an earlier line'}",
+                 "generate the bundle again with this gpuprov (it pins the provider line the model needs)")
 
 
 def _quota_rule(plan: Any, inst: Any, s: dict) -> Check:
@@ -283,4 +285,6 @@ def preflight(plan: Any, root: Path, *, live: bool = True, run: Runner = run_cli
     if get_target(plan.cluster.cloud).provisioner == "inventory":  # no Terraform values to check
         return [shared_storage_rule(plan, root)]
     return (offline_checks(plan, root) + [shared_storage_rule(plan, root)]
-            + (live_checks(plan, root, run) if live else []))
+            + (live_checks(plan, root, run) if live else [Check(
+                "skip", "live checks", "--offline: offerings, reservation, quota and subnet routes are unchecked",
+                "run validate without --offline, signed in to the cloud's CLI")]))

@@ -57,8 +57,17 @@ def node_size(instance: Any) -> dict[str, int | None]:
     return {"node_cpus": None if "cores" in unknown else cpus, "node_real_memory_mb": None if "ram" in unknown else mem}
 
 
+def records(shared_mount: str | None) -> dict[str, Any]:
+    """Where slurmctld keeps its state and job completion records, and the requeue and health rules."""
+    cat = catalog()["slurm"]
+    state = f"{shared_mount.rstrip('/')}/{cat['state_dir_shared']}" if shared_mount else cat["state_dir_local"]
+    return {"state_save_location": state, "jobcomp_loc": f"{state}/jobcomp.log",
+            "max_requeues_without_progress": int(cat["max_requeues_without_progress"]),
+            "health_check_interval": int(cat["health_check_interval"])}
+
+
 def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_node: str | None = None,
-           instance: Any = None) -> Any:
+           instance: Any = None, shared_mount: str | None = None) -> Any:
     """Plan.scheduler for a cluster of `nodes` on `cloud` (spec.slurm: auto, install, existing, none).
 
     auto: Slurm on multi-node clusters (requeue on node failure, one `sbatch`); one node runs
@@ -70,18 +79,20 @@ def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_no
     want = getattr(spec, "slurm", "auto")
     partition = cat["slurm"]["partition"]
     requeues = int(cat["slurm"]["max_requeues"])
-    source = f"{cat['slurm']['source']} ({cat['slurm']['date']})"
+    source = f"{' '.join(str(cat['slurm']['source']).split())} ({cat['slurm']['date']}); " \
+             f"{' '.join(str(cat['slurm']['records_source']).split())}"
     if want == "none" or (want == "auto" and nodes < 2):
         why = "asked for none" if want == "none" else "one node: torchrun runs directly, no scheduler needed"
         return Scheduler(kind="none", reason=why, source=source)
     if want == "existing":
         return Scheduler(kind="existing", controller="site", max_requeues=requeues,
+                         max_requeues_without_progress=records(None)["max_requeues_without_progress"],
                          reason="the site's Slurm runs the job in its default partition (sbatch -p NAME for "
                                 "another); the bundle renders the job script only",
                          source=source)
     install = {"builds": builds(cloud, getattr(instance, "name", None)), "partition": partition,
                "max_requeues": requeues, "set_hostname": cloud != "onprem", "source": source,
-               **node_size(instance)}
+               **node_size(instance), **records(shared_mount)}
     if head_node:
         return Scheduler(kind="slurm", controller="head-node", controller_host=head_node,
                          reason=" ".join(cat["controller"]["head_node_reason"].split()), **install)

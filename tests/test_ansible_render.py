@@ -132,8 +132,10 @@ def test_onprem_gds_follows_the_gpu_product(gpu, gds):
     from gpuprov.planner import make_plan
     from gpuprov.spec import HostEntry, TrainingSpec
 
+    # the host states its NVMe drives (a host stating nothing has none the plan knows of: no GDS)
     plan = make_plan(TrainingSpec(model="llama-3.2-1b", task="lora", tokens=10**8, cloud="onprem", gpus=[gpu],
-                                  hosts=[HostEntry(name="gpu0", address="10.0.0.1")]))
+                                  hosts=[HostEntry(name="gpu0", address="10.0.0.1", gpu=gpu, gpus=8, nvme_count=2,
+                                                   nvme_gb_each=3840)]))
     assert plan.gpu.slug == gpu and plan.storage.devices > 0 and plan.software.gds is gds
     files = render_ansible(plan)
     gv = yaml.safe_load(files["group_vars/all.yml"])

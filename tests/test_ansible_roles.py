@@ -263,6 +263,40 @@ def test_health_check_loads_hpcx_for_the_azure_images_nccl_tests(bundle, scratch
     assert without.returncode != 0 and "rc=127" in without.stdout
 
 
+@pytest.mark.slow
+def test_slurm_node_health_check_drains_a_node_short_of_gpus_or_rdma_devices(bundle, scratch):
+    """slurm.conf's HealthCheckProgram: a node whose GPUs or RDMA devices went missing mid-run is
+    drained with the reason (nvidia-smi and scontrol stood in for; the RDMA devices are sysfs entries)."""
+    dest, sysfs, bindir = scratch / "node-health.sh", scratch / "ib", scratch / "bin"
+    sysfs.mkdir()
+    bindir.mkdir()
+    play = _role_play(bundle, "node-health.yml", [{"name": "script", "ansible.builtin.template": {
+        "src": "roles/slurm/templates/node-health.sh.j2", "dest": str(dest), "mode": "0755"}}],
+        {"slurm_gpus_per_node": 8, "slurm_health_rdma_devices": 4, "slurm_health_rdma_sysfs": str(sysfs),
+         "slurm_health_check_interval": 300}, gather=False)
+    assert playbook(bundle, "-i", "local-inventory.yml", play).returncode == 0
+    calls = scratch / "scontrol-calls"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bindir / "nvidia-smi").write_text('#!/bin/sh\ni=0; while [ $i -lt "$GPUS" ]; do echo "GPU $i: NVIDIA H100 (UUID: x)"; '
+                                       'i=$((i + 1)); done\n')
+    for tool in ("scontrol", "nvidia-smi"):
+        (bindir / tool).chmod(0o755)
+
+    def run(gpus: int, devices: int) -> int:
+        for old in sysfs.iterdir():
+            old.rmdir()
+        for i in range(devices):
+            (sysfs / f"mlx5_{i}").mkdir()
+        env = {"PATH": f"{bindir}:/usr/bin:/bin", "GPUS": str(gpus)}
+        return subprocess.run(["sh", str(dest)], env=env, capture_output=True, text=True).returncode
+
+    assert run(8, 4) == 0 and not calls.exists()
+    assert run(7, 3) == 1
+    (call,) = calls.read_text().splitlines()
+    assert call.startswith("update nodename=") and "state=drain" in call
+    assert "7 of 8 GPUs" in call and "3 of 4 RDMA devices" in call
+
+
 def test_cufile_json_never_uses_p2pdma_and_falls_back_to_compat(bundle, scratch):
     dest = scratch / "cufile.json"
     play = _role_play(bundle, "cufile.yml", [{"name": "cufile", "ansible.builtin.template": {

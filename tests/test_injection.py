@@ -189,7 +189,20 @@ def test_other_user_strings_are_validated(flag: str, value: str, word: str) -> N
 
 
 def test_valid_user_strings_pass() -> None:
-    code, out, err = cli("plan", "--cloud", "aws", "--region", "us-west-2", "--ssh-cidr", "203.0.113.0/24",
+    code, out, err = cli("plan", "--cloud", "aws", "--region", "us-west-2",
                          "--capacity-reservation-id", "cr-0123456789abcdef0", "--json")
     assert code == 0, err
+    code, out, err = cli("plan", "--cloud", "azure", "--ssh-cidr", "203.0.113.0/24", "--json")
+    assert code == 0, err
     assert json.loads(out)["spec"]["ssh_cidr"] == "203.0.113.0/24"
+
+
+def test_aws_refuses_ssh_cidr_in_one_line() -> None:
+    """AWS EFA nodes get no public address (one would limit them to one network interface): SSM
+    reaches them, so --ssh-cidr is refused in one line, exit 2, never accepted and dropped."""
+    from gpuprov.catalog import load_data
+
+    assert load_data("bringup.yaml")["access"]["aws"]["no_public_address"]
+    code, out, err = cli("plan", "--cloud", "aws", "--ssh-cidr", "203.0.113.0/24")
+    line = assert_one_line_error(code, err)
+    assert "--ssh-cidr" in line and "SSM" in line

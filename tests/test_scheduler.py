@@ -4,6 +4,7 @@ and `up --dry-run` ending with the job submission on every cloud and on-prem."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,52 @@ def test_sbatch_asks_for_whole_gpu_nodes_requeues_and_logs_on_the_shared_filesys
     assert proc.returncode == 0, proc.stderr
 
 
+def _sbatch_starts(tmp_path, progress: bool, starts: int) -> list[tuple[int, bool]]:
+    """Run the rendered slurm.sbatch `starts` times as Slurm would after each requeue, with srun and
+    scontrol stood in for: training fails each time, writing a new complete checkpoint first when
+    `progress`. Returns (exit code, requeued) per start."""
+    from gpuprov.render.launch import run_paths
+
+    plan = sample_plan("aws", nodes=2)
+    paths = run_paths(plan)
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    text = render_launch(plan)["slurm.sbatch"].replace(paths["checkpoint_dir"], str(ckpt)).replace(
+        paths["log_dir"], str(logs))
+    launch, bindir = tmp_path / "launch", tmp_path / "bin"
+    for d in (launch, bindir, ckpt, logs):
+        d.mkdir(parents=True, exist_ok=True)
+    (launch / "slurm.sbatch").write_text(text)
+    (launch / "train.sh").write_text("#!/bin/sh\nexit 1\n")
+    (launch / "env.sh").write_text(":\n")
+    (bindir / "scontrol").write_text('#!/bin/sh\n[ "$1" = requeue ] && touch "$REQUEUED"; [ "$1" = show ] && echo n1\nexit 0\n')
+    write_step = f'n=$(ls {ckpt} | wc -l); mkdir -p {ckpt}/step-$((n + 1)); touch {ckpt}/step-$((n + 1))/.metadata; '
+    (bindir / "srun").write_text("#!/bin/sh\n" + 'case "$*" in *hostname*) echo 10.0.0.5; exit 0;; esac\n'
+                                 + (write_step if progress else "") + "exit 1\n")
+    for tool in ("scontrol", "srun", "train.sh"):
+        (bindir / tool if tool != "train.sh" else launch / tool).chmod(0o755)
+    out = []
+    for restart in range(starts):
+        flag = tmp_path / f"requeued-{restart}"
+        env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": str(restart),
+               "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2", "GPUPROV_LAUNCH_DIR": str(launch),
+               "REQUEUED": str(flag)}
+        proc = subprocess.run(["bash", str(launch / "slurm.sbatch")], env=env, capture_output=True, text=True)
+        out.append((proc.returncode, flag.exists()))
+    return out
+
+
+def test_a_failure_without_progress_is_not_requeued_ten_times(tmp_path):
+    """A run that fails before writing any new checkpoint, start after start, is deterministic: it is
+    requeued at most max_requeues_without_progress times in a row, then ends failed; a run that
+    checkpoints between failures (lost nodes, spot) keeps being requeued."""
+    limit = sample_plan("aws", nodes=2).scheduler.max_requeues_without_progress
+    assert 0 < limit < sample_plan("aws", nodes=2).scheduler.max_requeues
+    stuck = _sbatch_starts(tmp_path / "stuck", progress=False, starts=limit + 1)
+    assert stuck == [(0, True)] * limit + [(1, False)]
+    moving = _sbatch_starts(tmp_path / "moving", progress=True, starts=limit + 2)
+    assert moving == [(0, True)] * (limit + 2)
+
+
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_up_dry_run_ends_with_the_job_submission(tmp_path, cloud):
     plan = sample_plan(cloud, nodes=2)
@@ -165,6 +212,32 @@ def test_submission_output_and_status_parsing():
     shown = job_status.lines(r)
     assert shown[0].startswith("job 7 (Slurm): RUNNING") and "requeued 2x" in shown[0]
     assert shown[1].startswith("step 2 of ") and "resumed at step 1" in shown[1]
+
+
+def test_status_reads_the_job_completion_record_once_slurmctld_forgot_the_job(tmp_path, monkeypatch):
+    """slurmctld forgets an ended job after MinJobAge; its jobcomp/filetxt record (slurm.conf
+    JobCompLoc, the plan's jobcomp_loc) stays: status reports how it ended, not GONE. scontrol is
+    stood in for; the record has jobcomp/filetxt's line format (test_slurm_role.py checks it against
+    a real slurmctld's)."""
+    from gpuprov.commands import status as status_cmd
+
+    plan = sample_plan("aws", nodes=2)
+    assert plan.scheduler.jobcomp_loc.startswith(plan.scheduler.state_save_location)
+    comp = tmp_path / "jobcomp.log"
+    comp.write_text("JobId=420 UserId=u(1000) GroupId=u(1000) Name=x JobState=COMPLETED Partition=gpu ExitCode=0:0\n"
+                    "JobId=42 UserId=u(1000) GroupId=u(1000) Name=x JobState=NODE_FAIL Partition=gpu "
+                    "NodeList=n-[00-01] EndTime=2026-12-06T01:00:00 ExitCode=0:0\n"
+                    "JobId=42 UserId=u(1000) GroupId=u(1000) Name=x JobState=FAILED Partition=gpu "
+                    "NodeList=n-[00-01] EndTime=2026-12-06T02:00:00 ExitCode=1:0\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified'\n")
+    (bindir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    text, _ = status_cmd._local("slurm", "42", tmp_path / "metrics.jsonl", str(comp))
+    summary = job_status.job_summary("slurm", text)
+    assert summary["state"] == "FAILED" and "exit code 1:0" in summary["reason"] and summary["nodes"] == "n-[00-01]"
+    assert job_status.job_summary("slurm", status_cmd._local("slurm", "42", tmp_path / "m", "")[0])["state"] == "GONE"
 
 
 def test_status_without_a_job_is_a_one_line_error(tmp_path):

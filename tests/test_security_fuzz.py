@@ -75,7 +75,7 @@ def _generate_args(work: Path, kind: str, value: str, field: str) -> list[str]:
     spec = {"model": "7b", "gpus": ["h100-80gb"], "max_nodes": 2}
     args = []
     if field == "ssh_cidr":
-        spec.update(cloud="aws", ssh_cidr=value)
+        spec.update(cloud="azure", ssh_cidr=value)  # AWS refuses --ssh-cidr (no public node addresses)
     else:
         host = {"name": "gpu0", "address": "10.0.0.1", "user": "ubuntu", field: value}
         (work / "hosts.json").write_text(json.dumps([host]))

@@ -52,6 +52,8 @@ def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04") ->
                 {"name": "controller", "ansible.builtin.set_fact": {
                     "slurm_controller_host": "{{ groups['gpu_nodes'][0] }}"}},
                 {"name": "build", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "build.yml"}},
+                {"name": "hosts", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "hosts.yml"},
+                 "vars": {"slurm_hosts_file": str(root / "hosts")}},
                 {"name": "slurm.conf", "ansible.builtin.template": {
                     "src": "roles/slurm/templates/slurm.conf.j2", "dest": str(root / "out-{{ inventory_hostname }}.conf")}},
                 {"name": "cgroup.conf", "ansible.builtin.template": {
@@ -61,6 +63,7 @@ def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04") ->
         assert proc.returncode == 0, proc.stdout[-3000:]
         conf = (root / f"out-{limit}.conf").read_text()
         conf += "\n#CGROUP\n" + (root / "cgroup.conf").read_text()
+        conf += "\n#HOSTS\n" + (root / "hosts").read_text()
     return conf, yaml.safe_load(files["group_vars/all.yml"])
 
 
@@ -77,8 +80,16 @@ def test_slurm_conf_addresses_are_private_and_render_under_limit(shape):
     assert ctl == f"SlurmctldHost={names[0]}({hosts[names[0]]['private_ip']})"
     nodes = [_fields(ln) for ln in conf.splitlines() if ln.startswith("NodeName=")]
     assert [(n["NodeName"], n["NodeAddr"]) for n in nodes] == [(n, hosts[n]["private_ip"]) for n in names]
-    # neither an instance id nor a public address reaches slurm.conf
+    # job records and controller state on the shared filesystem (a replaced first node keeps them),
+    # the periodic node health check (item: Slurm forgets jobs and sick nodes)
+    lines = dict(ln.split("=", 1) for ln in conf.split("#CGROUP")[0].splitlines() if ln[:1].isupper() and "=" in ln)
+    assert lines["JobCompType"] == "jobcomp/filetxt" and lines["JobCompLoc"] == group_vars["slurm_jobcomp_loc"]
+    assert lines["StateSaveLocation"].startswith("/shared/") and lines["JobCompLoc"].startswith(lines["StateSaveLocation"])
+    assert lines["HealthCheckProgram"].endswith("/node-health.sh") and int(lines["HealthCheckInterval"]) > 0
+    # neither an instance id nor a public address reaches slurm.conf or the nodes' host entries
     assert "i-0" not in conf and "198.51.100." not in conf
+    entries = [ln.split() for ln in conf.split("#HOSTS")[1].splitlines() if ln and not ln.startswith("#")]
+    assert entries == [[hosts[n]["private_ip"], n] for n in names]
     # every node's size is the plan's, the same on every node whatever facts this host has
     assert {(n["CPUs"], n["RealMemory"]) for n in nodes} == {
         (str(group_vars["slurm_node_cpus"]), str(group_vars["slurm_node_real_memory_mb"]))}
@@ -96,7 +107,7 @@ def test_cgroup_settings_are_the_ones_the_images_slurm_supports(cloud):
     version = tuple(int(x) for x in build["version"].split(".")[:2])
     catalog = load_data("scheduler.yaml")["slurm"]["builds"][build["name"]]
     assert catalog["version"] == build["version"]
-    text, cgroup = conf.split("#CGROUP")
+    text, cgroup = conf.split("#HOSTS")[0].split("#CGROUP")
     lines = dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#"))
     cg = dict(ln.split("=", 1) for ln in cgroup.splitlines() if "=" in ln and not ln.startswith("#"))
     if version < (22, 5):

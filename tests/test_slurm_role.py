@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 import slurm_cluster
+from gpuprov.job_status import JOBCOMP_SEPARATOR, job_summary
 from ansible_helpers import LOCAL_INVENTORY, REPO, playbook, recap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -53,12 +54,15 @@ def scratch():
     (root / "ansible.cfg").write_text("[defaults]\nroles_path = roles\n")
     (root / "munge").mkdir()
     shutil.chown(root / "munge", "munge", "munge")
+    (root / "jobcomp").mkdir()
+    shutil.chown(root / "jobcomp", "slurm", "slurm")
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
 
 def _vars(root: Path, **extra) -> dict:
     return {"slurm_manage_services": False, "slurm_config_dir": str(root / "etc"),
+            "slurm_jobcomp_loc": str(root / "jobcomp" / "jobcomp.log"),
             "slurm_munge_key": str(root / "munge" / "munge.key"), "slurm_munge_socket": str(root / "munge" / "sock"),
             "slurm_gpus_per_node": 0, "slurm_cgroup": False, "slurm_plugin_dirs": [str(root / "plugins")], **extra}
 
@@ -104,6 +108,21 @@ def test_converges_idempotent_check_mode_and_real_daemons_take_the_node(scratch,
                 break
             time.sleep(0.5)
         assert states == ["idle"], Path("/var/log/slurm/slurmctld.log").read_text()[-2000:]
+        # a job that ends leaves its completion record (jobcomp/filetxt), which `gpuprov status`
+        # reads once slurmctld forgot the job
+        job_id = subprocess.run(["sbatch", "--parsable", "--wrap=true", "-o", "/dev/null"], env=env, check=True,
+                                capture_output=True, text=True).stdout.strip().split(";")[0]
+        record = ""
+        for _ in range(120):
+            log = scratch / "jobcomp" / "jobcomp.log"
+            record = next((ln for ln in (log.read_text().splitlines() if log.exists() else [])
+                           if ln.startswith(f"JobId={job_id} ")), "")
+            if record:
+                break
+            time.sleep(0.5)
+        forgotten = f"slurm_load_jobs error: Invalid job id specified\n{JOBCOMP_SEPARATOR}\n{record}\n"
+        assert job_summary("slurm", forgotten)["state"] == "COMPLETED", record
+        assert "ExitCode=0:0" in record and fields["NodeName"] in record
         monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # sinfo in the health tasks
         health = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "health.yml", "health.yml", **v))
         assert health.returncode == 0, health.stdout[-3000:]

@@ -120,8 +120,9 @@ def test_plan_values_are_the_defaults(name, loaded, tmp_path):
     if name == "gcp-a3ultra-4":  # RoCE: one more gVNIC network and 8 MRDMA NICs
         assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (1, 8)
         assert values["gpu_network_mtu"] == 8896
-        assert values["compact_placement_supported"] is True
         assert values["purchase_option"] == "flex-start"  # a3-ultragpu has no on-demand
+        # flex-start's managed instance group takes no compact placement policy
+        assert values["compact_placement_supported"] is False
         assert "reservation_name" not in values  # null outputs are left out
     if name == "gcp-a3mega-2":  # TCPXO: 8 gVNIC data networks
         assert (values["gpu_nic_count"], values["rdma_nic_count"]) == (8, 0)
@@ -296,7 +297,7 @@ def _name_prefix(directory) -> str:
 
 PLANNER_SPECS = {
     "aws-70b-full": dict(model="llama-3.1-70b", task="full", cloud="aws",
-                         capacity_reservation_id="cr-0123456789abcdef0", ssh_cidr="198.51.100.0/24"),
+                         capacity_reservation_id="cr-0123456789abcdef0"),  # --ssh-cidr: refused on AWS
     "gcp-70b-full": dict(model="llama-3.1-70b", task="full", cloud="gcp", reservation="a3-pool"),
     "gcp-8b-lora": dict(model="llama-3.1-8b", task="lora", cloud="gcp"),
     "azure-70b-full": dict(model="llama-3.1-70b", task="full", cloud="azure"),

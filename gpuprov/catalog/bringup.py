@@ -155,8 +155,18 @@ def load_flex_start(cloud: str) -> dict:
 
 
 def provider_support(cloud: str) -> dict:
-    """{provisioning model: {since, source}} the cloud's Terraform provider sends only from some release on."""
-    return dict(_bringup().get("provider_support", {}).get(cloud, {}))
+    """{provisioning model: {since, pin, source}} the cloud's Terraform provider sends only from some release on."""
+    return {k: v for k, v in _bringup().get("provider_support", {}).get(cloud, {}).items() if isinstance(v, dict)}
+
+
+def provider_pin(cloud: str, model: str | None) -> tuple[str, str]:
+    """The provider version constraint a bundle pins, and why: the default line, or the one a
+    provisioning model needs (FLEX_START, RESERVATION_BOUND on GCP)."""
+    entry = _bringup().get("provider_support", {}).get(cloud, {})
+    fact = entry.get(model or "")
+    if fact and fact.get("pin"):
+        return str(fact["pin"]), f"{model} is sent as written from {fact['since']}: {' '.join(str(fact['source']).split())}"
+    return str(entry.get("default_pin", "")), "the provider line the templates are schema-checked against"
 
 
 def shared_storage(cloud: str) -> dict | None:

@@ -21,19 +21,24 @@ from gpuprov.bringup import read_state
 from gpuprov.commands.up import _load
 from gpuprov.errors import GpuprovError
 from gpuprov.job import FIRST_NODE, INVENTORY
-from gpuprov.job_status import SEPARATOR, TAIL_BYTES, read_tail
+from gpuprov.job_status import JOBCOMP_SEPARATOR, SEPARATOR, TAIL_BYTES, read_tail
 from gpuprov.safefile import read_text as read_bundle_text
 from gpuprov.specfile import MAX_FILE_BYTES, _plain, load_yaml
 
 
-def _job_query(kind: str, job_id: str) -> str:
+def _job_query(kind: str, job_id: str, jobcomp: str = "") -> str:
     if kind == "slurm":
-        return f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
+        live = f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
+        if not jobcomp:  # the site's Slurm: its records are not the bundle's to read
+            return live
+        # the completion record outlives slurmctld's memory of the job (MinJobAge)
+        return (f"{live}; echo {JOBCOMP_SEPARATOR}; "
+                f"grep -F {shlex.quote(f'JobId={job_id} ')} {shlex.quote(jobcomp)} 2>/dev/null | tail -n 1 || true")
     return f"ps -o pid= -p {shlex.quote(job_id)} || echo exited"
 
 
-def _local(kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
-    proc = subprocess.run(["sh", "-c", _job_query(kind, job_id)], capture_output=True, text=True, timeout=60)
+def _local(kind: str, job_id: str, metrics: Path, jobcomp: str = "") -> tuple[str, str]:
+    proc = subprocess.run(["sh", "-c", _job_query(kind, job_id, jobcomp)], capture_output=True, text=True, timeout=60)
     return proc.stdout, read_tail(metrics)
 
 
@@ -117,8 +122,8 @@ def _adhoc(plan, inventory: dict, script: str) -> subprocess.CompletedProcess:
         return subprocess.run(argv, cwd=scratch, capture_output=True, text=True, errors="replace", env=env, timeout=300)
 
 
-def _remote(root: Path, plan, kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
-    script = f"{_job_query(kind, job_id)}; echo {SEPARATOR}; tail -c {TAIL_BYTES} {shlex.quote(str(metrics))} 2>/dev/null || true"
+def _remote(root: Path, plan, kind: str, job_id: str, metrics: Path, jobcomp: str = "") -> tuple[str, str]:
+    script = f"{_job_query(kind, job_id, jobcomp)}; echo {SEPARATOR}; tail -c {TAIL_BYTES} {shlex.quote(str(metrics))} 2>/dev/null || true"
     proc = _adhoc(plan, _inventory(root), script)
     if proc.returncode != 0:
         raise GpuprovError(f"cannot reach the first node: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
@@ -162,7 +167,13 @@ def status(directory: str, job_id: str | None, local: bool, as_json: bool) -> No
     if not str(job_id).isdigit():
         raise GpuprovError(f"--job {job_id!r}: expected a number")
     metrics = _metrics_file(root)
-    job_text, metrics_text = _local(kind, job_id, metrics) if local else _remote(root, plan, kind, job_id, metrics)
+    jobcomp = plan.scheduler.jobcomp_loc if plan.scheduler.kind == "slurm" else ""
+    if jobcomp and (not _PLAIN_PATH.fullmatch(jobcomp) or ".." in jobcomp.split("/")):
+        # it reaches a shell line Ansible templates: a plain path, as logging.metrics_file
+        raise GpuprovError(f"plan.json: scheduler.jobcomp_loc must be an absolute path of letters, digits and "
+                           f"._/+@=,- (got {jobcomp[:80]!r})")
+    job_text, metrics_text = (_local(kind, job_id, metrics, jobcomp) if local
+                              else _remote(root, plan, kind, job_id, metrics, jobcomp))
     result = job_status.report(plan, str(job_id), kind, job_status.job_summary(kind, job_text),
                                job_status.parse_metrics(metrics_text))
     # the job log sits beside the metrics file (both in the run's log folder)

@@ -105,6 +105,7 @@ def _environment():
     )
     env.filters.update(FILTERS)
     env.filters["yaml"] = _yaml
+    env.filters["flow"] = _flow
     env.filters["comment"] = env.filters["oneline"] = _ansible_comment
     return env
 

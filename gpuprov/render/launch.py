@@ -111,6 +111,7 @@ def _context(plan: Plan) -> dict:
         # what `up` stages (gpuprov/staging.py): train.yaml's pretrained_path and data.path
         "staging": staging,
         "weights_dir": staging.weights_dir,
+        "max_requeues_without_progress": plan.scheduler.max_requeues_without_progress,
     }
 
 

@@ -69,7 +69,10 @@ class Gcp(Target):
         return gcp_live.held_zone(held, run)
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
+        from gpuprov.catalog import bringup as cat
+
         machine = plan.instance.name
+        pin, pin_reason = cat.provider_pin("gcp", provisioning_model(plan))
         gvnic, rdma = _nics(plan)
         shared = plan.shared_storage
         return {
@@ -81,7 +84,9 @@ class Gcp(Target):
             "zone": plan.spec.zone,  # a reservation's zone (given, or looked up at generate)
             "reservation_bound": plan.purchase.reservation_bound,
             "max_run_hours": min(168, plan.purchase.max_run_hours or 168),
-            "compact_placement_supported": machine.startswith(COMPACT_FAMILIES),
+            # flex-start's managed instance group takes no placement policy (catalog: flex_start.gcp)
+            "compact_placement_supported": machine.startswith(COMPACT_FAMILIES) and (
+                plan.purchase.option != "flex-start" or bool(cat.load_flex_start("gcp")["compact_placement"])),
             **image_family(plan.image.ref["image"] if plan.image else ""),
             "secure_boot": plan.image.secure_boot if plan.image else False,
             "shared_storage_tier": shared.options.get("tier", "ZONAL") if shared else "ZONAL",
@@ -90,6 +95,8 @@ class Gcp(Target):
             "boot_disk_size_gb": self.boot_disk_gib,
             "create_timeout": create_timeout(plan.purchase.option),
             "resize_request_state_command": flex_request_state_command(),
+            "google_provider_version": pin,
+            "google_provider_reason": pin_reason,
         }
 
     def fabric_role(self, fabric: str) -> str | None:
@@ -105,6 +112,15 @@ def create_timeout(option: str | None) -> str:
     if option != "flex-start":
         return "20m"
     return f"{int(cat.load_flex_start('gcp')['queue_minutes']) + 10}m"
+
+
+def provisioning_model(plan: Plan) -> str | None:
+    """The provisioning model the bundle's VMs ask for, where it is not the provider's default."""
+    if plan.purchase.option == "flex-start":
+        return "FLEX_START"
+    if plan.purchase.option == "reservation" and plan.purchase.reservation_bound:
+        return "RESERVATION_BOUND"
+    return None
 
 
 def flex_request_state_command() -> str:
