@@ -163,3 +163,19 @@ def test_the_bundles_transformers_pin_has_every_family():
     for model_type, first in facts["min_transformers"].items():
         assert pinned >= tuple(int(x) for x in first.split(".")), model_type
     assert set(facts["blocks"]) >= set(facts["min_transformers"])
+
+
+def test_a_multimodal_gemma3_config_json_lists_only_what_differs(tmp_path):
+    """Gemma 3's config.json nests a text_config holding only what differs from Gemma3TextConfig's defaults
+    (heads, kv heads, head_dim and vocabulary come from those): it sizes as the preset's language model."""
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024},
+           "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                             "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                             "patch_size": 14, "vision_use_head": False}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    arch = get_model(str(tmp_path / "config.json"))
+    assert arch.params == get_model("gemma-3-4b").params and arch.model_type == "gemma3_text"
+    assert arch.language_of == "gemma3" and "vision tower" in arch.excluded
