@@ -59,7 +59,7 @@ def test_full_deepseek_v3_needs_more_than_fsdp_and_says_so():
 
 
 @pytest.mark.slow  # 15-25 s each: a whole bundle rendered and validated
-@pytest.mark.parametrize("model,task", [("qwen3-8b", "full"), ("qwen3-30b-a3b", "lora"), ("gemma-3-4b", "full"),
+@pytest.mark.parametrize("model,task", [("qwen3-8b", "full"), ("qwen3-30b-a3b", "lora"), ("google/gemma-3-4b-it", "full"),
                                         ("phi-3-mini", "lora"), ("olmo-2-7b", "full"), ("deepseek-v3", "lora")])
 def test_each_family_plans_generates_and_validates(tmp_path, model, task):
     out = tmp_path / "bundle"
@@ -69,10 +69,12 @@ def test_each_family_plans_generates_and_validates(tmp_path, model, task):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["model"]["hf_model_type"] == arch.model_type and plan["model"]["params"] == arch.params
     train = yaml.safe_load((out / "launch" / "train.yaml").read_text())
-    assert train["model"]["hf_config"]["model_type"] == arch.model_type  # gemma3's language model: gemma3_text
+    assert train["model"]["hf_config"] == arch.hf_config  # the config.json verbatim (Gemma 3's multimodal one)
     if task == "lora":
         assert train["task"]["lora"]["targets"] == list(lora_presets(arch.model_type)["all-linear"])
     r = cli("validate", "--offline", str(out))
+    assert r.exit_code == 0, r.output
+    r = cli("check", str(out))  # rebuilt from plan.json's config alone (no cache, no hub): the same bundle
     assert r.exit_code == 0, r.output
 
 
@@ -102,6 +104,7 @@ def test_an_unknown_id_is_refused_offline_in_one_line():
 @pytest.mark.parametrize("args,words", [
     (("--model", "deepseek-v3", "--task", "qlora"), "--task qlora is not planned"),
     (("--model", "qwen3-30b-a3b", "--task", "qlora"), "--task qlora is not planned"),
+    (("--model", "google/gemma-3-4b-it", "--task", "qlora"), "--task qlora is not planned"),
     (("--model", "phi-4", "--tp", "2"), "tensor-parallel plan does not cover phi3"),
     (("--model", "olmo-2-13b", "--pp", "2"), "pipeline stages are tested on"),
 ])
@@ -160,3 +163,19 @@ def test_the_bundles_transformers_pin_has_every_family():
     for model_type, first in facts["min_transformers"].items():
         assert pinned >= tuple(int(x) for x in first.split(".")), model_type
     assert set(facts["blocks"]) >= set(facts["min_transformers"])
+
+
+def test_a_multimodal_gemma3_config_json_lists_only_what_differs(tmp_path):
+    """Gemma 3's config.json nests a text_config holding only what differs from Gemma3TextConfig's defaults
+    (heads, kv heads, head_dim and vocabulary come from those): it sizes as the preset's language model."""
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024},
+           "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                             "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                             "patch_size": 14, "vision_use_head": False}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    arch = get_model(str(tmp_path / "config.json"))
+    assert arch.params == get_model("gemma-3-4b").params and arch.model_type == "gemma3_text"
+    assert arch.language_of == "gemma3" and "vision tower" in arch.excluded

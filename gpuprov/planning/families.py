@@ -20,7 +20,8 @@ def tensor_parallel_ok(arch: Any) -> bool:
 def check_family(spec: Any, arch: Any) -> None:
     """Refuse, in one line, what the trainer cannot run for this model's family."""
     facts = _facts()
-    why = (facts.get("qlora_refused") or {}).get(arch.model_type)
+    refused = facts.get("qlora_refused") or {}
+    why = refused.get(arch.model_type) or refused.get(getattr(arch, "language_of", "") or "")
     if spec.task == "qlora" and why:
         raise GpuprovError(f"--task qlora is not planned for {arch.display_name} ({arch.model_type}): {why}")
     if (getattr(spec, "tp", None) or 1) > 1 and not tensor_parallel_ok(arch):

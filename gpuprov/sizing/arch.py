@@ -59,6 +59,7 @@ class ModelArch:
     sliding_window: int | None = None
     sliding_layers: int = 0  # blocks whose attention sees only the last sliding_window tokens
     excluded: str = ""  # what the config describes that is not sized (a vision tower, an MTP block)
+    language_of: str = ""  # the multimodal model_type whose language model this is (Gemma 3's gemma3)
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     source: str = ""
     params: int = 0  # filled in __post_init__ (exact)
@@ -416,6 +417,7 @@ def arch_from_hf_config(
     if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
         raise GpuprovError(f"{where}: model_type {cfg.get('model_type')!r} is not supported; supported: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    original, outer = cfg, cfg["model_type"]
     cfg, excluded = _language_config(cfg, where)
     model_type = cfg["model_type"]
     fam = family(model_type)
@@ -448,7 +450,8 @@ def arch_from_hf_config(
         sliding_window=window,
         sliding_layers=sliding_layers,
         excluded=excluded,
-        hf_config=copy.deepcopy(dict(cfg)),
+        language_of=outer if outer != cfg["model_type"] else "",
+        hf_config=copy.deepcopy(dict(original)),  # verbatim: the trainer takes a multimodal config's text_config
         source=source,
         **fields,
     )
