@@ -65,7 +65,8 @@ def read_records(paths: list[str], hf_dataset: str | None, split: str):
         except ImportError:
             fail("--hf-dataset needs the `datasets` package (pip install datasets)")
         name, _, config = hf_dataset.partition(":")
-        yield from datasets.load_dataset(name, config or None, split=split, streaming=True)
+        # downloaded once into the datasets cache and memory-mapped (Arrow): read a record at a time
+        yield from datasets.load_dataset(name, config or None, split=split)
     for path in map(Path, paths):
         if not path.is_file():
             fail(f"{path}: no such file")
@@ -429,9 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out / ".scratch", ignore_errors=True)
     if train == 0:
         fail(f"fewer than seq_len + 1 = {args.seq_len + 1} training tokens")
+    total = scratch.offsets[-1]
     meta = {"vocab_size": vocab, "dtype": dtype.name, "eos_token_id": eos, "seq_len": args.seq_len, "format": fmt,
-            "documents": n, "validation_documents": n_val, "train_samples": train, "val_samples": val,
-            "loss_mask": masked, "boundaries": "starts", "tokenizer": str(args.tokenizer), **info}
+            "documents": n, "document_tokens": total, "mean_document_tokens": round(total / n, 1),
+            "validation_documents": n_val, "train_samples": train, "val_samples": val, "loss_mask": masked,
+            "boundaries": "starts", "tokenizer": str(args.tokenizer), **info}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"prepare_data.py: {n} {fmt} documents -> {train} train + {val} validation samples of "
           f"{args.seq_len} tokens in {out} ({dtype.name})")

@@ -33,10 +33,10 @@ def build_model(cfg: Config, rt: Runtime) -> tuple[torch.nn.Module, bool]:
         return build_qlora_model(cfg, rt), False
     path = pretrained_path(cfg)
     if path:
-        config = language_config(AutoConfig.from_pretrained(path), mcfg.hf_config)
+        config = language_config(AutoConfig.from_pretrained(path))
     else:
         hf = dict(mcfg.hf_config)
-        config = AutoConfig.for_model(hf.pop("model_type"), **hf)
+        config = language_config(AutoConfig.for_model(hf.pop("model_type"), **hf))
     config.use_cache = False  # no KV cache in training
     with torch.device("meta"):
         # The plan sizes attention that never stores the s x s scores: ask for it, never eager.
@@ -44,14 +44,11 @@ def build_model(cfg: Config, rt: Runtime) -> tuple[torch.nn.Module, bool]:
     return model.to(master), True
 
 
-def language_config(config, planned: dict):
-    """A multimodal checkpoint (Gemma 3's `gemma3`, text_config nested) trains its language model: the
-    model_type the plan sized (model.hf_config), without the vision tower."""
-    want = planned.get("model_type")
-    if want and config.model_type != want and hasattr(config, "get_text_config"):
-        text = config.get_text_config()
-        if getattr(text, "model_type", None) == want:
-            return text
+def language_config(config):
+    """The trainer trains causal LMs on text: a multimodal config (Gemma 3's `gemma3`: vision_config and
+    text_config) gives its language model's config, as the plan sizes it; the vision tower is not built."""
+    if getattr(config, "vision_config", None) is not None and hasattr(config, "get_text_config"):
+        return config.get_text_config()
     return config
 
 
@@ -110,7 +107,12 @@ def build_qlora_model(cfg: Config, rt: Runtime) -> torch.nn.Module:
         raise ConfigError("task qlora needs CUDA: bitsandbytes 4-bit kernels do not run on CPU "
                           "(use task.kind lora to test the adapter path on CPU)")
     path = pretrained_path(cfg)
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+
+    found = AutoConfig.from_pretrained(path)
+    if language_config(found) is not found:  # the plan refuses it too
+        raise ConfigError("task qlora: a multimodal checkpoint's language model is not loaded by from_pretrained "
+                          "into the text-only model; use task.kind lora")
 
     compute = DTYPES[cfg.precision.param_dtype]
     bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -125,10 +127,11 @@ def build_qlora_model(cfg: Config, rt: Runtime) -> torch.nn.Module:
 def apply_lora(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(cfg))
+    experts = any(name.endswith(".experts") for name, _ in model.named_modules())
+    return get_peft_model(model, lora_config(cfg, exclude_experts=experts))
 
 
-def lora_config(cfg: Config):
+def lora_config(cfg: Config, exclude_experts: bool = False):
     from peft import LoraConfig
 
     lora = cfg.task.lora
@@ -137,7 +140,7 @@ def lora_config(cfg: Config):
     # whose gate_proj/up_proj/down_proj names a dense MLP or a shared expert shares)
     return LoraConfig(r=int(lora.rank), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
                       target_modules="all-linear" if targets == "all-linear" else list(targets),
-                      exclude_modules=ROUTED_EXPERTS, task_type="CAUSAL_LM",
+                      exclude_modules=ROUTED_EXPERTS if exclude_experts else None, task_type="CAUSAL_LM",
                       base_model_name_or_path=cfg.model.pretrained_path)
 
 
