@@ -53,7 +53,6 @@ def spec_inputs() -> dict[str, str]:
 def _readers():
     from gpuprov import bundle
     from gpuprov.commands.status import _metrics_file
-    from gpuprov.plan import Plan
     from gpuprov.specfile import load_hosts, load_spec
 
     def train_yaml(path: Path) -> None:
@@ -68,8 +67,8 @@ def _readers():
         (root / bundle.LOCK_NAME).write_bytes(path.read_bytes())
         bundle.read_lock(root)
 
-    def plan_json(path: Path) -> None:
-        Plan.model_validate_json(path.read_bytes())
+    def plan_json(path: Path) -> None:  # as validate, check and up read it
+        bundle.parse_plan(path.read_text())
 
     return {"spec": load_spec, "hosts": load_hosts, "train.yaml": train_yaml}, {"lock": lock, "plan.json": plan_json}
 
