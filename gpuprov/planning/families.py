@@ -17,6 +17,11 @@ def tensor_parallel_ok(arch: Any) -> bool:
     return arch.model_type in _facts()["tensor_parallel"]
 
 
+def pipeline_ok(arch: Any) -> bool:
+    """Whether the trainer's pipeline stages are tested on this family's blocks."""
+    return arch.model_type in _facts()["pipeline"]
+
+
 def check_family(spec: Any, arch: Any) -> None:
     """Refuse, in one line, what the trainer cannot run for this model's family."""
     facts = _facts()
@@ -28,6 +33,6 @@ def check_family(spec: Any, arch: Any) -> None:
         raise GpuprovError(f"--tp: the trainer's tensor-parallel plan does not cover {arch.model_type} models "
                            f"({arch.display_name}); it shards {', '.join(facts['tensor_parallel'])}: drop --tp "
                            "(FSDP shards the whole model)")
-    if (getattr(spec, "pp", None) or 1) > 1 and arch.model_type not in facts["pipeline"]:
+    if (getattr(spec, "pp", None) or 1) > 1 and not pipeline_ok(arch):
         raise GpuprovError(f"--pp: the trainer's pipeline stages are tested on {', '.join(facts['pipeline'])} "
                            f"models, not {arch.model_type} ({arch.display_name}): drop --pp")

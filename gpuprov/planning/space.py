@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from gpuprov.catalog import load_data
 from gpuprov.catalog.regions import check_region
 from gpuprov.errors import GpuprovError
-from gpuprov.planning.families import tensor_parallel_ok
+from gpuprov.planning.families import pipeline_ok, tensor_parallel_ok
 from gpuprov.sizing.arch import resolve_lora_targets
 from gpuprov.sizing.pipeline import stages_per_rank
 from gpuprov.sizing.setup import make_setup
@@ -170,7 +170,8 @@ def pipeline_degrees(spec: Any, arch: Any) -> tuple[tuple[int, ...], str]:
     if getattr(spec, "pp", None) is not None:
         return (pp,), schedule
     facts = load_data("trainer.yaml")["pipeline"]
-    if (spec.task not in facts["tasks"] or arch.is_moe or (arch.tie_word_embeddings and not facts["tied_embeddings"])
+    if (spec.task not in facts["tasks"] or arch.is_moe or not pipeline_ok(arch)
+            or (arch.tie_word_embeddings and not facts["tied_embeddings"])
             or ((getattr(spec, "cp", None) or 1) > 1 and not facts["with_cp"])):
         return (1,), schedule
     return (1, *(p for p in AUTO_PP if p * stages_per_rank(schedule) <= arch.num_layers)), schedule
