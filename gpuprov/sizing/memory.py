@@ -82,6 +82,8 @@ TERMS: tuple[str, ...] = (
     "comm_buckets",
     "activations",
     "activation_transient",
+    "document_mask",
+    "attention_bias",
     "logits",
     "cross_entropy",
     "optimizer_step_transient",
@@ -288,6 +290,7 @@ def _phases(x: _Ctx) -> list[_Phase]:
     """Start of backward, backward of the top block, optimizer step: the candidates for the peak."""
     w = x.w
     acts = act.activations(x.arch, x.s, x.tokens, x.a)
+    docs = act.document_masks(x.arch, x.s, x.a)
     lossb = act.loss(x.arch, x.s, x.tokens, x.a)
     gathered, rs_buffers = _gathered(x)
     cache = _autocast_cache(x)
@@ -302,12 +305,13 @@ def _phases(x: _Ctx) -> list[_Phase]:
         _Phase("start of backward (loss)", {
             **base, "gradients": g.during_forward, **in_flight, "activations": acts.saved,
             "logits": lossb.at_backward, "cross_entropy": lossb.cross_entropy,
-            "allocator_fragmentation": stranded,
+            "document_mask": docs.mask, "attention_bias": docs.bias_saved, "allocator_fragmentation": stranded,
         }),
         _Phase("backward of the last block", {
             **base, "gradients": g.during_forward + g.head, **in_flight,
             "activations": acts.saved - x.tokens * acts.final_norm,
             "activation_transient": acts.layer_transient, "logits": lossb.held,
+            "document_mask": docs.mask, "attention_bias": docs.bias_saved + docs.bias_transient,
         }),
         _Phase("optimizer step", {
             **base, "gradients": w.grads, "gathered_params": gathered if x.fsdp else 0,

@@ -13,10 +13,11 @@ Hugging Face Llama-family module names:
             attention / MLP inputs all-gathered (PrepareModuleInput), q/k/v and gate/up
             colwise, o/down rowwise back to sequence shards, lm_head colwise with vocab-sharded
             logits for loss_parallel.
-  CP        torch.distributed.tensor.experimental.context_parallel: inputs, labels and
-            positions sharded along the sequence, SDPA replaced by ring attention. Torch's ring
-            attention handles the CUDA flash / memory-efficient / cuDNN SDPA kernels only, so CP
-            refuses to start on CPU (gloo) with one clear line.
+  CP        inputs, labels and positions sharded along the sequence in load-balanced chunks.
+            Packed documents (and CPU): attention all-gathers keys and values over the CP group
+            under the document mask (train_attention.py). No documents on CUDA:
+            torch.distributed.tensor.experimental.context_parallel's ring attention (it wraps the
+            CUDA SDPA kernels only).
 
 train.yaml's parallel.shard counts the GPUs of one replica of one pipeline stage (tp x cp x
 dp_shard), so pp x replicate x shard = world size holds for every layout.
@@ -25,6 +26,7 @@ dp_shard), so pp x replicate x shard = world size holds for every layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,8 +120,6 @@ def state() -> State:
 def runtime(par: dict, runtime_cls: Any, rank: int, world: int, local_rank: int, device: torch.device) -> Any:
     """train.py's Runtime for a TP/CP layout: FSDP's mesh, data-parallel rank, size and groups."""
     lay = layout_from(par, world)
-    if lay.cp > 1 and device.type != "cuda":
-        raise LayoutError("parallel.cp needs CUDA: torch's ring attention wraps the CUDA SDPA kernels only")
     mesh = build_mesh(device.type, lay)
     _STATE[:] = [State(mesh, lay)]
     dp = mesh["dp"]
@@ -228,6 +228,10 @@ def parallelize(model: torch.nn.Module, float8: bool = False) -> torch.nn.Module
     st = state()
     decoder = _decoder(model)
     register_positions(model)
+    if st.layout.cp > 1:
+        import train_attention  # the trainer's sibling (imported late: parallel.py loads on its own in tests)
+
+        train_attention.use_cp_attention(model)
     if st.layout.tp == 1:
         return model
     check_divisible(model.config, st.layout.tp)
@@ -245,29 +249,54 @@ def register_positions(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def step_context(inputs: torch.Tensor, labels: torch.Tensor):
-    """Forward, cross-entropy and backward of one micro-batch under the layout.
+def step_context(batch):
+    """Forward, cross-entropy and backward of one micro-batch under the layout; yields the batch this
+    rank computes.
 
-    TP: loss_parallel (cross-entropy on the vocab-sharded logits). CP: inputs, labels and their
-    positions sharded along the sequence in place (load-balanced chunks) and SDPA run as ring
-    attention; the model's positions come from the sharded buffer.
+    TP: loss_parallel (cross-entropy on the vocab-sharded logits). CP: the window sharded along the
+    sequence into load-balanced chunks. With documents (or on CPU) this rank's chunks are taken here
+    and attention gathers the keys and values (train_attention.cp_attention) under the document mask;
+    without documents on CUDA torch's context_parallel shards in place and runs ring attention, the
+    model's positions coming from the sharded buffer.
     """
     if not _STATE:
-        yield
+        yield batch
         return
+    import train_attention
+
     st = state()
     with contextlib.ExitStack() as stack:
         if st.layout.tp > 1:
             from torch.distributed.tensor.parallel import loss_parallel
 
             stack.enter_context(loss_parallel())
-        if st.layout.cp > 1:
+        if st.layout.cp > 1 and (batch.documents is not None or batch.inputs.device.type != "cuda"):
+            batch = cp_shard(batch, st)
+            train_attention._CP_GROUP[:] = [st.mesh["cp"].get_group()]
+            stack.callback(train_attention._CP_GROUP.clear)
+        elif st.layout.cp > 1:
             from torch.distributed.tensor.experimental import context_parallel
 
+            inputs, labels = batch.inputs, batch.labels
             positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs).contiguous()
             stack.enter_context(context_parallel(st.mesh["cp"], buffers=[inputs, labels, positions],
                                                  buffer_seq_dims=[1, 1, 1],
                                                  no_restore_buffers={inputs, labels, positions}))
             st.positions = positions
             stack.callback(setattr, st, "positions", None)
-        yield
+        yield batch
+
+
+def cp_shard(batch, st: State):
+    """This CP rank's chunks of the window (inputs, labels, positions); the document ids stay whole
+    (the mask scores this rank's queries against every gathered key)."""
+    import train_attention
+
+    seq, cp = batch.inputs.shape[1], st.layout.cp
+    device = batch.inputs.device
+    q = train_attention.cp_query_index(seq, cp, st.mesh["cp"].get_local_rank(), device)
+    docs = batch.documents if batch.documents is not None else torch.zeros_like(batch.inputs)
+    positions = batch.positions if batch.positions is not None else train_attention.document_positions(docs)
+    return dataclasses.replace(batch, inputs=batch.inputs[:, q], labels=batch.labels[:, q],
+                               positions=positions[:, q], documents=docs, q_index=q,
+                               k_index=train_attention.cp_key_index(seq, cp, device))

@@ -16,7 +16,8 @@ The files beside this one, one job each (the layout follows torchtitan's train.p
                        the schedule over the step's micro-batches, the grad norm and the export
   train_model.py       model on the meta device, LoRA, AC, compile, float8, fully_shard, init or
                        pretrained safetensors onto the shards, and the loss (token_loss_sum)
-  train_data.py        memory-mapped token windows, loss masks, per-document positions
+  train_data.py        memory-mapped token windows, loss masks, document ids from the recorded sample starts
+  train_attention.py   per-document positions and masks in every layout (CP: keys/values all-gathered)
   train_optim.py       AdamW (fused on CUDA), linear warmup + cosine decay
   train_checkpoint.py  DCP (async) save / resume with the data position; HF / PEFT export
   train_metrics.py     the log line and metrics.jsonl: loss, tokens/s, MFU, peak memory, skipped steps
@@ -46,13 +47,14 @@ import parallel  # noqa: E402
 import train_pipeline  # noqa: E402
 from train_checkpoint import (  # noqa: E402,F401
     Checkpointer, TrainState, check_shared_dir, export_dir, export_model, latest_checkpoint, load_checkpoint,
-    resolve_checkpoint)
+    copy_tokenizer, resolve_checkpoint, write_adapter, write_hf_model, write_merged)
 from train_config import Config, ConfigError, DataSection, load_config  # noqa: E402,F401
-from train_data import Batch, TokenWindows, document_positions  # noqa: E402,F401
+from train_attention import document_mask, document_positions, model_inputs  # noqa: E402,F401
+from train_data import Batch, TokenWindows  # noqa: E402,F401
 from train_metrics import Metrics, flops_per_token  # noqa: E402,F401
 from train_model import (  # noqa: E402,F401
     LOSS_CHUNKS, ChunkedLossHead, apply_activation_checkpointing, apply_compile, apply_float8, apply_lora,
-    build_model, cast_frozen, check_attention, check_document_attention, count_params, depth_scale_residuals, install_chunked_loss,
+    batch_loss_sum, build_model, cast_frozen, check_attention, count_params, depth_scale_residuals, install_chunked_loss,
     next_token_loss, param_dtypes, prepare_model, pretrained_path, token_loss_sum, unwrap, verify_replicas)
 from train_optim import build_optimizer, lr_at  # noqa: E402,F401
 from train_runtime import (  # noqa: E402,F401
@@ -79,8 +81,9 @@ def grad_sync(model: torch.nn.Module, rt: Runtime, last: bool):
 
 
 def layout_context(cfg: Config, batch: Batch):
-    """TP: loss_parallel; CP: the batch sharded along the sequence (launch/parallel.py)."""
-    return parallel.step_context(batch.inputs, batch.labels) if cfg.model_parallel else contextlib.nullcontext()
+    """TP: loss_parallel; CP: the batch sharded along the sequence (launch/parallel.py). Yields the
+    batch this rank computes."""
+    return parallel.step_context(batch) if cfg.model_parallel else contextlib.nullcontext(batch)
 
 
 def local_value(t: torch.Tensor) -> torch.Tensor:
@@ -108,9 +111,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     scale = rt.grad_average / max(1, n_global)
     pipe = getattr(model, "pipeline", None)
     if pipe is not None:  # parallel.pp: the schedule runs every micro-batch's forward and backward
-        inputs, labels = stacked(batches, rt.device)
-        with parallel.step_context(inputs, labels):
-            loss_sum = pipe.run(inputs, labels, scale)
+        inputs, labels, documents = stacked(batches, rt.device)
+        with parallel.step_context(Batch(inputs, labels)):
+            loss_sum = pipe.run(inputs, labels, scale, documents=documents)
     else:
         loss_sum = accumulate(model, batches, cfg, rt, scale, amp)
     loss_v = float(sum_over(loss_sum, rt.loss_group, rt.world)) / max(1, n_global)
@@ -138,18 +141,19 @@ def accumulate(model: torch.nn.Module, batches: list[Batch], cfg: Config, rt: Ru
     loss_sum = torch.zeros((), device=rt.device)
     for m, batch in enumerate(batches):
         batch = batch.to(rt.device)
-        positions = None if cfg.model_parallel else batch.positions
-        with grad_sync(model, rt, last=m == len(batches) - 1), layout_context(cfg, batch):
+        with grad_sync(model, rt, last=m == len(batches) - 1), layout_context(cfg, batch) as local:
             with amp or contextlib.nullcontext():
-                loss = token_loss_sum(model, batch.inputs, batch.labels, positions)
+                loss = batch_loss_sum(model, local)
             (loss * scale).backward()
         loss_sum += local_value(loss.detach()).float()
     return loss_sum
 
 
-def stacked(batches: list[Batch], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The micro-batches as one batch (the pipeline schedule splits it back, in order)."""
-    return (torch.cat([b.inputs for b in batches]).to(device), torch.cat([b.labels for b in batches]).to(device))
+def stacked(batches: list[Batch], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The micro-batches as one batch (the pipeline schedule splits it back, in order): inputs, labels
+    and document ids (None without recorded documents)."""
+    docs = None if batches[0].documents is None else torch.cat([b.documents for b in batches]).to(device)
+    return (torch.cat([b.inputs for b in batches]).to(device), torch.cat([b.labels for b in batches]).to(device), docs)
 
 
 def step_batches(data: TokenWindows, samples_seen: int, cfg: Config, rt: Runtime) -> list[Batch]:
@@ -169,16 +173,17 @@ def validation_loss(model, data: TokenWindows, cfg: Config, rt: Runtime) -> floa
     if pipe is not None:  # the schedule's forward-only pass, grad_accum micro-batches at a time
         n = cfg.batch.grad_accum
         # whole rounds of n: padded with micro-batches that carry no label (no loss, not counted)
-        batches += [Batch(batches[0].inputs, torch.full_like(batches[0].labels, -100))] * (-len(batches) % n)
+        pad = Batch(batches[0].inputs, torch.full_like(batches[0].labels, -100), documents=batches[0].documents)
+        batches += [pad] * (-len(batches) % n)
         for r in range(0, len(batches), n):
-            inputs, labels = stacked(batches[r:r + n], rt.device)
-            with parallel.step_context(inputs, labels):
-                total += pipe.run(inputs, labels, 1.0, train=False)
+            inputs, labels, documents = stacked(batches[r:r + n], rt.device)
+            with parallel.step_context(Batch(inputs, labels)):
+                total += pipe.run(inputs, labels, 1.0, train=False, documents=documents)
         count = sum(int(b.labelled) for b in batches)
     for batch in batches if pipe is None else ():
         batch = batch.to(rt.device)
-        with layout_context(cfg, batch):
-            loss = token_loss_sum(model, batch.inputs, batch.labels, None if cfg.model_parallel else batch.positions)
+        with layout_context(cfg, batch) as local:
+            loss = batch_loss_sum(model, local)
         total += local_value(loss).float()
         count += int(batch.labelled)
     model.train()
@@ -243,17 +248,15 @@ def announce(run: Run) -> None:
     run.metrics.write({"event": "start", "step": run.state.step, "world": rt.world, "device": rt.device.type,
                        "sharding": par.sharding, "mesh": mesh, "total_params": total, "trainable_params": trainable,
                        "trainable": names, "data": run.data.path or "synthetic", "dtypes": param_dtypes(run.model),
-                       "document_attention": run.data.eos is not None and not cfg.model_parallel})
+                       "document_attention": run.data.documents})
     pipe = f"pipeline {par.pp} x {par.pp_schedule} (params counted: this rank's stages), " if par.pp > 1 else ""
     log(f"{cfg.model.name}: {total:,} params ({trainable:,} trainable), task {cfg.task.kind}, "
         f"{par.sharding} on {rt.world} x {rt.device.type} mesh {None if mesh is None else tuple(mesh)}, {pipe}"
         f"AC {par.activation_checkpointing}, micro-batch {b.micro_batch} x accum {b.grad_accum} x seq {b.seq_len}, "
         f"data {run.data.path or 'synthetic'}")
-    if run.data.eos is not None and not cfg.model_parallel:
-        check_document_attention()
-    if run.data.eos is not None and cfg.model_parallel:
-        log("data: tensor/context/pipeline parallelism here runs one causal sequence per window "
-            "(document attention is off under parallel.tp/cp/pp)")
+    if run.data.path and not run.data.documents and cfg.data.document_attention and run.data.meta.get("eos_token_id") is not None:
+        log(f"data: {run.data.path} records no sample boundaries (.starts beside the .bin files): one causal "
+            "sequence per window; run this bundle's prepare_data.py again for per-document attention")
 
 
 def train(cfg: Config) -> None:

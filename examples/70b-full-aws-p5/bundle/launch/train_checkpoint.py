@@ -161,45 +161,134 @@ def load_checkpoint(state: TrainState, path: Path) -> None:
 
 
 def export_model(model: torch.nn.Module, cfg: Config, rt: Runtime, out: Path, merged: bool = False) -> Path:
-    """Hugging Face format from the sharded model: safetensors + config.json for full training,
-    a PEFT adapter (adapter_config.json + adapter_model.safetensors) for LoRA, plus a merged
-    copy when asked. Rank 0 gathers the full state on CPU (the collective needs every rank)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
+    """Hugging Face format from the sharded model: safetensors shards + index + config.json for full
+    training, a PEFT adapter (adapter_config.json + adapter_model.safetensors) for LoRA, plus a
+    merged copy when asked; the base's tokenizer files and generation_config.json beside them."""
     if cfg.parallel.pp > 1:
         import train_pipeline
 
         train_pipeline.export_stages(model, cfg, rt, out)
-        log(f"exported model to {out} ({cfg.parallel.pp} pipeline stages, one safetensors shard each)")
+        if rt.rank == 0:
+            copy_tokenizer(cfg, out)
+        log(f"exported model to {out} ({cfg.parallel.pp} pipeline stages)")
         dist.barrier()
         return out
-    lora = cfg.task.kind != "full"
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora)
-    sd = get_model_state_dict(model, options=opts)
-    if rt.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        if lora:
+    if cfg.task.kind != "full":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # the adapter alone is small: gathered whole on rank 0
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        sd = get_model_state_dict(model, options=opts)
+        if rt.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
             write_adapter(sd, cfg, out)
+            copy_tokenizer(cfg, out)
             if merged:
                 write_merged(cfg, out)
-        else:
-            write_hf_model(sd, model, cfg, out)
-        log(f"exported {'adapter' if lora else 'model'} to {out}")
+    else:
+        write_hf_model(model, cfg, rt.rank == 0, out)
+    if rt.rank == 0:
+        log(f"exported {'model' if cfg.task.kind == 'full' else 'adapter'} to {out}")
     if rt.world > 1:
         dist.barrier()
     return out
 
 
-def write_hf_model(sd: dict, model: torch.nn.Module, cfg: Config, out: Path) -> None:
-    from safetensors.torch import save_file
+class SafetensorsShards:
+    """Tensors streamed into safetensors files of at most `max_bytes` each (one tensor more only
+    when a single tensor is larger), as save_pretrained shards; only the open shard is held."""
 
-    dtype = DTYPES[cfg.export.dtype]
-    tensors = {hf_name(k.removeprefix("module.")): v.to(dtype).contiguous() for k, v in sd.items()}
-    model = unwrap(model)
-    if getattr(model.config, "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)  # save_pretrained drops the tied copy too
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    write_hf_config(model.config, cfg, out)
+    def __init__(self, out: Path, max_bytes: int, tag: str = "r0"):
+        self.out, self.max_bytes, self.tag = out, max_bytes, tag
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.done: list[tuple[str, list[str], int]] = []  # (temporary file name, keys, bytes)
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        size = t.numel() * t.element_size()
+        if self.tensors and self.size() + size > self.max_bytes:
+            self.flush()
+        self.tensors[name] = t
+
+    def size(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        name = f".{self.tag}-{len(self.done):05d}.safetensors.part"
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_file(self.tensors, str(self.out / name), metadata={"format": "pt"})
+        self.done.append((name, sorted(self.tensors), self.size()))
+        self.tensors = {}
+
+    def finish(self) -> list[tuple[str, list[str], int]]:
+        if self.tensors:
+            self.flush()
+        return self.done
+
+
+def name_shards(out: Path, parts: list[tuple[str, list[str], int]]) -> None:
+    """The written parts under Hugging Face's names: model.safetensors when one, else
+    model-0000i-of-0000N.safetensors and model.safetensors.index.json (what from_pretrained reads)."""
+    import json
+
+    if len(parts) == 1:
+        os.replace(out / parts[0][0], out / "model.safetensors")
+        return
+    n, weight_map = len(parts), {}
+    for i, (tmp, keys, _) in enumerate(parts, 1):
+        final = f"model-{i:05d}-of-{n:05d}.safetensors"
+        os.replace(out / tmp, out / final)
+        weight_map.update({k: final for k in keys})
+    index = {"metadata": {"total_size": sum(p[2] for p in parts)}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def write_hf_model(model: torch.nn.Module, cfg: Config, writer: bool, out: Path) -> None:
+    """Every rank gathers one tensor at a time (the collective needs them all); the writer converts
+    it to export.dtype on the host and streams it into shards of export.max_shard_gb: no full
+    fp32 copy of the model is ever held on one rank, only one tensor and the open shard."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dtype, hf = DTYPES[cfg.export.dtype], unwrap(model)
+    tied = getattr(hf.config, "tie_word_embeddings", False)
+    shards = SafetensorsShards(out, int(cfg.export.max_shard_gb * 1e9)) if writer else None
+    for k, v in get_model_state_dict(model).items():  # sharded values: nothing gathered yet
+        name = hf_name(k.removeprefix("module."))
+        if tied and name == "lm_head.weight":
+            continue  # save_pretrained drops the tied copy too
+        full = v.full_tensor() if hasattr(v, "full_tensor") else v
+        if writer:
+            shards.add(name, full.detach().to("cpu", dtype).contiguous())
+        del full
+    if writer:
+        name_shards(out, shards.finish())
+        write_hf_config(hf.config, cfg, out)
+        copy_tokenizer(cfg, out)
+
+
+# what a model directory holds besides weights and config.json: tokenizer and generation defaults
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+
+
+def copy_tokenizer(cfg: Config, out: Path) -> list[str]:
+    """The base model's tokenizer files and generation_config.json into the export (from
+    model.pretrained_path, else the tokenizer data.path was prepared with), so it loads alone."""
+    import json
+
+    src = cfg.model.pretrained_path
+    meta = Path(cfg.data.path or "", "meta.json") if cfg.data.path else None
+    if not src and meta is not None and meta.is_file():
+        src = json.loads(meta.read_text()).get("tokenizer")
+    copied = []
+    for name in TOKENIZER_FILES if src else ():
+        f = Path(src, name)
+        if f.is_file() and f.stat().st_size <= 1 << 30:  # a bounded regular file (a cache's link resolved)
+            shutil.copyfile(f, out / name)
+            copied.append(name)
+    return copied
 
 
 def write_hf_config(config, cfg: Config, out: Path) -> None:
@@ -222,13 +311,16 @@ def write_adapter(sd: dict, cfg: Config, out: Path) -> None:
 
 
 def write_merged(cfg: Config, out: Path) -> None:
-    """The base with the adapter folded in (rank 0, on CPU): a plain HF model for serving."""
+    """The base with the adapter folded in (rank 0, on CPU): a plain HF model for serving, sharded
+    as the full export is, with the tokenizer."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     dtype = DTYPES[cfg.export.dtype]
     base = AutoModelForCausalLM.from_pretrained(cfg.model.pretrained_path, **dtype_kwarg(dtype))
-    PeftModel.from_pretrained(base, str(out)).merge_and_unload().save_pretrained(str(out / "merged"))
+    merged = PeftModel.from_pretrained(base, str(out)).merge_and_unload()
+    merged.save_pretrained(str(out / "merged"), max_shard_size=int(cfg.export.max_shard_gb * 1e9))
+    copy_tokenizer(cfg, out / "merged")
 
 
 def export_dir(cfg: Config, name: str) -> Path:

@@ -153,6 +153,10 @@ class LoggingSection:
     every_steps: int = 1
     metrics_file: str | None = None
     tensorboard_dir: str | None = None
+    # optional trackers, imported only when set (never required): a Weights & Biases project
+    # (WANDB_API_KEY / WANDB_MODE from the environment), an MLflow tracking URI ("file:/path" works offline)
+    wandb_project: str | None = None
+    mlflow_tracking_uri: str | None = None
 
 
 @dataclass
@@ -161,6 +165,9 @@ class ExportSection:
     dir: str | None = None
     dtype: Dtype = "bfloat16"
     merged: bool = False
+    # safetensors files of at most this many GB (1e9 bytes), index beside them: save_pretrained's
+    # max_shard_size default through transformers 4.x, a tenth of the Hub's 50 GB file limit
+    max_shard_gb: float = 5.0
 
 
 @dataclass
@@ -313,6 +320,8 @@ def check(cfg: Config) -> Config:
         raise ConfigError("schedule.steps and schedule.warmup_steps must not be negative")
     if not 0.0 <= cfg.schedule.min_lr_ratio <= 1.0:
         raise ConfigError(f"schedule.min_lr_ratio: must be in [0, 1], got {cfg.schedule.min_lr_ratio}")
+    if not cfg.export.max_shard_gb > 0:
+        raise ConfigError(f"export.max_shard_gb: must be above 0, got {cfg.export.max_shard_gb}")
     if len(cfg.optimizer.betas) != 2:
         raise ConfigError(f"optimizer.betas: two numbers, got {cfg.optimizer.betas!r}")
     if cfg.task.kind != "full" and not (cfg.task.lora.rank and cfg.task.lora.alpha):

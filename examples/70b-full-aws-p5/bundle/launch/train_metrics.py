@@ -5,7 +5,9 @@ Metrics file, one JSON object per line: {"event": "start", ...} once per launch;
 step {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_reserved_bytes",
 "peak_memory_allocated_bytes", "skipped_steps"}; {"step", "val_loss"} per validation;
 {"event": "end", ...} at the end. "skipped_steps" counts the steps so far whose loss or gradient
-norm was not finite (no optimizer step was taken).
+norm was not finite (no optimizer step was taken). The same scalars go to TensorBoard
+(logging.tensorboard_dir) and, when train.yaml names them, to wandb (logging.wandb_project) and
+MLflow (logging.mlflow_tracking_uri), each imported only then.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train_config import Config, MfuSection
+from train_config import Config, ConfigError, MfuSection
 from train_runtime import GiB, Runtime, log
 
 class Metrics:
@@ -39,6 +41,7 @@ class Metrics:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(cfg.logging.tensorboard_dir)
+        self.trackers = trackers(cfg) if rt.rank == 0 else []
         self.t0, self.steps = time.perf_counter(), 0
 
     @contextlib.contextmanager
@@ -58,6 +61,10 @@ class Metrics:
             for k, v in record.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self.tb.add_scalar(k, v, record["step"])
+        if "step" in record:
+            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+            for log_fn, _ in self.trackers:
+                log_fn(scalars, record["step"])
 
     def peak_memory(self) -> tuple[int | None, int | None]:
         if not self.rt.is_cuda:
@@ -96,9 +103,36 @@ class Metrics:
         rec = {"event": "end", "peak_memory_reserved_bytes": reserved, "peak_memory_allocated_bytes": allocated,
                "plan_memory_per_gpu_bytes": plan_mem}
         self.write(rec)
+        for _, finish in self.trackers:
+            finish()
         if reserved is not None and plan_mem:
             log(f"peak GPU memory {reserved / GiB:.2f} GiB reserved ({allocated / GiB:.2f} GiB allocated) "
                 f"vs planned {plan_mem / GiB:.2f} GiB per GPU")
+
+
+def trackers(cfg: Config) -> list[tuple]:
+    """(log(scalars, step), finish()) for each tracker train.yaml names: wandb and MLflow, imported
+    only then; a named one that is not installed is a one-line error."""
+    out, lg = [], cfg.logging
+    config = {"model": cfg.model.name, "task": cfg.task.kind, "seq_len": cfg.batch.seq_len,
+              "micro_batch": cfg.batch.micro_batch, "grad_accum": cfg.batch.grad_accum}
+    if lg.wandb_project:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ConfigError("logging.wandb_project needs wandb (pip install wandb)") from exc
+        run = wandb.init(project=lg.wandb_project, config=config)
+        out.append((lambda scalars, step: run.log(scalars, step=step), run.finish))
+    if lg.mlflow_tracking_uri:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise ConfigError("logging.mlflow_tracking_uri needs mlflow (pip install mlflow)") from exc
+        mlflow.set_tracking_uri(lg.mlflow_tracking_uri)
+        mlflow.start_run()
+        mlflow.log_params(config)
+        out.append((lambda scalars, step: mlflow.log_metrics(scalars, step=step), mlflow.end_run))
+    return out
 
 
 def flops_per_token(mfu: MfuSection, seq_len: int) -> float:

@@ -490,19 +490,19 @@ def install_chunked_loss(model: torch.nn.Module, cfg: Config) -> None:
 
 
 def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:
+                   positions: torch.Tensor | None = None, attention: dict | None = None) -> torch.Tensor:
     """Summed cross-entropy over the labelled tokens (`inputs` are the tokens before each label;
     -100 labels carry no loss). The caller divides by the step's global count of labelled tokens.
 
-    `positions`: position ids that restart at each packed document; transformers then builds a
-    per-document causal mask from them (sdpa, eager: a block-diagonal mask; flash_attention_2:
-    varlen kernels), so attention never crosses documents. The logits are dropped before
-    backward: only the loss's own fp32 log-softmax stays alive (the plan's loss_impl "native",
-    as torchtitan). Under TP the logits and the loss are DTensors.
+    `attention`: the model's position ids and per-document mask (train_attention.model_inputs, from
+    the batch's recorded document boundaries), so attention never crosses packed documents;
+    `positions` alone: position ids only. The logits are dropped before backward: only the loss's
+    own fp32 log-softmax stays alive (the plan's loss_impl "native", as torchtitan). Under TP the
+    logits and the loss are DTensors.
     """
     hf = unwrap(model)
     head = getattr(hf, "get_output_embeddings", lambda: None)()
-    kw = {} if positions is None else {"position_ids": positions}
+    kw = dict(attention) if attention is not None else ({} if positions is None else {"position_ids": positions})
     if isinstance(head, ChunkedLossHead):
         cap = getattr(hf.config, "final_logit_softcapping", None)
         head.labels = labels
@@ -520,16 +520,14 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.T
     return loss
 
 
-def check_document_attention() -> None:
-    """transformers turns restarting position ids into a per-document mask (masking_utils'
-    find_packed_sequence_indices, in transformers 5) only when no attention mask and no KV cache
-    are given, as here; an older one would let packed documents attend to each other."""
-    try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("data.document_attention needs a transformers that builds per-document masks from "
-                          "position ids (masking_utils.find_packed_sequence_indices); upgrade it or set "
-                          "data.document_attention=false") from exc
+def batch_loss_sum(model: torch.nn.Module, batch) -> torch.Tensor:
+    """token_loss_sum of a train_data.Batch: its documents masked as train_attention builds them."""
+    from train_attention import model_inputs
+
+    hf = unwrap(model)
+    attention = model_inputs(hf.config._attn_implementation, batch.documents, batch.positions, batch.q_index,
+                             batch.k_index)
+    return token_loss_sum(model, batch.inputs, batch.labels, attention=attention)
 
 
 def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,

@@ -117,7 +117,8 @@ def prune(model: torch.nn.Module, start: int, stop: int, first: bool, last: bool
     return stage
 
 
-def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
+                  documents: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids (first stage) or hidden states in; hidden states out, or on the last stage the
     micro-batch's summed cross-entropy (shape [1]).
 
@@ -125,14 +126,22 @@ def stage_forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> 
     mask and rotary tables for the whole sequence, then this stage's blocks. Under TP the hidden
     states are sequence-sharded (s / tp tokens), so the sequence length comes from the stage. The
     loss is taken inside the last stage, as train_model.token_loss_sum takes it (chunked head or
-    fp32 cross-entropy, logits freed before backward), so no stage keeps logits between micro-batches."""
+    fp32 cross-entropy, logits freed before backward), so no stage keeps logits between micro-batches.
+    `documents` (the micro-batch's document ids): positions and mask per document, as the
+    unpipelined trainer builds them (train_attention.model_inputs)."""
     inner = self.model
     h = inner.embed_tokens(x) if inner.embed_tokens is not None else x
     seq = h.shape[1] * self.gpuprov_seq_shards
-    positions = torch.arange(seq, device=h.device).unsqueeze(0)
-    masks = sys.modules[type(inner).__module__].create_causal_mask
-    shape = h.new_empty((h.shape[0], seq, 0))  # only its batch, length, dtype and device are read
-    mask = masks(config=self.config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=positions)
+    if documents is not None:
+        from train_attention import model_inputs
+
+        kw = model_inputs(self.config._attn_implementation, documents)
+        positions, mask = kw["position_ids"], kw.get("attention_mask")
+    else:
+        positions = torch.arange(seq, device=h.device).unsqueeze(0)
+        masks = sys.modules[type(inner).__module__].create_causal_mask
+        shape = h.new_empty((h.shape[0], seq, 0))  # only its batch, length, dtype and device are read
+        mask = masks(config=self.config, inputs_embeds=shape, attention_mask=None, cache=None, position_ids=positions)
     rope = inner.rotary_emb(h, position_ids=positions)
     for block in inner.layers.values():
         out = block(h, attention_mask=mask, position_embeddings=rope, position_ids=positions)
@@ -201,30 +210,35 @@ class Pipeline:
         """What the schedule backpropagates: the last stage's summed cross-entropy, scaled."""
         return output.sum() * self.scale
 
-    def run(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True) -> torch.Tensor:
+    def run(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, train: bool = True,
+            documents: torch.Tensor | None = None) -> torch.Tensor:
         """Forward (and backward) of every micro-batch; the summed cross-entropy on the last stage, 0 elsewhere.
-        Labels go to every stage as a keyword (only the last reads them); the schedule splits them."""
+        Labels go to every stage as a keyword (only the last reads them), document ids too (every
+        stage masks its attention); the schedule splits them."""
         self.scale, self.losses = scale, []
+        docs = {} if documents is None else {"documents": documents}
         args = (inputs,) if self.first else ()
         sched = self.schedule
         if train:
             extra = {"return_outputs": False} if _takes(sched.step, "return_outputs") else {}
             sched.step(*args, target=labels if self.last else None, losses=self.losses if self.last else None,
-                       labels=labels, **extra)
+                       labels=labels, **docs, **extra)
             outputs = self.losses
         else:
-            outputs, scale = self.forward_only(inputs, labels), 1.0
+            outputs, scale = self.forward_only(inputs, labels, documents), 1.0
         if not self.last:
             return torch.zeros((), device=labels.device)
         return torch.stack([_local(x).detach().float().sum() for x in outputs]).sum() / scale
 
-    def forward_only(self, inputs: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    def forward_only(self, inputs: torch.Tensor, labels: torch.Tensor,
+                     documents: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Every micro-batch through every stage in stage order, sends and receives blocking (validation).
         Torch 2.7's 1F1B schedules always run backward (schedule.eval came later), so this walks the
         stages itself; every rank loops over the same stages, so each send meets its receive."""
         pp, rank, out = dist.get_world_size(self.group), dist.get_rank(self.group), []
         peer = lambda r: dist.get_global_rank(self.group, r)  # noqa: E731
-        for ids, lab in zip(self.schedule_chunks(inputs), self.schedule_chunks(labels)):
+        docs = self.schedule_chunks(documents) if documents is not None else [None] * self.micro_batches
+        for ids, lab, doc in zip(self.schedule_chunks(inputs), self.schedule_chunks(labels), docs):
             h = ids
             for g in range(self.total):
                 owner, prev = g % pp, (g - 1) % pp
@@ -234,7 +248,7 @@ class Pipeline:
                     shape = (ids.shape[0], ids.shape[1] // self.stages[g].gpuprov_seq_shards, self.stages[g].config.hidden_size)
                     h = torch.empty(shape, dtype=self.hidden_dtype, device=ids.device)
                     dist.recv(h, src=peer(prev), group=self.group)
-                h = self.stages[g](h, labels=lab)
+                h = self.stages[g](h, labels=lab, **({} if doc is None else {"documents": doc}))
                 if g < self.total - 1 and (g + 1) % pp != rank:
                     dist.send(h.contiguous(), dst=peer((g + 1) % pp), group=self.group)
             if self.last:
@@ -346,37 +360,25 @@ def shard_stage(stage: torch.nn.Module, blocks: torch.nn.Module, cfg: Config, rt
 
 
 def export_stages(models: StageModels, cfg: Config, rt, out) -> None:
-    """Hugging Face format from the stages: the first rank of each pipeline rank's group writes its
-    stages' weights as one safetensors shard, rank 0 the index (model.safetensors.index.json, what
-    from_pretrained reads for a sharded checkpoint) and config.json."""
-    import json
-
-    from safetensors.torch import save_file
-
+    """Hugging Face format from the stages: the first rank of each pipeline rank's group streams its
+    stages' weights into safetensors shards of at most export.max_shard_gb (one tensor gathered at
+    a time), rank 0 names them in pipeline order and writes the index (model.safetensors.index.json,
+    what from_pretrained reads for a sharded checkpoint) and config.json."""
+    from train_checkpoint import SafetensorsShards, name_shards, write_hf_config
     from train_model import hf_name
     from train_runtime import DTYPES
 
     dtype = DTYPES[cfg.export.dtype]
-    pp = cfg.parallel.pp
-    writer = rt.rank % (rt.world // pp) == 0  # pp is the mesh's outer dimension: a stage's ranks are consecutive
-    tensors = {}
+    writer = rt.rank % (rt.world // cfg.parallel.pp) == 0  # pp is the mesh's outer dimension: a stage's ranks are consecutive
+    shards = SafetensorsShards(out, int(cfg.export.max_shard_gb * 1e9), tag=f"pp{rt.pp_rank:05d}") if writer else None
     for k, v in models.state_dict().items():
         # one tensor at a time: all of a stage's ranks gather it, its first rank keeps it on the host
         full = v.full_tensor() if hasattr(v, "full_tensor") else v
         if writer:
-            tensors[hf_name(hf_key(k))] = full.detach().to("cpu", dtype).contiguous()
+            shards.add(hf_name(hf_key(k)), full.detach().to("cpu", dtype).contiguous())
         del full
-    name = f"model-{rt.pp_rank + 1:05d}-of-{pp:05d}.safetensors"
-    if writer:
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
-    shards: list = [None] * rt.world
-    dist.all_gather_object(shards, (name, sorted(tensors), sum(t.numel() * t.element_size() for t in tensors.values()))
-                           if writer else None)
+    parts: list = [None] * rt.world
+    dist.all_gather_object(parts, (rt.pp_rank, shards.finish()) if writer else None)
     if rt.rank == 0:
-        index = {"metadata": {"total_size": sum(s[2] for s in shards if s)},
-                 "weight_map": {k: s[0] for s in shards if s for k in s[1]}}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-        from train_checkpoint import write_hf_config
-
+        name_shards(out, [p for _, stage in sorted(x for x in parts if x) for p in stage])
         write_hf_config(models.config, cfg, out)
