@@ -21,7 +21,9 @@ What is modelled is what PyTorch actually holds, not a bytes-per-parameter rule:
 
 Activations are counted per token per layer from the tensors autograd saves in a Llama-style
 block (RMSNorm, RoPE, SDPA/FlashAttention, GQA, SwiGLU), the approach of Korthikanti et al. 2022
-without the s^2 attention term (FlashAttention never stores the score matrix). The peak is the
+without the s^2 attention term (FlashAttention never stores the score matrix). The one s^2 tensor a
+run may hold is a per-document mask (gpuprov's trainer on packed data with SDPA): the boolean mask and
+SDPA's additive copy of it are terms of their own (activations.document_masks). The peak is the
 largest of three moments: the start of backward (every saved activation plus the loss buffers),
 the backward of the top block (recomputation and activation gradients), and the optimizer step
 (all gradients). Constants live in catalog/data/memory_constants.yaml.

@@ -20,7 +20,8 @@ runs with that shard degree; this module then scales its phases to one (tp, cp, 
   _attention.py): each rank holds seq_len/cp tokens; backward keeps fp32 dq/dk/dv accumulators
   (`accum_dtype = float32` under `convert_to_f32`), the K/V chunk it sends and the one it
   receives (`kv_rotater`), and the fp32 dK/dV chunks in flight (`dkv_rotater`): term
-  `cp_ring_buffers`, one block at a time.
+  `cp_ring_buffers`, one block at a time. gpuprov's trainer on packed documents runs no ring: each
+  layer all-gathers the window's keys and values under the document mask (term `cp_kv_gather`).
 * PP (torch.distributed.pipelining under torchtitan, Schedule1F1B or ScheduleInterleaved1F1B): pipeline.py
   walks each rank's forwards and backwards in the schedule's order and records what the rank holds at each
   backward (blocks gathered, gradients whole or already reduced, activations in flight, kept outputs); each
