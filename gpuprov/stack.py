@@ -71,7 +71,8 @@ def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
     trainer builds a per-document mask for SDPA (train_attention.py model_inputs); flash_attention_2 gets
     restarting positions and no mask. A run on data without recorded starts builds none: the plan sizes the
     default, which is the larger."""
-    return dict(compile=stack.compile, document_mask=stack.attention == "sdpa", chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
+    return dict(compile=stack.compile, document_mask=stack.attention == "sdpa",
+                chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,
                 activation_offloading=stack.activation_offloading, float8=stack.float8, **TRAINER_CONSTANTS)
