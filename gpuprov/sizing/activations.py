@@ -169,7 +169,8 @@ def document_masks(arch: ModelArch, s: TrainSetup, a: int) -> DocumentMasks:
     (pytorch/pytorch@bc8cb28010a6b27e1817d38e1c1e0ac59b34477e aten/src/ATen/native/transformers/attention.cpp
     convert_boolean_attn_mask: zeros_like(mask, dtype).masked_fill_; the memory-efficient kernel only expands it,
     a view, and pads it only when the last dim is not a multiple of 16), and the memory-efficient backward takes
-    that bias (tools/autograd/derivatives.yaml _scaled_dot_product_efficient_attention: attn_bias is saved). Without
+    that bias (tools/autograd/derivatives.yaml _scaled_dot_product_efficient_attention; in torch 2.13
+    `torch._C._functions.ScaledDotProductEfficientAttentionBackward0` has `_saved_attn_bias`). Without
     checkpointing every eager block keeps its own; under checkpointing (full, or op-level SAC, whose policy saves
     the attention output, not its bias) only the block being recomputed holds one. Compiled blocks without
     checkpointing are counted as recomputing the bias from the boolean mask in backward (a cheap pointwise op the
