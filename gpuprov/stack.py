@@ -75,8 +75,15 @@ TRAINER_CONSTANTS = dict(fsdp_version=2, autocast_fp32_params=False, shard_embed
 
 def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
     """The estimator's (TrainSetup) view of the stack, for a layout of tensor-parallel degree `tp`:
-    train.py chunks the loss only without TP (with it, loss_parallel runs on vocab-sharded logits)."""
-    return dict(compile=stack.compile, chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
+    train.py chunks the loss only without TP (with it, loss_parallel runs on vocab-sharded logits).
+
+    Document masks: the bundle trains on what its prepare_data.py wrote, which records every sample's start
+    (`<shard>.starts`), and data.document_attention is on by default (templates/launch/train_config.py), so the
+    trainer builds a per-document mask for SDPA (train_attention.py model_inputs); flash_attention_2 gets
+    restarting positions and no mask. A run on data without recorded starts builds none: the plan sizes the
+    default, which is the larger."""
+    return dict(compile=stack.compile, document_mask=stack.attention == "sdpa",
+                chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,
                 activation_offloading=stack.activation_offloading, float8=stack.float8, **TRAINER_CONSTANTS)

@@ -129,6 +129,7 @@ def result_dict(arch, gpu, setup, est, estimator: str) -> dict:
             "compile_loss": setup.compile_loss, "defer_grad_sync": setup.defer_grad_sync,
             "fp32_logits": setup.fp32_logits, "kbit_fp32_casts": setup.kbit_fp32_casts,
             "hf_llama_438": setup.hf_llama_438, "pp_keeps_logits": setup.pp_keeps_logits,
+            "document_mask": setup.document_mask,
             "tp": setup.tp, "cp": setup.cp, "pp": setup.pp, "pp_schedule": setup.pp_schedule,
         },
         "estimator": estimator,
@@ -285,6 +286,10 @@ class _FrameworkChoice(click.Choice):
 @click.option("--pp-keeps-logits/--no-pp-keeps-logits", default=None,
               help="With --pp: the last stage keeps every micro-batch's logits until the step ends and "
                    "concatenates them (torch pipelining's kept outputs; torchtitan of Dec 2024).  [default: no]")
+@click.option("--document-mask/--no-document-mask", default=None,
+              help="Per-document attention on packed samples (gpuprov's trainer with SDPA): a boolean batch x "
+                   "seq/cp x seq mask per micro-batch, SDPA's additive copy of it in each layer, and under --cp "
+                   "keys/values all-gathered instead of ring attention.  [default: no]")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
 @click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
@@ -302,7 +307,7 @@ def estimate(model_name, task, seq_len, micro_batch, gpu_slug, gpus, gpus_per_no
              chunked_cross_entropy, grad_accumulation, activation_offloading, optimizer_impl, loss_impl,
              lora_dropout, qlora_base, framework, fsdp_version, autocast_fp32_params, compile_scope, loss_upcast,
              shard_embeddings, fsdp1_frozen_grads, compile_loss, defer_grad_sync, fp32_logits, kbit_fp32_casts, float8,
-             float8_all_gather, hf_llama_438, pp_keeps_logits,
+             float8_all_gather, hf_llama_438, pp_keeps_logits, document_mask,
              tp, cp, pp, pp_schedule,
              suggest, fail_if_not_fits, precise, as_json) -> None:
     """Per-GPU peak memory of one training setup, term by term, and whether it fits.
@@ -390,6 +395,7 @@ STACK_FLAGS: dict[str, tuple[str, str]] = {
     "defer_grad_sync": ("--defer-grad-sync", "bool"), "fp32_logits": ("--fp32-logits", "bool"),
     "float8": ("--float8", "bool"), "float8_all_gather": ("--float8-all-gather", "bool"), "kbit_fp32_casts": ("--kbit-fp32-casts", "bool"),
     "hf_llama_438": ("--hf-llama-438", "bool"), "pp_keeps_logits": ("--pp-keeps-logits", "bool"),
+    "document_mask": ("--document-mask", "bool"),
 }
 
 

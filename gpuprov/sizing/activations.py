@@ -190,6 +190,40 @@ def dense_causal_mask_bytes(arch: ModelArch, s: TrainSetup, elem: int) -> tuple[
     return s.micro_batch * positions * positions * elem, s.micro_batch * s.seq_len * s.seq_len * elem
 
 
+@dataclass(frozen=True)
+class DocumentMasks:
+    mask: int  # the boolean mask(s), held from the model's forward to the end of its backward
+    bias_saved: int  # SDPA's additive bias copies autograd keeps until each block's backward
+    bias_transient: int  # the bias of the block running backward (recomputed under checkpointing)
+
+
+def document_masks(arch: ModelArch, s: TrainSetup, a: int) -> DocumentMasks:
+    """Per-document attention's masks for one micro-batch (s.document_mask: gpuprov's trainer on packed data).
+
+    gpuprov templates/launch/train_attention.py model_inputs builds one boolean [b, 1, q, s] mask per micro-batch
+    (q = s / cp: under CP this rank's queries against the whole window) and hands it to the model, which gives
+    that one tensor to every layer (transformers uses a 4-D mask as given); the checkpointed blocks keep it as an
+    input until their backward, so it lives from forward to the end of backward: one copy, not one per layer.
+    SDPA turns a boolean mask into an additive one of the query dtype in every call
+    (pytorch/pytorch@bc8cb28010a6b27e1817d38e1c1e0ac59b34477e aten/src/ATen/native/transformers/attention.cpp
+    convert_boolean_attn_mask: zeros_like(mask, dtype).masked_fill_; the memory-efficient kernel only expands it,
+    a view, and pads it only when the last dim is not a multiple of 16), and the memory-efficient backward takes
+    that bias (tools/autograd/derivatives.yaml _scaled_dot_product_efficient_attention; in torch 2.13
+    `torch._C._functions.ScaledDotProductEfficientAttentionBackward0` has `_saved_attn_bias`). Without
+    checkpointing every eager block keeps its own; under checkpointing (full, or op-level SAC, whose policy saves
+    the attention output, not its bias) only the block being recomputed holds one. Compiled blocks without
+    checkpointing are counted as recomputing the bias from the boolean mask in backward (a cheap pointwise op the
+    partitioner prefers to recompute rather than save); that is an assumption, not a measurement."""
+    if not getattr(s, "document_mask", False):
+        return DocumentMasks(0, 0, 0)
+    cp = max(1, int(getattr(s, "cp", 1) or 1))
+    scores = s.micro_batch * (s.seq_len // cp) * s.seq_len
+    bias = scores * a
+    if s.activation_checkpointing == "none" and not s.compile:
+        return DocumentMasks(mask=scores, bias_saved=arch.num_layers * bias, bias_transient=0)
+    return DocumentMasks(mask=scores, bias_saved=0, bias_transient=bias)
+
+
 def hf_buffer_bytes(arch: ModelArch, s: TrainSetup) -> int:
     """GPU buffers of transformers 4.38's Llama model, which FSDP neither shards nor offloads (only parameters).
 

@@ -21,7 +21,9 @@ What is modelled is what PyTorch actually holds, not a bytes-per-parameter rule:
 
 Activations are counted per token per layer from the tensors autograd saves in a Llama-style
 block (RMSNorm, RoPE, SDPA/FlashAttention, GQA, SwiGLU), the approach of Korthikanti et al. 2022
-without the s^2 attention term (FlashAttention never stores the score matrix). The peak is the
+without the s^2 attention term (FlashAttention never stores the score matrix). The one s^2 tensor a
+run may hold is a per-document mask (gpuprov's trainer on packed data with SDPA): the boolean mask and
+SDPA's additive copy of it are terms of their own (activations.document_masks). The peak is the
 largest of three moments: the start of backward (every saved activation plus the loss buffers),
 the backward of the top block (recomputation and activation gradients), and the optimizer step
 (all gradients). Constants live in catalog/data/memory_constants.yaml.
@@ -82,6 +84,8 @@ TERMS: tuple[str, ...] = (
     "comm_buckets",
     "activations",
     "activation_transient",
+    "document_mask",
+    "attention_bias",
     "logits",
     "cross_entropy",
     "optimizer_step_transient",
@@ -288,6 +292,7 @@ def _phases(x: _Ctx) -> list[_Phase]:
     """Start of backward, backward of the top block, optimizer step: the candidates for the peak."""
     w = x.w
     acts = act.activations(x.arch, x.s, x.tokens, x.a)
+    docs = act.document_masks(x.arch, x.s, x.a)
     lossb = act.loss(x.arch, x.s, x.tokens, x.a)
     gathered, rs_buffers = _gathered(x)
     cache = _autocast_cache(x)
@@ -302,12 +307,13 @@ def _phases(x: _Ctx) -> list[_Phase]:
         _Phase("start of backward (loss)", {
             **base, "gradients": g.during_forward, **in_flight, "activations": acts.saved,
             "logits": lossb.at_backward, "cross_entropy": lossb.cross_entropy,
-            "allocator_fragmentation": stranded,
+            "document_mask": docs.mask, "attention_bias": docs.bias_saved, "allocator_fragmentation": stranded,
         }),
         _Phase("backward of the last block", {
             **base, "gradients": g.during_forward + g.head, **in_flight,
             "activations": acts.saved - x.tokens * acts.final_norm,
             "activation_transient": acts.layer_transient, "logits": lossb.held,
+            "document_mask": docs.mask, "attention_bias": docs.bias_saved + docs.bias_transient,
         }),
         _Phase("optimizer step", {
             **base, "gradients": w.grads, "gathered_params": gathered if x.fsdp else 0,

@@ -128,6 +128,14 @@ def stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
         out.append("transformers 4.38 Llama code: a dense (batch, 1, max positions, max positions) causal mask in the"
                    " compute dtype kept from forward to backward (SDPA takes it as attn_mask), and each layer's rotary"
                    " cos/sin cache buffers (fp32) on every GPU")
+    if getattr(s, "document_mask", False):
+        cp = max(1, s.cp)
+        out.append(
+            f"per-document attention on packed samples: one boolean {s.micro_batch} x {s.seq_len // cp} x {s.seq_len}"
+            " mask per micro-batch from forward to backward, and SDPA's additive copy of it in the compute dtype ("
+            + ("every block keeps its own until its backward" if s.activation_checkpointing == "none" and not s.compile
+               else "the block running backward") + "); the memory-efficient kernel, not FlashAttention, runs it"
+        )
     if autocast_fp32(s):
         out.append(
             "torch.autocast over fp32 parameters (no FSDP mixed-precision policy): fp32 weights"

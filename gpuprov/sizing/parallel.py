@@ -20,7 +20,8 @@ runs with that shard degree; this module then scales its phases to one (tp, cp, 
   _attention.py): each rank holds seq_len/cp tokens; backward keeps fp32 dq/dk/dv accumulators
   (`accum_dtype = float32` under `convert_to_f32`), the K/V chunk it sends and the one it
   receives (`kv_rotater`), and the fp32 dK/dV chunks in flight (`dkv_rotater`): term
-  `cp_ring_buffers`, one block at a time.
+  `cp_ring_buffers`, one block at a time. gpuprov's trainer on packed documents runs no ring: each
+  layer all-gathers the window's keys and values under the document mask (term `cp_kv_gather`).
 * PP (torch.distributed.pipelining under torchtitan, Schedule1F1B or ScheduleInterleaved1F1B): pipeline.py
   walks each rank's forwards and backwards in the schedule's order and records what the rank holds at each
   backward (blocks gathered, gradients whole or already reduced, activations in flight, kept outputs); each
@@ -43,7 +44,8 @@ _PARAM_TERMS = ("parameters", "gradients", "optimizer_states", "fp32_master", "c
                 "autocast_weight_cache", "optimizer_step_transient")
 # Per-token activation terms: split over the sequence (CP) and over TP (+SP).
 _ACT_TERMS = ("activations", "activation_transient", "logits", "cross_entropy")
-PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "tp_backward_buffers", "cp_ring_buffers", "pp_stage_outputs")
+PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "tp_backward_buffers", "cp_ring_buffers", "cp_kv_gather",
+                                   "pp_stage_outputs")
 
 
 @dataclass(frozen=True)
@@ -266,15 +268,31 @@ def tp_backward_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
 
 
 def ring_buffers(arch: Any, setup: Any, tokens: int, a: int) -> int:
-    """Ring attention's backward of one block: fp32 dq/dk/dv, K/V sent + received, fp32 dK/dV in flight."""
+    """Ring attention's backward of one block: fp32 dq/dk/dv, K/V sent + received, fp32 dK/dV in flight.
+    None where the trainer gathers keys and values under a document mask instead (cp_kv_gather)."""
     lay = layout(setup)
-    if lay.cp == 1:
+    if lay.cp == 1 or getattr(setup, "document_mask", False):
         return 0
     local = tokens / lay.cp
     kv = (arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim) / lay.tp
     q = arch.q_dim / lay.tp
     per_token = 2 * a * 2 * kv + 4 * (q + 2 * kv) + 2 * 4 * 2 * kv
     return int(local * per_token)
+
+
+def cp_kv_gather(arch: Any, setup: Any, tokens: int, a: int) -> int:
+    """Per-document attention under CP (gpuprov templates/launch/train_attention.py cp_attention): each layer
+    all-gathers the whole window's keys and values over the CP group and scores this rank's queries against them
+    under the mask, inside a checkpoint, so backward gathers them again one layer at a time and reduce-scatters
+    their gradients. With a mask transformers repeats GQA keys and values to the query heads before SDPA
+    (transformers integrations/sdpa_attention.py use_gqa_in_sdpa: only without an attention_mask), so the block
+    running backward holds the whole window's repeated K and V that SDPA saved and their two gradients, at the
+    TP rank's heads: 4 x tokens x attended K/V width / tp."""
+    lay = layout(setup)
+    if lay.cp == 1 or not getattr(setup, "document_mask", False):
+        return 0
+    kv = arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim
+    return int(4 * tokens * kv / lay.tp * a)
 
 
 def stage_outputs(arch: Any, lay: Layout, st: Stage, tokens: int, a: int, merged: bool = False) -> int:
@@ -317,6 +335,8 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
     out = []
     layer_params = arch.layer_params()
     ring = ring_buffers(arch, setup, tokens, a)
+    gather = cp_kv_gather(arch, setup, tokens, a)
+    saved_bias = setup.activation_checkpointing == "none" and not setup.compile  # activations.document_masks
     tp_grads = tp_backward_buffers(arch, setup, tokens, a)
     piped = lay.pp > 1 and setup.sharding in ("fsdp", "hsdp")  # memory_weights.pipeline_keeps_stage
     shard = _shard(setup)
@@ -330,6 +350,8 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
             terms["tp_gathered_inputs"] = _gathered_inputs(arch, setup, lay, st, tokens, a, tag) if tag in "ab" else 0
             terms["tp_backward_buffers"] = tp_grads if tag == "b" else 0
             terms["cp_ring_buffers"] = ring if tag == "b" else 0
+            terms["cp_kv_gather"] = gather if tag == "b" else 0
+            _document_terms(terms, st, arch.num_layers, saved_bias)
             terms["pp_stage_outputs"] = stage_outputs(arch, lay, st, tokens, a, merged=tag == "m")
             if tag == "a":
                 terms["allocator_fragmentation"] = _stranded_at_loss(arch, setup, lay, st, tokens, a, ph.terms)
@@ -337,6 +359,16 @@ def apply(arch: Any, setup: Any, phases: list[Any], tokens: int, a: int) -> list
             name = f"{base}, {st.name}" if st.name else base
             out.append(replace(ph, name=name, terms=terms))
     return out
+
+
+def _document_terms(terms: dict[str, int], st: Stage, layers: int, saved_bias: bool) -> None:
+    """Per-document masks at one rank (activations.document_masks sized them at this rank's CP queries; TP
+    gathers the sequence before attention, so they stay whole): a boolean mask for each micro-batch in flight,
+    and, where every block keeps its bias, the biases of the blocks whose activations the rank holds."""
+    if terms.get("document_mask"):
+        terms["document_mask"] = int(terms["document_mask"] * st.in_flight)
+    if terms.get("attention_bias") and saved_bias:
+        terms["attention_bias"] = int(terms["attention_bias"] * st.act_layers / layers)
 
 
 def assumptions(arch: Any, setup: Any) -> list[str]:
@@ -353,7 +385,13 @@ def assumptions(arch: Any, setup: Any) -> list[str]:
             " (torch loss.py _nll_loss_and_log_softmax_backward); a block's backward holds three full-sequence"
             " gradients (the all-gathered output gradient, the colwise inputs' partial gradients and their sum)"
         )
-    if lay.cp > 1:
+    if lay.cp > 1 and getattr(setup, "document_mask", False):
+        out.append(
+            f"CP {lay.cp} under document masks: {setup.seq_len // lay.cp} tokens per rank; each layer all-gathers the"
+            " window's keys and values over the CP group (again in backward, under a checkpoint) and reduce-scatters"
+            " their gradients; the block in backward holds the whole window's repeated K/V and their gradients"
+        )
+    elif lay.cp > 1:
         out.append(
             f"CP {lay.cp} ring attention: {setup.seq_len // lay.cp} tokens per rank; backward holds fp32 dq/dk/dv"
             " accumulators and K/V + fp32 dK/dV chunks in flight (torch context_parallel)"

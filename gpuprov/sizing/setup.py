@@ -135,7 +135,7 @@ EXPLICIT_STACK = ("sharding", "activation_checkpointing", "precision", "optimize
                   "activation_offloading", "optimizer_impl", "loss_impl", "lora_dropout", "autocast_fp32_params",
                   "compile_scope", "loss_upcast", "shard_embeddings", "fsdp1_frozen_grads", "compile_loss",
                   "defer_grad_sync", "fp32_logits", "float8", "kbit_fp32_casts",
-                  "float8_all_gather", "hf_llama_438", "pp_keeps_logits")
+                  "float8_all_gather", "hf_llama_438", "pp_keeps_logits", "document_mask")
 SHAPE_OPTIONS = ("task", "seq_len", "micro_batch", "gpus", "gpus_per_node", "shard_group",
                  "lora_rank", "lora_targets", "tp", "cp", "pp", "pp_schedule")
 

@@ -112,6 +112,11 @@ class TrainSetup:
     # templates/launch/train_pipeline.py stage_forward) or the schedule is told not to keep outputs
     # (torchtitan@b5bcd76 trainer.py: return_outputs=False)
     pp_keeps_logits: bool = False
+    # per-document attention on packed samples (gpuprov templates/launch/train_attention.py): the model gets one
+    # boolean [b, 1, q, s] mask per micro-batch (q = s / cp), which SDPA turns into an additive bias of the compute
+    # dtype in every layer (gpuprov.sizing.activations.document_masks); under CP the keys and values are
+    # all-gathered over the CP group instead of ring attention (gpuprov.sizing.parallel.cp_kv_gather)
+    document_mask: bool = False
 
 
 @dataclass(frozen=True)
