@@ -22,9 +22,7 @@ from gpuprov.specfile import read_text
 
 
 def _job_query(kind: str, job_id: str) -> str:
-    if kind == "slurm":
-        return f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
-    return f"ps -o pid= -p {shlex.quote(job_id)} || echo exited"
+    return job.query_command(kind, job_id)
 
 
 def _local(kind: str, job_id: str, metrics: Path) -> tuple[str, str]:
