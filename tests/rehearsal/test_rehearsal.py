@@ -165,3 +165,10 @@ def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
     assert json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"] == job_id
     jobs = _ssh_root(controller, "squeue --noheader --all --format=%i").split()
     assert jobs == [job_id], jobs
+
+    # `down` destroys what `up` created: here every stand-in node is powered off
+    down = _gpuprov(aws, "down", str(bundle), "--yes", timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert aws.running() == [] and not (aws.state / "applied").exists()
+    assert json.loads((aws.state / "terraform.log").read_text().splitlines()[-1])["argv"][0] == "destroy"
+    assert not (bundle / ".gpuprov-up.json").exists()
