@@ -19,6 +19,8 @@ UBUNTU_CODENAME=$codename
 REL
     printf 'DISTRIB_ID=Ubuntu\nDISTRIB_RELEASE=%s\nDISTRIB_CODENAME=%s\n' "$os_version" "$codename" >/etc/lsb-release
 fi
+# the cloud images run cloud-init: its drop-in folder is there (this image has no cloud-init itself)
+mkdir -p /etc/cloud/cloud.cfg.d
 if ! mountpoint -q /sys/bus/pci/devices; then
     tree=/run/standin-pci
     mkdir -p $tree
