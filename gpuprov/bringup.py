@@ -389,6 +389,32 @@ def _connection_problem(root: Path, plan) -> str | None:
     return connection_problem(plan, tfvars(root))
 
 
+def _recorded_job(state: dict) -> bool:
+    job = state.get("job")
+    return isinstance(job, dict) and str(job.get("id", "")).isdigit()
+
+
+def active_job_state(root: Path, plan, job_id: str) -> str | None:
+    """The scheduler state of a job an earlier `up` submitted while it still holds or waits for nodes
+    (None: it ended, Slurm forgot it, or the first node cannot be asked: a new job is submitted)."""
+    from gpuprov import job, job_status
+
+    kind = job.job_kind(plan)
+    argv = job.query_argv(plan, job_id)
+    tool = shutil.which(argv[0]) or shutil.which(argv[0], path=os.path.dirname(sys.executable))
+    if kind is None or tool is None or not (root / "ansible" / INVENTORY).is_file():
+        return None
+    try:
+        proc = subprocess.run([tool, *argv[1:]], cwd=root / "ansible", capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, ANSIBLE_FORCE_COLOR="0"))
+    except subprocess.TimeoutExpired:
+        return None
+    if proc.returncode != 0:
+        return None
+    state = job_status.job_summary(kind, proc.stdout.split(">>", 1)[-1])["state"]
+    return state if state in job.ACTIVE_STATES or (kind == "direct" and state == "RUNNING") else None
+
+
 def display(step: Step, root: Path) -> str:
     where = step.cwd.relative_to(root).as_posix() if step.cwd.is_relative_to(root) else str(step.cwd)
     return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
@@ -450,7 +476,8 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
     if restart or state.get("lock_sha256") != digest:
         if state and not restart:
             echo("bundle changed since the last `gpuprov up`: starting from the first step")
-        state = {"lock_sha256": digest, "completed": []}
+        # the job an earlier run submitted is kept: the submit step asks whether it still runs
+        state = {"lock_sha256": digest, "completed": [], **({"job": state["job"]} if _recorded_job(state) else {})}
     done = list(state.get("completed", []))
     total = len(steps)
     for number, step in enumerate(steps, start=1):
@@ -465,6 +492,14 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
             write_state(root, {**state, "completed": done, "failed": step.name})
             raise StepFailed(f"step {number}/{total} '{step.name}' refused: {unreachable}; "
                              f"then re-run `gpuprov up {shlex.quote(str(root))}`")
+        if step.kind == "submit" and "job" in state:
+            active = active_job_state(root, plan, state["job"]["id"])
+            if active:
+                echo(f"[{number}/{total}] {step.title}: job {state['job']['id']} of an earlier run is {active}; "
+                     "not submitted again")
+                done.append(step.name)
+                write_state(root, {"lock_sha256": digest, "completed": done, "job": state["job"]})
+                continue
         echo(f"[{number}/{total}] {step.title}")
         echo(f"  $ {display(step, root)}")
         code = run_step(root, step, echo)

@@ -51,6 +51,26 @@ def submit_argv(plan: Any) -> list[str] | None:
     return None
 
 
+# Slurm job states in which the job still holds or waits for nodes (squeue(1) JOB STATE CODES): `up`
+# submits no second job while the recorded one is in one of them
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+                           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED",
+                           "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+
+
+def query_command(kind: str, job_id: str) -> str:
+    """Shell command printing the job's scheduler record (slurm) or whether the process lives (direct)."""
+    if kind == "slurm":
+        return f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
+    return f"ps -o pid= -p {shlex.quote(job_id)} || echo exited"
+
+
+def query_argv(plan: Any, job_id: str) -> list[str]:
+    """The ad-hoc Ansible command that runs query_command on the first node."""
+    return ["ansible", FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.shell",
+            "-a", query_command(job_kind(plan) or "direct", job_id)]
+
+
 _ID = re.compile(r"^\s*(\d+)(?:;[\w.-]+)?\s*$", re.M)
 
 

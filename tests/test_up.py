@@ -40,6 +40,10 @@ FAKE = textwrap.dedent("""\
         print(os.environ.get("FAKE_OUTPUT", "{{}}"))
     if name == "ansible" and "sbatch --parsable" in key:  # Ansible's ad-hoc output of sbatch --parsable
         print("node-0 | CHANGED | rc=0 >>\\n4242")
+    if name == "ansible" and "scontrol show job" in key:  # the recorded job, as slurmctld knows it
+        state = os.environ.get("FAKE_JOB_STATE")
+        print("node-0 | CHANGED | rc=0 >>\\n" + ("JobId=4242 JobName=x JobState=%s Restarts=1" % state if state
+                                               else "slurm_load_jobs error: Invalid job id specified"))
     """)
 
 CLOUD_COMMANDS = [
@@ -158,7 +162,31 @@ def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict
     again = _up(root, fakes["env"])  # everything done: nothing runs
     assert again.returncode == 0 and _calls(fakes["log"], root) == []
     restarted = _up(root, fakes["env"], "--restart")
-    assert restarted.returncode == 0 and len(_calls(fakes["log"], root)) == 8
+    # the recorded job is asked for first; Slurm no longer knows it: a new one is submitted
+    calls = [argv for argv, _ in _calls(fakes["log"], root)]
+    assert restarted.returncode == 0 and len(calls) == 9
+    assert "scontrol show job --oneliner 4242" in calls[7][-1] and "sbatch" in calls[8][-1]
+
+
+@pytest.mark.parametrize("job_state, submits", [("RUNNING", 0), ("PENDING", 0), ("REQUEUED", 0),
+                                                 ("COMPLETED", 1), ("FAILED", 1), (None, 1)])
+def test_restart_submits_no_second_job_while_the_first_runs(tmp_path: Path, fakes: dict, job_state, submits) -> None:
+    root = _bundle(tmp_path)
+    assert _up(root, fakes["env"]).returncode == 0
+    fakes["log"].unlink()
+    env = dict(fakes["env"], **({"FAKE_JOB_STATE": job_state} if job_state else {}))
+    again = _up(root, env, "--restart")
+    assert again.returncode == 0, again.stderr
+    calls = [" ".join(argv) for argv, _ in _calls(fakes["log"], root)]
+    assert sum("sbatch --parsable" in c for c in calls) == submits
+    assert sum("scontrol show job --oneliner 4242" in c for c in calls) == 1
+    state = json.loads((root / bundle.UP_STATE_NAME).read_text())
+    assert state["job"]["id"] == "4242" and "submit" in state["completed"]
+    if not submits:
+        assert f"job 4242 of an earlier run is {job_state}; not submitted again" in again.stdout
+    # a later run with everything done asks nothing and submits nothing
+    fakes["log"].unlink()
+    assert _up(root, env).returncode == 0 and _calls(fakes["log"], root) == []
 
 
 def test_health_failure_exit_1(tmp_path: Path, fakes: dict) -> None:

@@ -27,14 +27,12 @@ from gpuprov.specfile import MAX_FILE_BYTES, _plain, load_yaml
 
 
 def _job_query(kind: str, job_id: str, jobcomp: str = "") -> str:
-    if kind == "slurm":
-        live = f"scontrol show job --oneliner {shlex.quote(job_id)} 2>&1"
-        if not jobcomp:  # the site's Slurm: its records are not the bundle's to read
-            return live
-        # the completion record outlives slurmctld's memory of the job (MinJobAge)
-        return (f"{live}; echo {JOBCOMP_SEPARATOR}; "
-                f"grep -F {shlex.quote(f'JobId={job_id} ')} {shlex.quote(jobcomp)} 2>/dev/null | tail -n 1 || true")
-    return f"ps -o pid= -p {shlex.quote(job_id)} || echo exited"
+    live = job.query_command(kind, job_id)
+    if kind != "slurm" or not jobcomp:  # no records, or the site's Slurm: its records are not the bundle's to read
+        return live
+    # the completion record outlives slurmctld's memory of the job (MinJobAge)
+    return (f"{live}; echo {JOBCOMP_SEPARATOR}; "
+            f"grep -F {shlex.quote(f'JobId={job_id} ')} {shlex.quote(jobcomp)} 2>/dev/null | tail -n 1 || true")
 
 
 def _local(kind: str, job_id: str, metrics: Path, jobcomp: str = "") -> tuple[str, str]:

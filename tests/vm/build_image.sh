@@ -10,7 +10,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${VM_CACHE:-$repo/.vm-cache/bookworm}
 stamp="$cache/stamp"
-recipe_hash=$(sha256sum "$0" | cut -d' ' -f1)
+# VM_EXTRA_PACKAGES (comma-separated): more Debian packages in the image (the rehearsal's Slurm guests)
+extra=${VM_EXTRA_PACKAGES:-}
+recipe_hash=$({ cat "$0"; echo "$extra"; } | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$recipe_hash" ] \
         && [ -f "$cache/root.img" ] && [ -f "$cache/vmlinuz" ] && [ -f "$cache/initrd.img" ]; then
@@ -38,6 +40,7 @@ mirror=${mirror:-http://deb.debian.org/debian}
 
 # dbus: the clouds' images run it, and `shutdown -r` (Ansible's reboot module) asks logind over it
 packages=linux-image-amd64,systemd-sysv,udev,kmod,openssh-server,mdadm,python3,iproute2,nvme-cli,xfsprogs,util-linux,e2fsprogs,dbus
+packages=$packages${extra:+,$extra}
 work="$cache.build"
 rm -rf "$work"
 mkdir -p "$work"

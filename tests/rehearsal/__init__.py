@@ -1,0 +1,1 @@
+"""The rehearsal of a whole cluster: `gpuprov up` on a generated bundle against qemu stand-in nodes."""
