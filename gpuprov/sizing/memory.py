@@ -249,14 +249,16 @@ def _autocast_region_cache(x: _Ctx) -> int:
 
     torch.autocast caches the bf16 cast of an fp32 tensor only when it is a leaf that requires grad and not
     a view, and keeps it until the outermost autocast region exits
-    (pytorch/pytorch@008ec6b1840c94ff6d0f685bc10fbf585167c673 aten/src/ATen/autocast_mode.cpp cached_cast, clear_cache). FSDP2 registers each unsharded parameter on its
+    (pytorch/pytorch@008ec6b1840c94ff6d0f685bc10fbf585167c673 aten/src/ATen/autocast_mode.cpp
+    cached_cast, clear_cache). FSDP2 registers each unsharded parameter on its
     module as an nn.Parameter of its own, a leaf (pytorch/pytorch@cf30153c4c131c8164ee7798e5022d810682e2cb
     torch/distributed/fsdp/_fully_shard/_fsdp_param.py init_unsharded_param, to_unsharded), so the cast of every
     trainable weight stays cached after FSDP2 frees the gathered block: by the end of forward the cache holds
     a bf16 copy of every trainable weight a matmul read, on every GPU whatever the shard count. FSDP1 hands
-    modules views of its flat parameter made under enable_grad (@cf30153c... torch/distributed/fsdp/_flat_param.py
+    modules views of its flat parameter made under enable_grad (same commit, torch/distributed/fsdp/_flat_param.py
     _use_unsharded_views), never leaves, so nothing is cached there. Without recompute autograd saves the same
-    casts until backward (_autocast_weight_casts), so the cache adds only where a checkpointed block saved none."""
+    casts until backward (_autocast_weight_casts), so the cache adds only where a checkpointed block saved none.
+    Measured on CPU/gloo: benchmarks/autocast_cache_probe.py."""
     s, arch = x.s, x.arch
     if not (autocast_fp32(s) and x.fsdp and s.fsdp_version == 2 and s.activation_checkpointing != "none"):
         return 0
