@@ -399,3 +399,28 @@ def test_fsdp1_gradient_buffers_follow_flat_parameter_views() -> None:
     assert auto["reduce_scatter_buffers"] == _fsdp1_grad_buffers(unit, 4, 4, 16)  # the peak is in backward
     mp = estimate_memory(L7B, TrainSetup(**kw)).breakdown  # accelerate's MixedPrecision: bf16 grads, bf16 reduce
     assert mp["reduce_scatter_buffers"] == _fsdp1_grad_buffers(unit, 2, 2, 16)
+
+
+def test_autocast_cast_cache_does_not_shard_only_under_fsdp2() -> None:
+    """autocast caches bf16 casts of leaf fp32 parameters until its region exits (aten autocast_mode.cpp
+    cached_cast): FSDP2's unsharded parameters are leaves, FSDP1's are views of the flat parameter."""
+    kw = dict(sharding="fsdp", precision="bf16-mixed", activation_checkpointing="full", seq_len=2048,
+              autocast_fp32_params=True)
+    full_cache = 2 * L7B.num_layers * L7B.layer_linear_params() + 2 * L7B.lm_head_params
+    by_gpus = {g: estimate_memory(L7B, TrainSetup(gpus=g, fsdp_version=2, **kw)) for g in (16, 64)}
+    for e in by_gpus.values():  # the whole model's bf16 casts, the same on 16 and 64 GPUs
+        assert e.breakdown["autocast_weight_cache"] == full_cache
+    assert any("end of forward" in a for a in by_gpus[16].assumptions)
+    # FSDP1 under the same autocast: only the head's cast, saved by autograd until its backward
+    for g in (16, 64):
+        fsdp1 = estimate_memory(L7B, TrainSetup(gpus=g, fsdp_version=1, **kw))
+        assert fsdp1.breakdown["autocast_weight_cache"] == 2 * L7B.lm_head_params
+    # FSDP2 MixedPrecisionPolicy(param_dtype=bf16): no autocast, no cache
+    mp = estimate_memory(L7B, TrainSetup(gpus=16, fsdp_version=2, **{**kw, "autocast_fp32_params": False}))
+    assert mp.breakdown["autocast_weight_cache"] == 0
+    # LoRA: only the adapters require grad, so the frozen base's casts are never cached (the head's is saved)
+    lora = estimate_memory(L7B, TrainSetup(gpus=16, fsdp_version=2, task="lora", **kw))
+    assert lora.breakdown["autocast_weight_cache"] <= 2 * L7B.lm_head_params + 2 * lora.trainable_params
+    # without recompute autograd saves the same casts: counted once
+    no_ac = estimate_memory(L7B, TrainSetup(gpus=16, fsdp_version=2, **{**kw, "activation_checkpointing": "none"}))
+    assert no_ac.breakdown["autocast_weight_cache"] == full_cache

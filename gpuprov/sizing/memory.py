@@ -248,6 +248,29 @@ def _autocast_cache(x: _Ctx) -> int:
     return 0
 
 
+def _autocast_region_cache(x: _Ctx) -> int:
+    """autocast's own cast cache under FSDP2 with fp32 compute parameters, alive until the region exits.
+
+    torch.autocast caches the bf16 cast of an fp32 tensor only when it is a leaf that requires grad and not
+    a view, and keeps it until the outermost autocast region exits
+    (pytorch/pytorch@008ec6b1840c94ff6d0f685bc10fbf585167c673 aten/src/ATen/autocast_mode.cpp
+    cached_cast, clear_cache). FSDP2 registers each unsharded parameter on its
+    module as an nn.Parameter of its own, a leaf (pytorch/pytorch@cf30153c4c131c8164ee7798e5022d810682e2cb
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py init_unsharded_param, to_unsharded), so the cast of every
+    trainable weight stays cached after FSDP2 frees the gathered block: by the end of forward the cache holds
+    a bf16 copy of every trainable weight a matmul read, on every GPU whatever the shard count. FSDP1 hands
+    modules views of its flat parameter made under enable_grad (same commit, torch/distributed/fsdp/_flat_param.py
+    _use_unsharded_views), never leaves, so nothing is cached there. Without recompute autograd saves the same
+    casts until backward (_autocast_weight_casts), so the cache adds only where a checkpointed block saved none.
+    Measured on CPU/gloo: benchmarks/autocast_cache_probe.py."""
+    s, arch = x.s, x.arch
+    if not (autocast_fp32(s) and x.fsdp and s.fsdp_version == 2 and s.activation_checkpointing != "none"):
+        return 0
+    if s.task != "full":
+        return 2 * x.w.trainable  # only the adapters require grad; the frozen base's casts are never cached
+    return 2 * arch.num_layers * arch.layer_linear_params() + 2 * (arch.lm_head_params or arch.embedding_params)
+
+
 @dataclass(frozen=True)
 class _Grads:
     comm_buckets: int  # DDP / ZeRO flat buckets
@@ -303,7 +326,7 @@ def _phases(x: _Ctx) -> list[_Phase]:
     base = {"parameters": w.params + buffers, "optimizer_states": w.optimizer, "fp32_master": w.master,
             "comm_buckets": g.comm_buckets}
     in_flight = {"gathered_params": gathered, "autocast_weight_cache": cache, "reduce_scatter_buffers": rs_buffers}
-    return [
+    phases = [
         _Phase("start of backward (loss)", {
             **base, "gradients": g.during_forward, **in_flight, "activations": acts.saved,
             "logits": lossb.at_backward, "cross_entropy": lossb.cross_entropy,
@@ -320,6 +343,15 @@ def _phases(x: _Ctx) -> list[_Phase]:
             "optimizer_step_transient": step_transient, "logits": lossb.held,
         }),
     ]
+    region = _autocast_region_cache(x)
+    if region:
+        # the model's forward returns inside the autocast region (the loss runs after it exits): every saved
+        # activation and the logits beside the whole cache, before any loss buffer exists
+        phases.append(_Phase("end of forward (autocast cast cache)", {
+            **base, "gradients": g.during_forward, "gathered_params": gathered,
+            "autocast_weight_cache": max(cache, region), "activations": acts.saved, "logits": lossb.at_backward,
+        }))
+    return phases
 
 
 def _stranded_at_loss(x: _Ctx, acts: act.Activations) -> int:

@@ -142,6 +142,11 @@ def stack_assumptions(arch: ModelArch, s: TrainSetup, fsdp: bool) -> list[str]:
             + (" and fp32 all-gathers" if fsdp else "") + "; fp32 residual stream, norms and embeddings;"
             " each linear saves its own bf16 casts of input and weight"
         )
+        if fsdp and s.fsdp_version == 2 and s.activation_checkpointing != "none":
+            out.append("FSDP2 leaves unsharded parameters as leaves, so autocast caches the bf16 cast of every"
+                       " trainable weight until its region exits: an unsharded bf16 copy of them at the end of forward")
+        elif fsdp and s.fsdp_version == 1:
+            out.append("FSDP1 gives modules views of its flat parameter, so autocast's cast cache holds none of them")
     if s.compile:
         out.append("torch.compile of the whole model (loss fused into the graph, final norm fused)"
                    if s.compile_scope == "model" else "torch.compile per decoder block, final norm eager, loss "
