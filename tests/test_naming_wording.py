@@ -58,8 +58,9 @@ def test_one_layout_label_everywhere(tmp_path: Path):
 
 def test_hsdp_replicas_are_not_counted_as_model_states():
     # a thin fabric (a2-ultragpu: one 100 Gb/s NIC per node) makes the planner shard inside nodes
+    # (--pp 1: with pipeline stages allowed it pipelines across nodes instead)
     args = ("--model", "8b", "--from-scratch", "--tokens", "50B", "--cloud", "gcp", "--gpu", "a100-80gb",
-            "--deadline", "48")
+            "--deadline", "48", "--pp", "1")
     p = plan_json(*args)
     c = p["cluster"]
     assert c["sharding"] == "hsdp" and c["replicate"] > 1

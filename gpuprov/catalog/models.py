@@ -285,9 +285,9 @@ def get_model(name_or_path: str) -> ModelArch:
             same = name_or_path.lower() == str(_catalog()["models"][preset]["hf_repo"]).lower()
             # an instruct / chat release of the preset's architecture: named as the id the weights come from
             return arch if same else dataclasses.replace(arch, display_name=name_or_path)
-        arch = load_hf_model(name_or_path)
-        if arch is not None:
-            return arch
+        loaded = load_hf_model(name_or_path)
+        if loaded is not None:
+            return loaded
         raise GpuprovError(f"--model {name_or_path}: not a preset, and not in the local Hugging Face cache "
                            f"({_hf_cache_dir()}); pip install huggingface_hub to fetch its config.json, or pass "
                            "a config.json path")

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from gpuprov.errors import GpuprovError
 from gpuprov.userconfig import KEYS, config_path, user_defaults
 
 
@@ -58,4 +59,6 @@ def completion(shell: str) -> None:
     from gpuprov.cli import cli
 
     cls = get_completion_class(shell)
+    if cls is None:  # click.Choice(SHELLS) lets only the shells click registers through
+        raise GpuprovError(f"no completion for {shell}")
     click.echo(cls(cli, {}, "gpuprov", "_GPUPROV_COMPLETE").source())
