@@ -420,9 +420,14 @@ def display(step: Step, root: Path) -> str:
     return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
 
 
+def all_steps(root: Path, plan) -> list[Step]:
+    """Every step `up` runs, in order: provision and configure, stage the job's inputs, submit."""
+    return build_steps(root, plan.cluster.cloud) + staging_steps(root, plan) + job_steps(root, plan)
+
+
 def dry_run_report(root: Path, plan) -> dict:
     """`up --dry-run --json`: the steps in order, what must be set first, and the training command."""
-    steps = build_steps(root, plan.cluster.cloud) + job_steps(root, plan)
+    steps = all_steps(root, plan)
     tf = root / "terraform"
     missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
     rows = [{"number": n, "name": s.name, "title": s.title, "kind": s.kind,
@@ -443,7 +448,7 @@ def dry_run_report(root: Path, plan) -> dict:
 
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
              echo: Callable[[str], None] = print) -> None:
-    steps = build_steps(root, plan.cluster.cloud) + staging_steps(root, plan) + job_steps(root, plan)
+    steps = all_steps(root, plan)
     tf = root / "terraform"
     missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
     unreachable = _connection_problem(root, plan)

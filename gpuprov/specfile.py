@@ -448,6 +448,8 @@ def load_hosts(path: str | Path) -> list:
                         entry["port"] = value.get("ansible_port", value.get("port"))
                     unread = sorted(set(value) - {"ansible_host", "address", "ansible_user", "user",
                                                   "ansible_port", "port"})
+                    if "private_ip" in unread and value["private_ip"] == entry["address"]:
+                        unread.remove("private_ip")  # what a bundle's inventory writes: the address again
                     if unread:
                         raise GpuprovError(f"{path}: host {_show(name)}: variable {unread[0]!r} {_UNREAD}")
                 else:

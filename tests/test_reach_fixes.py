@@ -123,14 +123,16 @@ def test_aws_ssh_cidr_opens_no_port_on_private_nodes(rendered):
     assert not [a for a in module["ManagedResources"] if a.startswith("aws_vpc_security_group_ingress_rule.ssh")]
 
 
-def test_aws_ssh_cidr_is_said_to_be_unused():
-    from gpuprov.bringup_plan import access_notes
+def test_aws_ssh_cidr_is_refused_not_dropped():
+    """AWS nodes get no public address (SSM reaches them): --ssh-cidr is refused in one line, never
+    accepted and silently unused."""
     from plan_fixtures import sample_plan, with_bringup
 
+    from gpuprov.errors import GpuprovError
+
     plan = sample_plan("aws", nodes=2)
-    plan = with_bringup(plan.model_copy(update={"spec": plan.spec.model_copy(update={"ssh_cidr": "203.0.113.0/24"})}))
-    assert plan.access.method == "ssm"
-    assert any("--ssh-cidr 203.0.113.0/24 is not used" in note for note in access_notes(plan.access, 10.0))
+    with pytest.raises(GpuprovError, match=r"--ssh-cidr 203\.0\.113\.0/24: aws nodes get no public address.*drop --ssh-cidr"):
+        with_bringup(plan.model_copy(update={"spec": plan.spec.model_copy(update={"ssh_cidr": "203.0.113.0/24"})}))
 
 
 def test_every_efa_interface_is_tagged(rendered):

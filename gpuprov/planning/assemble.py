@@ -110,7 +110,10 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         spec, result = offloaded
     best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
     plan = _assemble(spec, arch, est_fn, pool, result, best)
-    if offloaded:
+    # said from the spec alone, so a plan regenerated from its lock (offload recorded) says it again
+    if offloaded or (spec.offload != "none" and search(spec.model_copy(update={"offload": "none"}), arch,
+                                                       estimator=est_fn, instances=pool,
+                                                       gpu_lookup=get_gpu).best is None):
         plan = plan.model_copy(update={"notes": [*plan.notes, OFFLOAD_NOTE.format(spec.offload)]})
     return _with_table(decided(plan), spec, arch, result, best, est_fn)
 

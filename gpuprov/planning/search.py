@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 from gpuprov.recipes import global_batch_tokens
 from gpuprov.storage_cost import (
@@ -451,10 +452,21 @@ class _Search:
             n, rest = divmod(self.spec.gpu_count, inst.gpus)
             only_nodes = n if not rest and only_nodes in (None, n) else 0
         if only_nodes is not None:
-            return [only_nodes] if 1 <= only_nodes <= top else []
-        if self.objective == "time" and not self.exhaustive:
-            return range(top, 0, -1)
-        return range(1, top + 1)
+            order: Iterable[int] = [only_nodes] if 1 <= only_nodes <= top else []
+        elif self.objective == "time" and not self.exhaustive:
+            order = range(top, 0, -1)
+        else:
+            order = range(1, top + 1)
+        if self.spec.offload == "none":
+            return order
+        return [n for n in order if self.offload_fits(inst, n)]
+
+    def offload_fits(self, inst: Any, nodes: int) -> bool:
+        """CPU offload keeps each node's share of the optimizer states in its RAM (host_rules.yaml
+        offload_extra_bytes_per_param, as gpuprov/host.py sizes the hosts): a node count whose share
+        exceeds the instance's RAM cannot run."""
+        per_param = load_data("host_rules.yaml")["ram"]["offload_extra_bytes_per_param"]
+        return inst.ram_bytes is None or math.ceil(self.trainable * per_param / nodes) <= inst.ram_bytes
 
     def slot(self, inst: Any, nodes: int) -> _Slot:
         gpu = self.gpus[inst.gpu]
