@@ -167,3 +167,33 @@ def test_array_with_other_members_is_not_rebuilt_silently():
     devices = [dev("nvme1n1", "member"), dev("nvme2n1", "member"), dev("nvme3n1")]
     result = decide(devices, array, discovered=True, expected=0, force=False)
     assert result["action"] == "fail" and "exists with members" in result["problems"][-1]
+
+
+def test_boot_rebuild_gives_up_after_wait_seconds_not_rounds(tmp_path):
+    """nvme_raid_boot_wait_s is seconds: with drives that never appear and a slow `udevadm settle`
+    (early boot under load), the unit gives up after about that long, not after that many rounds
+    of settle + sleep (90 rounds of a 5 s settle held a node's boot, and its sshd, for 9 minutes)."""
+    import shlex
+    import time
+
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["quote"] = lambda value: shlex.quote(str(value))
+    text = env.from_string((ROLE / "templates" / "nvme-raid-rebuild.sh.j2").read_text()).render(
+        ansible_managed="test", nvme_raid_name="scratch-test-never", nvme_raid_array_uuid="a:b:c:d",
+        nvme_raid_fs_uuid="0f0f0f0f-1111-2222-3333-444455556666", nvme_raid_fs_label="scratch",
+        nvme_raid_chunk_kib=512, nvme_raid_members=["/dev/disk/by-id/nvme-A_1"] * 2, nvme_raid_boot_wait_s=3,
+        nvme_raid_mount_mode="1777", nvme_raid_boot_sources=[str(tmp_path / "no-such-drive-*")])
+    script = tmp_path / "rebuild.sh"
+    script.write_text(text)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "udevadm").write_text("#!/bin/sh\nsleep 3\n")  # a settle that takes its time
+    (stubs / "udevadm").chmod(0o755)
+    began = time.monotonic()
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                         env={"PATH": f"{stubs}:/usr/bin:/bin"})
+    took = time.monotonic() - began
+    assert run.returncode == 1 and "found 0 drives" in run.stderr, run.stderr
+    assert took < 9, f"gave up after {took:.0f} s with nvme_raid_boot_wait_s=3"  # 3 rounds took 12 s

@@ -241,7 +241,8 @@ def test_4_wiped_drives_rebuilt_at_boot(vm):
     uuid = array_state(guest)["mount"]["uuid"]
     TIMINGS["4 poweroff"] = guest.poweroff()
     guest.wipe_drives()  # what a cloud does to instance storage across stop/start
-    TIMINGS["4 boot on wiped drives"] = guest.start()
+    # the rebuild runs before sshd: give the boot the unit's own start timeout (wait + 600 s)
+    TIMINGS["4 boot on wiped drives"] = guest.start(timeout=720)
     log = guest.ssh(f"journalctl -b -u nvme-raid-{NAME}-rebuild.service --no-pager").stdout
     assert "recreating /dev/md/scratch" in log, log
     # same filesystem UUID (the mount unit is by UUID), empty filesystem
