@@ -100,7 +100,40 @@ def parse_yaml(text: str, *, fast: bool = True) -> Any:
 def load_data(filename: str) -> Any:
     """Parse one catalog file (safe loader; cached: catalogs are read-only at run time)."""
     path = catalog_data_dir() / filename
-    return parse_yaml(path.read_text(encoding="utf-8"))
+    return cached_parse(path.read_text(encoding="utf-8"))
+
+
+def cached_parse(text: str) -> Any:
+    """parse_yaml(text), kept in the user's cache folder (usercache.py) under the hash of the text and of this
+    module (its schema rules): the next run reads the parsed tree back instead of parsing the file again."""
+    import pickle
+
+    from gpuprov.usercache import cache_dir, write_atomic
+
+    folder = cache_dir("catalog")
+    if folder is None:
+        return parse_yaml(text)
+    digest = hashlib.sha256(_parser_tag().encode() + text.encode("utf-8")).hexdigest()
+    entry = folder / f"{digest[:40]}.pickle"
+    try:
+        with open(entry, "rb") as f:
+            found = pickle.load(f)  # noqa: S301 - written by this user's own runs, in a folder only they write
+        if isinstance(found, tuple) and len(found) == 2 and found[0] == digest:
+            return found[1]
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError, TypeError, ImportError):
+        pass  # absent, truncated or foreign: parse afresh
+    data = parse_yaml(text)
+    write_atomic(entry, pickle.dumps((digest, data), protocol=pickle.HIGHEST_PROTOCOL))
+    return data
+
+
+@lru_cache(maxsize=None)
+def _parser_tag() -> str:
+    """What else a parsed tree depends on: this module's parsing rules (libyaml and ruamel.yaml read the same tree,
+    tests/test_fabric_catalog.py)."""
+    from pathlib import Path
+
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 @lru_cache(maxsize=None)
