@@ -22,7 +22,8 @@ from gpuprov.validators import MAX_CONFIG_COUNT, MAX_PARAMS
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelArch", "arch_from_hf_config", "resolve_lora_targets", "check_lora_rank"]
 
-# Mixtral names its expert projections w1 (gate), w3 (up), w2 (down); accept either spelling.
+# Mixtral (transformers 4.x) names its expert projections w1 (gate), w3 (up), w2 (down): read as the MLP names,
+# which an MoE family refuses as LoRA targets (its experts are not adapted).
 _MLP_ALIASES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 LINEAR_NAMES: tuple[str, ...] = families.ALL_LINEAR_NAMES
 
@@ -127,15 +128,13 @@ class ModelArch:
     def linear_shapes(self, dense: bool = False) -> dict[str, tuple[int, int, int]]:
         """Per decoder block: module name -> (in_features, out_features, copies per block).
 
-        `dense`: a dense block of an MoE model. Routed experts of qwen3_moe and deepseek_v3 are named
-        `experts.*` (never LoRA targets); Mixtral's keep the dense names with one copy per expert."""
+        `dense`: a dense block of an MoE model. Routed experts (Mixtral's w1/w3/w2 too) are named
+        `experts.*`, one copy per expert: never LoRA targets (families.LORA_PRESETS)."""
         shapes = self._attention_shapes()
         if not self.is_moe or dense:
             width = self.dense_intermediate_size if (self.is_moe and self.dense_intermediate_size) else \
                 self.intermediate_size
             return {**shapes, **self._mlp_shapes(width, 1)}
-        if family(self.model_type).moe == "mixtral":
-            return {**shapes, **self._mlp_shapes(self.intermediate_size, self.num_experts)}
         shapes.update(self._mlp_shapes(self.intermediate_size, self.num_experts, "experts."))
         if self.shared_intermediate_size:
             shapes.update(self._mlp_shapes(self.shared_intermediate_size, 1))
@@ -264,9 +263,11 @@ def resolve_lora_targets(targets: tuple[str, ...] | list[str] | str, model_type:
         canon = _MLP_ALIASES.get(name, name)
         if canon not in known:
             where = f" of a {model_type} model" if model_type else ""
-            raise GpuprovError(
-                f"unknown LoRA target {name!r}{where}; use qv, attention, all-linear or some of {', '.join(known)}"
-            )
+            experts = model_type in families.FAMILIES and family(model_type).moe and canon in families.MLP_NAMES
+            why = " (its routed experts are not adapted: gpuprov plans LoRA on the attention of MoE models)" \
+                if experts else ""
+            raise GpuprovError(f"unknown LoRA target {name!r}{where}{why}; use qv, attention, all-linear or some of "
+                               f"{', '.join(known)}")
         if canon not in out:
             out.append(canon)
     return tuple(out)
