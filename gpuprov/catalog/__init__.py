@@ -120,8 +120,8 @@ def cached_parse(text: str) -> Any:
             found = pickle.load(f)  # noqa: S301 - written by this user's own runs, in a folder only they write
         if isinstance(found, tuple) and len(found) == 2 and found[0] == digest:
             return found[1]
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError, TypeError, ImportError):
-        pass  # absent, truncated or foreign: parse afresh
+    except Exception:  # noqa: BLE001 - absent, truncated or foreign (pickle raises many kinds): parse afresh
+        pass
     data = parse_yaml(text)
     write_atomic(entry, pickle.dumps((digest, data), protocol=pickle.HIGHEST_PROTOCOL))
     return data

@@ -43,7 +43,7 @@ def _bytecode_cache(options: dict[str, Any]):
         def load_bytecode(self, bucket) -> None:
             try:
                 super().load_bytecode(bucket)
-            except (OSError, EOFError, ValueError, TypeError):  # truncated or foreign file: marshal refuses it
+            except Exception:  # noqa: BLE001 - a truncated or foreign entry (pickle, marshal refuse it): compile
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:

@@ -11,6 +11,7 @@ language model (tests check both that and the published totals).
 from __future__ import annotations
 
 import copy
+import functools
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,21 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "ModelArch", "arch_from_hf_config", "resolve
 # which an MoE family refuses as LoRA targets (its experts are not adapted).
 _MLP_ALIASES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 LINEAR_NAMES: tuple[str, ...] = families.ALL_LINEAR_NAMES
+
+
+def _per_arch(method):
+    """A count of one block, computed once per arch and argument: the arch is frozen, and the planner asks for
+    the same counts thousands of times while it searches."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def counted(self, dense: bool = False):
+        memo = self.__dict__.setdefault("_counts", {})  # beside the fields: not compared, hashed or shown
+        key = (name, dense)
+        if key not in memo:
+            memo[key] = method(self, dense)
+        return memo[key]
+    return counted
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,7 @@ class ModelArch:
         return shapes
 
     # -- counts -------------------------------------------------------------------------
+    @_per_arch
     def layer_linear_params(self, dense: bool = False) -> int:
         """Weights of the big matmuls of one block (all experts), no biases: what NF4 quantizes."""
         return sum(i * o * n for i, o, n in self.linear_shapes(dense).values())
@@ -157,6 +174,7 @@ class ModelArch:
             total += self.mla[0] + self.mla[1]  # q_a_layernorm, kv_a_layernorm
         return total
 
+    @_per_arch
     def layer_params(self, dense: bool = False) -> int:
         """Every parameter of one decoder block (all experts); the MoE block unless `dense`."""
         h = self.hidden_size
@@ -171,6 +189,7 @@ class ModelArch:
             total += h * self.num_experts  # router, no bias
         return total + self.norm_params()
 
+    @_per_arch
     def active_layer_params(self, dense: bool = False) -> int:
         """Parameters one token touches in a block (MoE: top-k experts), for FLOPs."""
         if not self.is_moe or dense:
