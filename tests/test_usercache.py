@@ -64,14 +64,17 @@ def test_a_damaged_cache_entry_is_compiled_again(cache: Path, tmp_path: Path):
 
 
 def test_parsed_catalog_text_is_the_parse_and_a_damaged_entry_is_parsed_again(cache: Path):
-    text = "a: 1\nb: [x, 2.5, null]\nwhen: 2026-01-02\n"
+    text = "a: 1\nb: [x, 2.5, null, true]\nc: {d: '2026-01-02'}\n"
     first = cached_parse(text)
-    assert first == parse_yaml(text) and list((cache / "catalog").glob("*.pickle"))
+    assert first == parse_yaml(text) and len(list((cache / "catalog").glob("*.marshal"))) == 1
     assert cached_parse(text) == first
-    for entry in (cache / "catalog").glob("*.pickle"):
-        entry.write_bytes(b"not a pickle")
+    for entry in (cache / "catalog").glob("*.marshal"):
+        entry.write_bytes(b"not marshal data")
     assert cached_parse(text) == first
     assert cached_parse("a: 2\n") == {"a": 2}
+    dated = "when: 2026-01-02\n"  # a YAML timestamp: a value marshal does not write, so no entry, parsed each run
+    assert cached_parse(dated) == parse_yaml(dated) == cached_parse(dated)
+    assert len(list((cache / "catalog").glob("*.marshal"))) == 2
 
 
 def test_int_memo_round_trips_and_keys_by_the_code(cache: Path, tmp_path: Path):

@@ -105,8 +105,10 @@ def load_data(filename: str) -> Any:
 
 def cached_parse(text: str) -> Any:
     """parse_yaml(text), kept in the user's cache folder (usercache.py) under the hash of the text and of this
-    module (its schema rules): the next run reads the parsed tree back instead of parsing the file again."""
-    import pickle
+    module (its schema rules): the next run reads the parsed tree back instead of parsing the file again.
+    marshal, not pickle: built in (nothing to import) and it builds only plain values, which is all a
+    catalog holds; a tree it cannot write (a YAML timestamp) is parsed on every run instead."""
+    import marshal
 
     from gpuprov.usercache import cache_dir, write_atomic
 
@@ -114,16 +116,18 @@ def cached_parse(text: str) -> Any:
     if folder is None:
         return parse_yaml(text)
     digest = hashlib.sha256(_parser_tag().encode() + text.encode("utf-8")).hexdigest()
-    entry = folder / f"{digest[:40]}.pickle"
+    entry = folder / f"{digest[:40]}.marshal"
     try:
-        with open(entry, "rb") as f:
-            found = pickle.load(f)  # noqa: S301 - written by this user's own runs, in a folder only they write
+        found = marshal.loads(entry.read_bytes())
         if isinstance(found, tuple) and len(found) == 2 and found[0] == digest:
             return found[1]
-    except Exception:  # noqa: BLE001 - absent, truncated or foreign (pickle raises many kinds): parse afresh
+    except Exception:  # noqa: BLE001 - absent, truncated or foreign: parse afresh
         pass
     data = parse_yaml(text)
-    write_atomic(entry, pickle.dumps((digest, data), protocol=pickle.HIGHEST_PROTOCOL))
+    try:
+        write_atomic(entry, marshal.dumps((digest, data)))
+    except ValueError:  # a value marshal does not write
+        pass
     return data
 
 
