@@ -35,11 +35,11 @@ def _per_arch(method):
     name = method.__name__
 
     @functools.wraps(method)
-    def counted(self, dense: bool = False):
+    def counted(self, *args: Any, **kwargs: Any):
         memo = self.__dict__.setdefault("_counts", {})  # beside the fields: not compared, hashed or shown
-        key = (name, dense)
+        key = (name, args, tuple(sorted(kwargs.items())))
         if key not in memo:
-            memo[key] = method(self, dense)
+            memo[key] = method(self, *args, **kwargs)
         return memo[key]
     return counted
 
@@ -162,6 +162,7 @@ class ModelArch:
         """Weights of the big matmuls of one block (all experts), no biases: what NF4 quantizes."""
         return sum(i * o * n for i, o, n in self.linear_shapes(dense).values())
 
+    @_per_arch
     def norm_params(self) -> int:
         """A block's norm weights (hidden-wide, q/k, MLA latent norms)."""
         fam, h = family(self.model_type), self.hidden_size
@@ -197,6 +198,7 @@ class ModelArch:
         per_expert = 3 * self.hidden_size * self.intermediate_size
         return self.layer_params() - per_expert * (self.num_experts - self.experts_per_token)
 
+    @_per_arch
     def blocks_params(self) -> int:
         """Every decoder block's parameters together."""
         return self.moe_layers * self.layer_params() + (self.num_layers - self.moe_layers) * \
