@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Wall time of the CLI commands pipelines run, as a user runs them (a fresh process each time).
 
-    python benchmarks/cli_speed.py [--runs 7] [--json] [--python PATH]
+    python benchmarks/cli_speed.py [--runs 7] [--json] [--python PATH] [--no-cache]
 
 Each command runs `--runs` times in a new interpreter (`python -m gpuprov ...`, the same code path
 as the `gpuprov` script); the table shows the median, the fastest and the slowest wall-clock
@@ -10,7 +10,9 @@ seconds, the median CPU seconds (user + system: steadier than wall time on a sha
 click, jinja2, pydantic"` (the libraries it stands on): fastest wall time and median CPU time. Compare before/after on the same box; to time
 another checkout, copy this file into its benchmarks/ and run it from there (it runs `python -m
 gpuprov` in its own repository, which comes first on sys.path). `generate` writes
-into a fresh temporary folder every run.
+into a fresh temporary folder every run. The warm-up run also fills the user cache (`~/.cache/gpuprov`:
+compiled templates, parsed catalogs, allocator replays), as any earlier run of gpuprov does; `--no-cache`
+times every run without it (GPUPROV_NO_CACHE=1), as a first run on a fresh machine.
 """
 
 from __future__ import annotations
@@ -72,7 +74,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=7, help="runs per command (median reported)")
     ap.add_argument("--python", default=sys.executable, help="interpreter with gpuprov installed")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--no-cache", action="store_true", help="run without the user cache (GPUPROV_NO_CACHE=1)")
     args = ap.parse_args()
+    if args.no_cache:
+        ENV["GPUPROV_NO_CACHE"] = "1"
 
     rows = []
     for label, cmd in COMMANDS:

@@ -5,8 +5,6 @@ The planner fills it; renderers only read it and decide nothing (DESIGN.md). Ser
 reads it back. Bytes are integers; bandwidths say their unit in the field name.
 """
 
-from __future__ import annotations
-
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field

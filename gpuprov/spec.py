@@ -4,8 +4,6 @@ One pydantic model is the single definition: the CLI flags, the YAML file and `g
 (JSON Schema) all come from it. Unknown keys are errors (a typo must not be ignored silently).
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Literal
 

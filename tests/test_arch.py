@@ -141,9 +141,23 @@ def test_lora_counts_and_targets() -> None:
         resolve_lora_targets("q_proj,lm_headx")
     with pytest.raises(GpuprovError, match="larger than the hidden size"):
         arch.trainable_params("lora", 5000, "qv")
+
+
+def test_mixtral_lora_adapts_attention_never_its_experts() -> None:
+    """Mixtral's experts are w1/w3/w2 Linears per expert under block_sparse_moe.experts (transformers 4.x) or
+    fused tensors (5.x): no gate_proj/up_proj/down_proj for peft to match, and the trainer excludes experts.
+    So its presets are attention, as every MoE family's, its expert names are refused with the reason,
+    and the adapter count is the attention's alone."""
     moe = get_model("mixtral-8x7b")
-    per_expert = 8 * (4096 + 14336)
-    assert moe.trainable_params("lora", 8, "gate_proj") == 32 * 8 * per_expert
+    attention = ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert resolve_lora_targets("all-linear", "mixtral") == attention == moe.lora_targets("all-linear")
+    for name in ("w1", "gate_proj", "down_proj"):
+        with pytest.raises(GpuprovError, match="routed experts are not adapted"):
+            moe.trainable_params("lora", 8, name)
+    # q: 4096 -> 4096, k and v: 4096 -> 1024, o: 4096 -> 4096; rank 8 on 32 blocks
+    assert moe.trainable_params("lora", 8, "all-linear") == 32 * 8 * (2 * (4096 + 4096) + 2 * (4096 + 1024))
+    dense = get_model("mistral-7b")  # the same attention and blocks: Mixtral adapts what Mistral's attention preset does
+    assert moe.trainable_params("lora", 8, "all-linear") == dense.trainable_params("lora", 8, "attention")
 
 
 @pytest.mark.torch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -110,6 +111,20 @@ def test_pipeline_commands_import_only_what_they_use(tmp_path, args, absent):
     loaded = set(json.loads(r.stdout))
     for name in (*_NEVER, *absent):
         assert not {m for m in loaded if m == name or m.startswith(name + ".")}, f"{args[0]} imported {name}"
+
+
+def test_a_second_plan_reads_the_parsed_catalogs_from_the_user_cache(tmp_path):
+    """The first run parses the catalogs and keeps the trees in the user cache; the next loads no YAML parser
+    at all (usercache.py; the cache's own behaviour is tests/test_usercache.py)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("GPUPROV_NO_CACHE", None)
+    loaded = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _MODULES_AFTER, "plan", "--model", "70b"], capture_output=True,
+                           text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        loaded.append(set(json.loads(r.stdout)))
+    assert "yaml" in loaded[0] and not {m for m in loaded[1] if m == "yaml" or m.startswith(("yaml.", "ruamel"))}
 
 
 def test_onprem_hosts_left_out_are_printed(tmp_path):

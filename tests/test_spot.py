@@ -137,17 +137,73 @@ def test_one_gpu_types_have_spot_prices_and_are_ranked_on_spot():
 
 
 def test_a_missing_spot_price_is_said_as_such_and_objective_time_plans_it():
-    """GCP sells the H200 machine on spot but the snapshot has no price for it: `--objective cost` names
+    """GCP sells the B200 machine (A4) on spot but no snapshot has a price for it: `--objective cost` names
     the missing price (not "no instance matches"); `--objective time` plans the run unpriced."""
-    args = ("plan", "--model", "8b", "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp", "--gpu", "h200")
+    assert spot.price("a4-highgpu-8g", "gcp", "us-central1") is None
+    args = ("plan", "--model", "8b", "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp", "--gpu", "b200")
     r = run(*args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "a3-ultragpu-8g (no recorded spot price in us-central1)" in r.stderr and "--objective time" in r.stderr
+    assert "a4-highgpu-8g (no recorded spot price in us-central1)" in r.stderr and "--objective time" in r.stderr
     assert "no instance in the catalog matches" not in r.stderr
     r = run(*args, "--objective", "time", "--json")
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
-    assert p["instance"]["name"] == "a3-ultragpu-8g" and p["purchase"]["option"] == "spot" and p["cost_usd"] is None
+    assert p["instance"]["name"] == "a4-highgpu-8g" and p["purchase"]["option"] == "spot" and p["cost_usd"] is None
+
+
+def _spot_rows():
+    from gpuprov.catalog import load_data
+
+    return load_data("spot.yaml")
+
+
+def test_every_spot_row_is_a_catalogued_type_priced_from_a_sourced_snapshot():
+    """Each price row names an instance type of the catalog, regions of its cloud and a positive price, and
+    its cloud's snapshot says where the figures come from (a public file at a commit) and when, or why
+    it cannot say: a row no snapshot sources, or a region the cloud does not have, fails here."""
+    from gpuprov.catalog import load_data
+    from gpuprov.catalog.instances import get_instance
+
+    data, regions = _spot_rows(), load_data("regions.yaml")
+    for name, by_region in data["prices"].items():
+        inst = get_instance(name)
+        snap = data["snapshots"].get(inst.cloud)
+        assert snap and re.search(r"@ [0-9a-f]{40}", snap["source"]), (name, inst.cloud)
+        assert snap.get("date") or snap.get("date_basis"), (name, inst.cloud)
+        assert by_region and set(by_region) <= set(regions[inst.cloud]["regions"]), name
+        assert all(float(p) > 0 for p in by_region.values()), name
+        if inst.price_per_hour_usd and inst.region in by_region:  # spot is a discount off the list rate
+            assert float(by_region[inst.region]) < inst.price_per_hour_usd, name
+
+
+def test_gcp_h200_and_l4_machines_are_priced_on_spot():
+    """A3 Ultra (8 x H200) and G2 (L4) are host + GPU rows of the GCP snapshot: a spot plan on them has a
+    cost, and that cost is the recorded price."""
+    for gpu, name in (("h200", "a3-ultragpu-8g"), ("l4", "g2-standard-4")):
+        task = ("--task", "lora") if gpu == "l4" else ()
+        r = run("plan", "--model", "8b", *task, "--tokens", "100M", "--purchase", "spot", "--cloud", "gcp",
+                "--gpu", gpu, "--json")
+        assert r.returncode == 0, r.stderr
+        p = json.loads(r.stdout)
+        recorded = spot.price(p["instance"]["name"], "gcp", p["cluster"]["region"])
+        assert p["instance"]["name"].startswith(name.rsplit("-", 1)[0]) and recorded is not None
+        assert p["instance"]["price_per_hour_usd"] == pytest.approx(recorded.usd) and p["cost_usd"] > 0
+
+
+def test_oci_bare_metal_gpu_shapes_are_not_offered_preemptible():
+    """OCI sells preemptible capacity at a fixed discount but not for bare metal shapes (spot.yaml
+    oci_preemptible): no OCI bare metal GPU shape is offered on spot, and `--purchase spot --cloud oci`
+    says there is nothing to buy instead of planning one."""
+    from gpuprov.catalog.bringup import offered_options
+    from gpuprov.catalog.instances import list_instances
+
+    rule = _spot_rows()["oci_preemptible"]
+    assert rule["source"] and rule["date"] and 0 < rule["discount"] < 1
+    bare_metal = [i for i in list_instances("oci") if i.name.startswith("BM.")]
+    assert bare_metal and not rule["bare_metal"]
+    assert all("spot" not in offered_options(i) for i in bare_metal)
+    r = run("plan", "--model", "8b", "--task", "lora", "--tokens", "100M", "--purchase", "spot", "--cloud", "oci")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_instances_lists_the_spot_price_beside_the_on_demand_one():
@@ -156,8 +212,10 @@ def test_instances_lists_the_spot_price_beside_the_on_demand_one():
     rows = {i["name"]: i for i in json.loads(r.stdout)}
     assert rows["g5.xlarge"]["spot"]["price_per_hour_usd"] == pytest.approx(spot.price("g5.xlarge", "aws", "us-east-1").usd)
     assert rows["g5.xlarge"]["spot"]["other_regions"]["us-west-2"] < rows["g5.xlarge"]["price_per_hour_usd"]
-    h200 = rows["a3-ultragpu-8g"]["spot"]
-    assert h200["sold"] and h200["price_per_hour_usd"] is None
+    b200 = rows["a4-highgpu-8g"]["spot"]
+    assert b200["sold"] and b200["price_per_hour_usd"] is None
+    assert rows["a3-ultragpu-8g"]["spot"]["price_per_hour_usd"] == pytest.approx(
+        spot.price("a3-ultragpu-8g", "gcp", "us-central1").usd)
     assert not rows["p5e.48xlarge"]["spot"]["sold"]  # Capacity Blocks only
     table = run("instances", "--cloud", "aws").stdout.splitlines()
     col = table[0].index("spot $/h")

@@ -29,6 +29,7 @@ _BASE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_ke
              bos_token_id=1, eos_token_id=2, pad_token_id=0)
 TINY = {
     "qwen3": dict(_BASE, model_type="qwen3"),
+    "mixtral": dict(_BASE, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     "qwen3_moe": dict(_BASE, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       decoder_sparse_step=1, mlp_only_layers=[0]),
     "gemma3_text": dict(_BASE, model_type="gemma3_text", sliding_window=8, sliding_window_pattern=3,

@@ -100,7 +100,44 @@ def parse_yaml(text: str, *, fast: bool = True) -> Any:
 def load_data(filename: str) -> Any:
     """Parse one catalog file (safe loader; cached: catalogs are read-only at run time)."""
     path = catalog_data_dir() / filename
-    return parse_yaml(path.read_text(encoding="utf-8"))
+    return cached_parse(path.read_text(encoding="utf-8"))
+
+
+def cached_parse(text: str) -> Any:
+    """parse_yaml(text), kept in the user's cache folder (usercache.py) under the hash of the text and of this
+    module (its schema rules): the next run reads the parsed tree back instead of parsing the file again.
+    marshal, not pickle: built in (nothing to import) and it builds only plain values, which is all a
+    catalog holds; a tree it cannot write (a YAML timestamp) is parsed on every run instead."""
+    import marshal
+
+    from gpuprov.usercache import cache_dir, write_atomic
+
+    folder = cache_dir("catalog")
+    if folder is None:
+        return parse_yaml(text)
+    digest = hashlib.sha256(_parser_tag().encode() + text.encode("utf-8")).hexdigest()
+    entry = folder / f"{digest[:40]}.marshal"
+    try:
+        found = marshal.loads(entry.read_bytes())
+        if isinstance(found, tuple) and len(found) == 2 and found[0] == digest:
+            return found[1]
+    except Exception:  # noqa: BLE001 - absent, truncated or foreign: parse afresh
+        pass
+    data = parse_yaml(text)
+    try:
+        write_atomic(entry, marshal.dumps((digest, data)))
+    except ValueError:  # a value marshal does not write
+        pass
+    return data
+
+
+@lru_cache(maxsize=None)
+def _parser_tag() -> str:
+    """What else a parsed tree depends on: this module's parsing rules (libyaml and ruamel.yaml read the same tree,
+    tests/test_fabric_catalog.py)."""
+    from pathlib import Path
+
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 @lru_cache(maxsize=None)

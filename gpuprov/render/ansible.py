@@ -17,6 +17,7 @@ from gpuprov.host import hosts_left_out
 from gpuprov.plan import Plan, Provisioning
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, comment, yaml_scalar, yaml_string
+from gpuprov.render.jinja_env import environment
 from gpuprov.resources import ansible_dir, templates_dir
 
 GLUE = ("ansible.cfg", "site.yml", "health.yml", "stage.yml", "group_vars/all.yml")
@@ -93,16 +94,7 @@ def _yaml(value: object) -> str:
 
 
 def _environment():
-    import jinja2  # lazy: `gpuprov plan` must start fast
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir() / "ansible")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
+    env = environment(templates_dir() / "ansible")
     env.filters.update(FILTERS)
     env.filters["yaml"] = _yaml
     env.filters["flow"] = _flow

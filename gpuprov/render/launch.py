@@ -14,6 +14,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.plan import Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, yaml_scalar, yaml_string
+from gpuprov.render.jinja_env import environment
 from gpuprov.resources import templates_dir
 
 RDZV_PORT = 29500  # torchrun's default c10d port, as torchtitan's multinode_trainer.slurm uses
@@ -116,14 +117,9 @@ def _context(plan: Plan) -> dict:
 
 
 def render_launch(plan: Plan) -> RenderedFiles:
-    import jinja2  # lazily: `gpuprov plan` must start fast
-
     src = templates_dir() / "launch"
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(src)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                             autoescape=False,
-                             # bash's ${#array[@]} would open a Jinja comment
-                             comment_start_string="<#-", comment_end_string="-#>")
+    # bash's ${#array[@]} would open a Jinja comment
+    env = environment(src, comment_start_string="<#-", comment_end_string="-#>")
     env.filters.update(FILTERS)
     env.filters["y"] = yaml_value
     ctx = _context(plan)

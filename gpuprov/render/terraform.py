@@ -15,6 +15,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.plan import SHARED_MOUNT, Plan
 from gpuprov.render import RenderedFiles
 from gpuprov.render.escape import FILTERS, hcl  # noqa: F401 - hcl: the renderer's filter, re-exported
+from gpuprov.render.jinja_env import environment
 from gpuprov.resources import templates_dir
 from gpuprov.targets import CLOUDS, get_target  # noqa: F401 - CLOUDS: the clouds with templates, re-exported
 
@@ -82,12 +83,8 @@ def render_terraform(plan: Plan) -> RenderedFiles:
     if plan.provisioning.provisioner != "terraform":
         return {}
     get_target(cloud).check_nodes(plan.cluster.nodes)  # a hand-edited plan.json past the target's limit
-    import jinja2  # lazy: `gpuprov plan` must start fast
-
     source = templates_dir() / "terraform" / cloud
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(source)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                             autoescape=False)
+    env = environment(source)
     env.filters.update(FILTERS)
     context = {**_common(plan), **plan.infra.inputs}
     files: RenderedFiles = {}

@@ -11,6 +11,7 @@ language model (tests check both that and the published totals).
 from __future__ import annotations
 
 import copy
+import functools
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +23,25 @@ from gpuprov.validators import MAX_CONFIG_COUNT, MAX_PARAMS
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelArch", "arch_from_hf_config", "resolve_lora_targets", "check_lora_rank"]
 
-# Mixtral names its expert projections w1 (gate), w3 (up), w2 (down); accept either spelling.
+# Mixtral (transformers 4.x) names its expert projections w1 (gate), w3 (up), w2 (down): read as the MLP names,
+# which an MoE family refuses as LoRA targets (its experts are not adapted).
 _MLP_ALIASES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 LINEAR_NAMES: tuple[str, ...] = families.ALL_LINEAR_NAMES
+
+
+def _per_arch(method):
+    """A count of one block, computed once per arch and argument: the arch is frozen, and the planner asks for
+    the same counts thousands of times while it searches."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def counted(self, *args: Any, **kwargs: Any):
+        memo = self.__dict__.setdefault("_counts", {})  # beside the fields: not compared, hashed or shown
+        key = (name, args, tuple(sorted(kwargs.items())))
+        if key not in memo:
+            memo[key] = method(self, *args, **kwargs)
+        return memo[key]
+    return counted
 
 
 @dataclass(frozen=True)
@@ -127,25 +144,25 @@ class ModelArch:
     def linear_shapes(self, dense: bool = False) -> dict[str, tuple[int, int, int]]:
         """Per decoder block: module name -> (in_features, out_features, copies per block).
 
-        `dense`: a dense block of an MoE model. Routed experts of qwen3_moe and deepseek_v3 are named
-        `experts.*` (never LoRA targets); Mixtral's keep the dense names with one copy per expert."""
+        `dense`: a dense block of an MoE model. Routed experts (Mixtral's w1/w3/w2 too) are named
+        `experts.*`, one copy per expert: never LoRA targets (families.LORA_PRESETS)."""
         shapes = self._attention_shapes()
         if not self.is_moe or dense:
             width = self.dense_intermediate_size if (self.is_moe and self.dense_intermediate_size) else \
                 self.intermediate_size
             return {**shapes, **self._mlp_shapes(width, 1)}
-        if family(self.model_type).moe == "mixtral":
-            return {**shapes, **self._mlp_shapes(self.intermediate_size, self.num_experts)}
         shapes.update(self._mlp_shapes(self.intermediate_size, self.num_experts, "experts."))
         if self.shared_intermediate_size:
             shapes.update(self._mlp_shapes(self.shared_intermediate_size, 1))
         return shapes
 
     # -- counts -------------------------------------------------------------------------
+    @_per_arch
     def layer_linear_params(self, dense: bool = False) -> int:
         """Weights of the big matmuls of one block (all experts), no biases: what NF4 quantizes."""
         return sum(i * o * n for i, o, n in self.linear_shapes(dense).values())
 
+    @_per_arch
     def norm_params(self) -> int:
         """A block's norm weights (hidden-wide, q/k, MLA latent norms)."""
         fam, h = family(self.model_type), self.hidden_size
@@ -158,6 +175,7 @@ class ModelArch:
             total += self.mla[0] + self.mla[1]  # q_a_layernorm, kv_a_layernorm
         return total
 
+    @_per_arch
     def layer_params(self, dense: bool = False) -> int:
         """Every parameter of one decoder block (all experts); the MoE block unless `dense`."""
         h = self.hidden_size
@@ -172,6 +190,7 @@ class ModelArch:
             total += h * self.num_experts  # router, no bias
         return total + self.norm_params()
 
+    @_per_arch
     def active_layer_params(self, dense: bool = False) -> int:
         """Parameters one token touches in a block (MoE: top-k experts), for FLOPs."""
         if not self.is_moe or dense:
@@ -179,6 +198,7 @@ class ModelArch:
         per_expert = 3 * self.hidden_size * self.intermediate_size
         return self.layer_params() - per_expert * (self.num_experts - self.experts_per_token)
 
+    @_per_arch
     def blocks_params(self) -> int:
         """Every decoder block's parameters together."""
         return self.moe_layers * self.layer_params() + (self.num_layers - self.moe_layers) * \
@@ -264,9 +284,11 @@ def resolve_lora_targets(targets: tuple[str, ...] | list[str] | str, model_type:
         canon = _MLP_ALIASES.get(name, name)
         if canon not in known:
             where = f" of a {model_type} model" if model_type else ""
-            raise GpuprovError(
-                f"unknown LoRA target {name!r}{where}; use qv, attention, all-linear or some of {', '.join(known)}"
-            )
+            experts = model_type in families.FAMILIES and family(model_type).moe and canon in families.MLP_NAMES
+            why = " (its routed experts are not adapted: gpuprov plans LoRA on the attention of MoE models)" \
+                if experts else ""
+            raise GpuprovError(f"unknown LoRA target {name!r}{where}{why}; use qv, attention, all-linear or some of "
+                               f"{', '.join(known)}")
         if canon not in out:
             out.append(canon)
     return tuple(out)

@@ -64,13 +64,16 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(FAMILIES)
 # attention only: routed experts are never adapted (transformers 5 keeps them as 3-D tensors, and peft >= 0.18
 # maps the names gate_proj/up_proj/down_proj onto those tensors, so DeepSeek's dense and shared-expert MLPs
 # cannot be named apart from the experts; 4.x builds one Linear per expert, which the trainer excludes).
+# Mixtral is no exception: 4.x names each expert's projections w1/w3/w2 (block_sparse_moe.experts.N.w1), 5.x
+# fuses them (mlp.experts.gate_up_proj), and neither has a gate_proj/up_proj/down_proj for peft to match.
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP = ("gate_proj", "up_proj", "down_proj")
+_MLP = MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
 _MLA = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 LORA_PRESETS: dict[str, dict[str, tuple[str, ...]]] = {
     "default": {"qv": ("q_proj", "v_proj"), "attention": _ATTN, "all-linear": _ATTN + _MLP},
     "phi3": {"qv": ("qkv_proj",), "attention": ("qkv_proj", "o_proj"),
              "all-linear": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")},
+    "mixtral": {"qv": ("q_proj", "v_proj"), "attention": _ATTN, "all-linear": _ATTN},
     "qwen3_moe": {"qv": ("q_proj", "v_proj"), "attention": _ATTN, "all-linear": _ATTN},
     "deepseek_v3": {"qv": ("q_b_proj", "kv_b_proj"), "attention": _MLA, "all-linear": _MLA},
 }

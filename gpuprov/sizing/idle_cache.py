@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from gpuprov.sizing import allocator
 from gpuprov.sizing.allocator import CachingAllocator
 from gpuprov.sizing.arch import resolve_lora_targets
+from gpuprov.usercache import IntMemo
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,24 @@ def _block_forward(A: CachingAllocator, b: BlockShape):
     return out
 
 
+# A replay of a deep model's forward is thousands of allocator steps: each result is kept for later runs too, keyed
+# by the code that replays it (this file and the allocator's).
+_MEMO = IntMemo("idle-cache", __file__, allocator.__file__)
+
+
 @lru_cache(maxsize=512)
 def compiled_forward_idle(b: BlockShape, blocks: int, loss_requests: tuple[int, ...], freed: tuple[int, ...]) -> int:
     """Idle cache at the start of backward: `blocks` compiled block forwards (their outputs kept), then the
     loss's requests in order (bytes), of which the indices in `freed` are released again before backward."""
+    key = repr((b, blocks, loss_requests, freed))
+    idle = _MEMO.get(key)
+    if idle is None:
+        idle = _replay_forward(b, blocks, loss_requests, freed)
+        _MEMO.put(key, idle)
+    return idle
+
+
+def _replay_forward(b: BlockShape, blocks: int, loss_requests: tuple[int, ...], freed: tuple[int, ...]) -> int:
     A = CachingAllocator()
     A.malloc(b.tokens // b.tp * b.hidden * b.a)  # the embedding's output, the first block's saved input
     for _ in range(blocks):
