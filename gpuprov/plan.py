@@ -419,6 +419,8 @@ class Staging(_Strict):
     weights and the dataset, on the filesystem the job reads (several nodes: the shared one)."""
 
     weights_repo: str | None = None  # Hugging Face id fetched by launch/fetch_weights.sh
+    # or a base folder on the machine running `up` (relative to the bundle, as plan.model's path), copied over
+    weights_local: str | None = None
     weights_dir: str | None = None  # where it lands: train.yaml model.pretrained_path
     dataset_kind: Literal["local", "s3", "gs", "az", "hf"] | None = None  # None: no data source named
     dataset_source: str | None = None  # local: the absolute path on the machine running `up`; else the URI
