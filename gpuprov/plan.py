@@ -254,6 +254,9 @@ class Stack(_Strict):
     frozen_dtype: str | None  # LoRA: the frozen base weights (bfloat16); QLoRA: nf4; full: None
     qlora_base_replicated: bool  # the NF4 base kept whole on every GPU (outside fully_shard)
     attention: Literal["sdpa", "flash_attention_2", "eager"]  # transformers attn_implementation
+    # what computes attention on the bundle's packed data for the planned layout (catalog/data/trainer.yaml
+    # attention_kernels): SDPA gets a dense per-document mask, so not the FlashAttention kernel
+    attention_kernel: str = ""
     loss_impl: Literal["native", "hf", "hf-legacy"]  # native: logits freed before backward
     chunked_cross_entropy: bool
     compile: bool  # torch.compile per transformer block (CUDA)
