@@ -93,14 +93,14 @@ def on_cluster(cluster: Path, path: str) -> Path:
     return cluster / PurePosixPath(path).relative_to("/").as_posix().split("/", 1)[1]
 
 
-def journey(tmp: Path, inputs: Path, task: str, *train_args: str) -> tuple[Path, dict, dict]:
+def journey(tmp: Path, inputs: Path, task: str, epochs: int, *train_args: str) -> tuple[Path, dict, dict]:
     """generate -> stage -> train, as the bundle runs them; (bundle, plan.json's staging, train.yaml)."""
     if (why := available()) is not None:
         pytest.skip(f"the bundle's cluster paths need a mount namespace: {why}")
     bundle = tmp / "bundle"
     # `--model` a local folder and `--dataset` a local file, as a user with both on disk
     run([sys.executable, "-m", "gpuprov", "generate", "--model", str(inputs / "tiny-llama"), "--task", task,
-         "--dataset", str(inputs / "chat.jsonl"), "--seq-len", "64", "--epochs", "12", "--cloud", "gcp",
+         "--dataset", str(inputs / "chat.jsonl"), "--seq-len", "64", "--epochs", str(epochs), "--cloud", "gcp",
          "--gpus", "2", "--max-nodes", "1", "-o", str(bundle)], cwd=tmp, env=ENV)
     st = json.loads((bundle / "plan.json").read_text())["staging"]
     cfg = yaml.safe_load((bundle / "launch" / "train.yaml").read_text())
@@ -126,7 +126,8 @@ def journey(tmp: Path, inputs: Path, task: str, *train_args: str) -> tuple[Path,
     assert "prepared into" in run(box("./stage_data.sh", "prepare"), env=env).stdout
     meta = json.loads((on_cluster(cluster, st["data_dir"]) / "meta.json").read_text())
     assert meta["loss_mask"] and meta["train_samples"] > 0
-    run(box("./train.sh", "--set", "logging.every_steps=1", *train_args), env=env)
+    # every step's loss logged; a tiny random base learns at a higher rate than the recipe's for a real one
+    run(box("./train.sh", "--set", "logging.every_steps=1", "--set", "optimizer.lr=3e-3", *train_args), env=env)
     return cluster, st, cfg
 
 
@@ -171,9 +172,9 @@ def test_lora_from_a_local_folder_to_a_peft_adapter_and_a_merged_model(tmp_path,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cluster, st, cfg = journey(tmp_path, inputs, "lora", "--set", "export.merged=true")
+    cluster, st, cfg = journey(tmp_path, inputs, "lora", 24, "--set", "export.merged=true")
     loss = losses(cluster, cfg)
-    assert len(loss) >= 10 and sum(loss[-3:]) / 3 < sum(loss[:3]) / 3, loss
+    assert len(loss) >= 30 and sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.1, loss
     model, export = trainer_model(tmp_path / "bundle", cluster, st, cfg)
     assert (export / "adapter_config.json").is_file() and (export / "merged" / "config.json").is_file()
     tokens = sample_tokens(inputs)
@@ -196,9 +197,9 @@ def test_full_fine_tune_from_a_local_folder_to_a_transformers_model(tmp_path, in
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cluster, st, cfg = journey(tmp_path, inputs, "full")
+    cluster, st, cfg = journey(tmp_path, inputs, "full", 12)
     loss = losses(cluster, cfg)
-    assert len(loss) >= 10 and sum(loss[-3:]) / 3 < sum(loss[:3]) / 3, loss
+    assert len(loss) >= 30 and sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.1, loss
     model, export = trainer_model(tmp_path / "bundle", cluster, st, cfg)
     tokens = sample_tokens(inputs)
     with torch.no_grad():
