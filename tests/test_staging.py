@@ -488,3 +488,24 @@ def test_playbook_copies_the_local_folder_then_keeps_it(tmp_path, hub):
     proc = subprocess.run(step.argv, cwd=step.cwd, env=_ansible_env(tmp_path, hub), capture_output=True, text=True)
     assert proc.returncode == 0 and "changed=0" in proc.stdout, proc.stdout[-2000:]
     assert not hub["log"].exists()
+
+
+def test_a_hostile_model_folder_name_stays_data_in_every_rendered_file(tmp_path):
+    name = "a'$(touch PWNED)`touch PWNED2`{{ lookup('pipe','id') }}\"b"
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(sample_plan("aws", 1, "fsdp", "lora").model.hf_config))
+    out = tmp_path / "b"
+    proc = subprocess.run([*GPUPROV, "generate", "--model", str(folder), "--task", "lora", "-o", str(out)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "plan.json").read_text())["staging"]
+    assert st["weights_local"] == "../" + name and "$" not in st["weights_dir"] and "'" not in st["weights_dir"]
+    stage = (out / "ansible" / "stage.yml").read_text()
+    assert f"stage_inputs_weights_local: !unsafe {json.dumps(st['weights_local'])}" in stage
+    script = out / "launch" / "fetch_weights.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    line = next(ln for ln in script.read_text().splitlines() if ln.startswith("LOCAL="))
+    echoed = subprocess.run(["bash", "-c", f'{line}; printf %s "$LOCAL"'], cwd=tmp_path, capture_output=True, text=True)
+    assert echoed.stdout == "../" + name
+    assert not list(tmp_path.rglob("PWNED*"))
