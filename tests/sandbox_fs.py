@@ -34,12 +34,21 @@ exec chroot "$new" /bin/sh -c 'cd "$0" && exec "$@"' "$cwd" "$@"
 """
 
 
+def _unshare() -> list[str] | None:
+    """The unshare command that gives a mount namespace here: as a user namespace's root (any user where
+    they are allowed), else as root itself; None: neither works."""
+    if shutil.which("unshare") is None or shutil.which("chroot") is None:
+        return None
+    for argv in (["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"],
+                 ["unshare", "--mount", "--propagation", "private"]):
+        if subprocess.run([*argv, "true"], capture_output=True).returncode == 0:
+            return argv
+    return None
+
+
 def available() -> str | None:
     """Why the sandbox cannot run here (None: it can)."""
-    if shutil.which("unshare") is None or shutil.which("chroot") is None:
-        return "unshare/chroot are not installed"
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
-    return None if probe.returncode == 0 else "user and mount namespaces are not allowed here"
+    return None if _unshare() is not None else "unshare/chroot missing, or mount namespaces not allowed here"
 
 
 def sandboxed(argv: list[str], binds: dict[str, Path], cwd: Path, scratch: Path) -> list[str]:
@@ -48,6 +57,8 @@ def sandboxed(argv: list[str], binds: dict[str, Path], cwd: Path, scratch: Path)
     for target in binds:
         if not target.startswith("/") or target.count("/") != 1:
             raise ValueError(f"{target!r}: a top-level folder such as /scratch")
+    unshare = _unshare()
+    if unshare is None:
+        raise RuntimeError(available())
     pairs = [part for target, source in binds.items() for part in (target, str(source))]
-    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _SETUP, "sandbox", str(scratch),
-            *pairs, "--", str(cwd), *argv]
+    return [*unshare, "sh", "-c", _SETUP, "sandbox", str(scratch), *pairs, "--", str(cwd), *argv]
