@@ -112,7 +112,12 @@ def staging_steps(root: Path, plan, ansible_playbook: str = "ansible-playbook") 
     st = staging_of(plan)
     run = [ansible_playbook, "-i", INVENTORY, STAGE_PLAYBOOK, "--tags"]
     steps = []
-    if st.weights_dir:
+    if st.weights_dir and st.weights_local:
+        steps.append(Step("fetch-weights", f"copy the base weights folder {st.weights_local} (from the bundle) to "
+                          f"{st.weights_dir} and check it whole", [*run, "weights"], ansible,
+                          "the folder needs config.json and its *.safetensors (save_pretrained writes them); on the "
+                          "first node launch/fetch_weights.sh checks the copy", "stage"))
+    elif st.weights_dir:
         steps.append(Step("fetch-weights", f"fetch the base weights {st.weights_repo} to {st.weights_dir} (once; "
                           "HF_TOKEN from your environment, passed on stdin)", [*run, "weights"], ansible,
                           "a gated model needs its licence accepted and HF_TOKEN exported; on the first node "
@@ -129,11 +134,17 @@ def staging_steps(root: Path, plan, ansible_playbook: str = "ansible-playbook") 
     return steps
 
 
-def local_dataset_problem(plan) -> str | None:
-    """Why a local dataset `up` copies is not there to copy (None: it is, or nothing is copied)."""
+def local_dataset_problem(plan, root: Path | None = None) -> str | None:
+    """Why a local dataset or base folder `up` copies is not there to copy (None: they are, or nothing
+    is copied). A relative base folder is the bundle's (`root`), as plan.json's model path."""
     from gpuprov.staging import staging_of
 
     st = staging_of(plan)
+    if st.weights_local and root is not None:
+        folder = Path(st.weights_local) if Path(st.weights_local).is_absolute() else root / st.weights_local
+        if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+            return (f"the base weights folder {st.weights_local} (from the bundle) has no config.json and "
+                    "*.safetensors on this machine: `up` copies it to the cluster from there")
     if st.dataset_kind != "local" or not st.dataset_source:
         return None
     path = Path(st.dataset_source)
@@ -452,7 +463,7 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
     tf = root / "terraform"
     missing = missing_variables(tf) if plan.cluster.cloud != "onprem" and tf.is_dir() else []
     unreachable = _connection_problem(root, plan)
-    no_data = local_dataset_problem(plan)
+    no_data = local_dataset_problem(plan, root)
     if dry_run:
         if missing:
             echo(f"note: terraform needs values first: {_variables_hint(tf, missing)}")
@@ -474,7 +485,7 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
             echo(cost_per_hour(plan))
         return
     if no_data:  # refused before anything is bought
-        raise StepFailed(f"{no_data}; restore it (or regenerate the bundle with --dataset) and re-run "
+        raise StepFailed(f"{no_data}; restore it (or regenerate the bundle) and re-run "
                          f"`gpuprov up {shlex.quote(str(root))}`")
     digest = lock_digest(root)
     state = read_state(root)

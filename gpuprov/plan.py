@@ -252,6 +252,9 @@ class Stack(_Strict):
     frozen_dtype: str | None  # LoRA: the frozen base weights (bfloat16); QLoRA: nf4; full: None
     qlora_base_replicated: bool  # the NF4 base kept whole on every GPU (outside fully_shard)
     attention: Literal["sdpa", "flash_attention_2", "eager"]  # transformers attn_implementation
+    # what computes attention on the bundle's packed data for the planned layout (catalog/data/trainer.yaml
+    # attention_kernels): SDPA gets a dense per-document mask, so not the FlashAttention kernel
+    attention_kernel: str = ""
     loss_impl: Literal["native", "hf", "hf-legacy"]  # native: logits freed before backward
     chunked_cross_entropy: bool
     compile: bool  # torch.compile per transformer block (CUDA)
@@ -417,6 +420,8 @@ class Staging(_Strict):
     weights and the dataset, on the filesystem the job reads (several nodes: the shared one)."""
 
     weights_repo: str | None = None  # Hugging Face id fetched by launch/fetch_weights.sh
+    # or a base folder on the machine running `up` (relative to the bundle, as plan.model's path), copied over
+    weights_local: str | None = None
     weights_dir: str | None = None  # where it lands: train.yaml model.pretrained_path
     dataset_kind: Literal["local", "s3", "gs", "az", "hf"] | None = None  # None: no data source named
     dataset_source: str | None = None  # local: the absolute path on the machine running `up`; else the URI

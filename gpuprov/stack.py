@@ -35,11 +35,33 @@ def compile_refusal(task: str) -> str | None:
             "matmuls are custom autograd functions torch.compile cannot trace: use --no-compile")
 
 
+def attention_kernel(attention: str, cp: int = 1) -> str:
+    """What computes the attention core on the bundle's packed data (catalog/data/trainer.yaml attention_kernels)."""
+    kernels = _facts()["attention_kernels"]
+    what = kernels[attention]
+    return what + ("; " + kernels["cp_documents"] if cp > 1 else "")
+
+
+def attention_notes(plan: Any) -> list[str]:
+    """Said when the trainer's attention kernel is not the one the step-time model's measured runs used
+    (the Stack records which it is: stack.attention_kernel)."""
+    stack, c, tp = plan.stack, plan.cluster, plan.throughput
+    if stack is None or (stack.attention == "flash_attention_2" and c.cp == 1):
+        return []
+    share = tp.attention_flops_per_token / tp.flops_per_token if tp.flops_per_token else 0.0
+    kernels = _facts()["attention_kernels"]
+    timed = kernels["timed_as"] + (f" and {kernels['timed_as_cp']}" if c.cp > 1 else "")
+    return [f"Attention: the trainer runs {stack.attention_kernel or attention_kernel(stack.attention, c.cp)} on "
+            f"the packed samples; the step time is modelled on runs with {timed}, so attention ({share:.0%} of the "
+            f"model FLOPs at {c.seq_len:,} tokens) may take longer than planned (its memory is sized as the trainer runs it)"]
+
+
 def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8: bool = False,
-                 compile: bool | None = None) -> Stack:
+                 compile: bool | None = None, cp: int = 1) -> Stack:
     """The stack for this task, precision and model type; `tp` the chosen layout's tensor-parallel
     degree (the loss is chunked only without TP); `float8` as the planner decided it for the GPU;
-    `compile` as the user fixed it (None: per task, catalog/data/trainer.yaml compile)."""
+    `compile` as the user fixed it (None: per task, catalog/data/trainer.yaml compile); `cp` its
+    context-parallel degree (the attention kernel it runs)."""
     if precision not in PRECISIONS:
         raise GpuprovError(f"the trainer has no setting for precision {precision!r}")
     facts = _facts()
@@ -51,6 +73,7 @@ def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8
         frozen_dtype={"full": None, "lora": "bfloat16", "qlora": "nf4"}[task],
         qlora_base_replicated=task == "qlora",
         attention=attention,
+        attention_kernel=attention_kernel(attention, cp),
         loss_impl="native",  # train.py deletes the logits before backward
         chunked_cross_entropy=bool(facts["loss"]["chunked_cross_entropy"]) and tp == 1,
         compile=task in facts["compile"]["tasks"] if compile is None else bool(compile),
@@ -61,7 +84,7 @@ def choose_stack(task: str, precision: str, model_type: str, tp: int = 1, float8
         activation_offloading=False,
         async_checkpoint=True,
         min_torch=str(facts["torch"]["min_version"]),
-        source="; ".join(facts[k]["source"] for k in ("torch", "attention", "compile", "loss")),
+        source="; ".join(facts[k]["source"] for k in ("torch", "attention", "attention_kernels", "compile", "loss")),
     )
 
 

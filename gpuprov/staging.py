@@ -1,7 +1,8 @@
 """What `up` stages on the cluster before the job starts: the base weights and the dataset.
 
 Decided once per plan (`Plan.staging`, recorded by gpuprov/targets/decide.py): a Hugging Face base is
-fetched to {checkpoint root}/models/<id>; a dataset named by `--dataset` is copied (a local file) or
+fetched to {checkpoint root}/models/<id>, a base folder on the machine running `up` copied to
+{root}/models/local/<folder name>; a dataset named by `--dataset` is copied (a local file) or
 downloaded by the nodes (s3://, gs://, az://) to {root}/data/<run>/raw/, or read by prepare_data.py
 itself (hf:ORG/NAME), and prepared into {root}/data/<run>/prepared, the data.path train.yaml reads.
 The checkpoint root is the filesystem every node mounts on a multi-node cluster, so each input is
@@ -20,15 +21,21 @@ from gpuprov.validators import dataset_scheme
 PREPARED = "prepared"
 
 
-def _weights(plan: Plan, root: str) -> tuple[str | None, str | None]:
-    """(Hugging Face id, its folder on the cluster); a local base folder is the user's to copy (None)."""
+def _weights(plan: Plan, root: str) -> dict[str, str | None]:
+    """Where the base comes from and its folder on the cluster: a Hugging Face id is downloaded there;
+    a folder on the machine running `up` (plan.model's path, relative to the bundle) is copied there."""
     from gpuprov.catalog.models import HF_ID
 
     init = plan.training.init or ("random" if plan.task == "full" else "pretrained")
     base = plan.training.base_weights
-    if init == "pretrained" and base is not None and HF_ID.fullmatch(base) is not None:
-        return base, f"{root}/models/{base}"
-    return None, None
+    if init != "pretrained" or base is None:
+        return {}
+    local = str(plan.spec.model).endswith(".json") or base.startswith((".", "/"))  # a path, not an id
+    if not local and HF_ID.fullmatch(base) is not None:
+        return {"weights_repo": base, "weights_dir": f"{root}/models/{base}"}
+    name = _raw_name(base)
+    name = "base" if name.strip(".") == "" else name
+    return {"weights_local": base, "weights_dir": f"{root}/models/local/{name}"}
 
 
 def _is_count(value: str) -> bool:
@@ -91,11 +98,11 @@ def staging_for(plan: Plan) -> Staging:
     paths = run_paths(plan)  # refuses a plan without provisioning decisions
     assert plan.provisioning is not None
     root = plan.provisioning.checkpoint_root
-    repo, weights_dir = _weights(plan, root)
+    weights = _weights(plan, root)
     data = _dataset(plan.spec, root, paths["run_id"])
-    if data and weights_dir is None:
+    if data and not weights:
         data["data_dir"] = None  # no tokenizer on the cluster to prepare it with: the user's step
-    return Staging(weights_repo=repo, weights_dir=weights_dir, seq_len=plan.cluster.seq_len, **data)
+    return Staging(seq_len=plan.cluster.seq_len, **weights, **data)
 
 
 def staging_of(plan: Plan) -> Staging:

@@ -93,3 +93,33 @@ def test_train_extra_floor_is_the_trainers():
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     train = re.search(r'^train = \[(.*)\]', text, re.M).group(1)
     assert f'"torch>={choose_stack("full", "bf16-mixed", "llama").min_torch}"' in train
+
+
+def test_the_plan_names_the_attention_kernel_the_trainer_runs(example_plan):
+    """The Stack says which kernel computes attention for the plan's layout, from the inputs the trainer
+    builds (train_attention.model_inputs): SDPA gets a dense per-document mask (not FlashAttention's
+    backend, which takes none), flash_attention_2 per-document positions; a note says the step time was
+    modelled on causal FlashAttention runs."""
+    import importlib.util
+
+    from gpuprov.stack import attention_kernel
+
+    torch = pytest.importorskip("torch")
+    path = Path(__file__).resolve().parent.parent / "templates" / "launch" / "train_attention.py"
+    spec = importlib.util.spec_from_file_location("train_attention_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model_inputs = module.model_inputs
+
+    stack, cp = example_plan.stack, example_plan.cluster.cp
+    assert stack.attention_kernel == attention_kernel(stack.attention, cp)
+    docs = torch.tensor([[0, 0, 0, 1, 1, 2]])
+    given = model_inputs(stack.attention, docs)
+    masked = "attention_mask" in given and given["attention_mask"].shape == (1, 1, 6, 6)
+    assert masked == ("dense per-document mask" in stack.attention_kernel)
+    assert ("all-gathered over the CP group" in stack.attention_kernel) == (cp > 1)
+    notes = [n for n in example_plan.notes if n.startswith("Attention: ")]
+    assert len(notes) == (1 if masked or cp > 1 else 0)
+    if notes:
+        share = example_plan.throughput.attention_flops_per_token / example_plan.throughput.flops_per_token
+        assert f"({share:.0%} of the model FLOPs" in notes[0] and stack.attention_kernel in notes[0]

@@ -415,3 +415,97 @@ def test_a_hostile_local_file_name_stays_data_in_every_rendered_file(tmp_path):
                           env=dict(os.environ, PYTHON=sys.executable))
     assert proc.returncode == 0 and "nothing to download" in proc.stdout
     assert not list(tmp_path.rglob("PWNED*"))
+
+
+# ---------------------------------------------------------------- a base folder on this machine
+
+
+def _local_base_plan(tmp_path: Path, folder: Path):
+    """_staged_plan with the base weights a folder on the machine running `up` (generate --model DIR)."""
+    plan = _staged_plan(tmp_path, None)
+    plan = plan.model_copy(update={"training": plan.training.model_copy(update={"base_weights": str(folder)})})
+    return plan.model_copy(update={"staging": staging_for(plan)})
+
+
+def test_generate_from_a_local_folder_copies_it_and_prepares_with_its_tokenizer(tmp_path):
+    base = tmp_path / "models" / "my-llama"
+    base.mkdir(parents=True)
+    hf = json.loads(json.dumps(sample_plan("aws", 1, "fsdp", "lora").model.hf_config))
+    (base / "config.json").write_text(json.dumps(hf))
+    (tmp_path / "train.jsonl").write_text('{"prompt": "hi", "response": "there"}\n' * 50)
+    out = tmp_path / "b"
+    proc = subprocess.run([*GPUPROV, "generate", "--model", str(base), "--task", "lora", "--dataset", "train.jsonl",
+                           "-o", str(out)], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "plan.json").read_text())["staging"]
+    # the folder as plan.json's model names it: relative to the bundle, no path of this machine
+    assert st["weights_repo"] is None and st["weights_local"] == "../models/my-llama"
+    assert st["weights_dir"].endswith("/models/local/my-llama") and st["data_dir"].endswith("/prepared")
+    train = yaml.safe_load((out / "launch" / "train.yaml").read_text())
+    assert train["model"]["pretrained_path"] == st["weights_dir"] and train["data"]["path"] == st["data_dir"]
+    assert "/gpuprov-my-llama-lora/" in train["checkpoint"]["dir"] + "/"  # named by the folder, not config.json
+    stage = yaml.safe_load((out / "ansible" / "stage.yml").read_text())[0]["vars"]
+    assert stage["stage_inputs_weights_local"] == st["weights_local"]
+    assert [s[-1] for s in _dry_run(out) if "stage.yml" in s] == ["weights", "data", "prepare"]
+    # no weights in the folder: `up` says so before it starts anything
+    proc = subprocess.run([*GPUPROV, "up", str(out)], env=dict(ENV, PATH="/nonexistent"), capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and "has no config.json and *.safetensors on this machine" in proc.stderr
+    assert not (out / ".gpuprov-up.json").exists()
+
+
+def test_fetch_checks_a_copied_folder_whole_and_downloads_nothing(tmp_path, hub):
+    plan = _local_base_plan(tmp_path, tmp_path / "base")
+    assert plan.staging.weights_repo is None and plan.staging.weights_local == str(tmp_path / "base")
+    root = _write_bundle(tmp_path, plan)
+    dest = Path(plan.staging.weights_dir)
+    _whole_copy(dest)
+    script = [str(root / "launch" / "fetch_weights.sh")]
+    proc = subprocess.run(script, env=hub["env"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "already complete" in proc.stdout
+    _safetensors(dest / "model-00002-of-00002.safetensors", {"b": 32}, truncate=5)  # a cut-off copy
+    proc = subprocess.run(script, env=hub["env"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "is not whole (model-00002-of-00002.safetensors is" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not hub["log"].exists()  # never a download
+
+
+@pytest.mark.slow
+def test_playbook_copies_the_local_folder_then_keeps_it(tmp_path, hub):
+    _whole_copy(tmp_path / "base")
+    plan = _local_base_plan(tmp_path, tmp_path / "base")
+    root = _write_bundle(tmp_path, plan)
+    _local_inventory(root)
+    _stage_job_dir(root, plan)
+    step = staging_steps(root, plan)[0]
+    assert step.name == "fetch-weights"
+    proc = subprocess.run(step.argv, cwd=step.cwd, env=_ansible_env(tmp_path, hub), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    dest = Path(plan.staging.weights_dir)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in (tmp_path / "base").iterdir())
+    assert (dest / "model-00001-of-00002.safetensors").read_bytes() == \
+        (tmp_path / "base" / "model-00001-of-00002.safetensors").read_bytes()
+    proc = subprocess.run(step.argv, cwd=step.cwd, env=_ansible_env(tmp_path, hub), capture_output=True, text=True)
+    assert proc.returncode == 0 and "changed=0" in proc.stdout, proc.stdout[-2000:]
+    assert not hub["log"].exists()
+
+
+def test_a_hostile_model_folder_name_stays_data_in_every_rendered_file(tmp_path):
+    name = "a'$(touch PWNED)`touch PWNED2`{{ lookup('pipe','id') }}\"b"
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(sample_plan("aws", 1, "fsdp", "lora").model.hf_config))
+    out = tmp_path / "b"
+    proc = subprocess.run([*GPUPROV, "generate", "--model", str(folder), "--task", "lora", "-o", str(out)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "plan.json").read_text())["staging"]
+    assert st["weights_local"] == "../" + name and "$" not in st["weights_dir"] and "'" not in st["weights_dir"]
+    stage = (out / "ansible" / "stage.yml").read_text()
+    assert f"stage_inputs_weights_local: !unsafe {json.dumps(st['weights_local'])}" in stage
+    script = out / "launch" / "fetch_weights.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    line = next(ln for ln in script.read_text().splitlines() if ln.startswith("LOCAL="))
+    echoed = subprocess.run(["bash", "-c", f'{line}; printf %s "$LOCAL"'], cwd=tmp_path, capture_output=True, text=True)
+    assert echoed.stdout == "../" + name
+    assert not list(tmp_path.rglob("PWNED*"))

@@ -31,6 +31,7 @@ from gpuprov.recipes import notes as recipe_notes
 from gpuprov.recipes import schedule
 from gpuprov.sizing.memory import estimate_memory
 from gpuprov.spot import notes as spot_notes
+from gpuprov.stack import attention_notes
 from gpuprov.storage_cost import checkpoint_every
 from gpuprov.storage_cost import describe as storage_describe
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
@@ -110,6 +111,7 @@ def make_plan(spec: Any, *, estimator: Estimator | None = None, instances: Itera
         spec, result = offloaded
     best = _prefer_every_host(spec, arch, result, est_fn, get_gpu)
     plan = _assemble(spec, arch, est_fn, pool, result, best)
+    plan = plan.model_copy(update={"notes": [*plan.notes, *attention_notes(plan)]})
     # said from the spec alone, so a plan regenerated from its lock (offload recorded) says it again
     if offloaded or (spec.offload != "none" and search(spec.model_copy(update={"offload": "none"}), arch,
                                                        estimator=est_fn, instances=pool,
@@ -168,7 +170,7 @@ def _assemble(spec: Any, arch: Any, est_fn: Estimator, pool: list[Any], result: 
                                       bringup["shared_storage"])
         + bringup_plan.access_notes(bringup["access"], best.time_hours),
         **bringup,
-        stack=stack_for(spec, arch, best.tp, best.float8),
+        stack=stack_for(spec, arch, best.tp, best.float8, best.cp),
     )
 
 

@@ -99,10 +99,10 @@ class SearchResult:
     every_host_note: str | None = None  # on-prem: why the plan uses every host though fewer ranked first
 
 
-def stack_for(spec: Any, arch: Any, tp: int = 1, float8: bool = False) -> Any:
+def stack_for(spec: Any, arch: Any, tp: int = 1, float8: bool = False, cp: int = 1) -> Any:
     """The Stack the bundle's trainer runs for this spec and model (gpuprov/stack.py)."""
 
-    return choose_stack(spec.task, spec.precision, arch.model_type, tp, float8, getattr(spec, "compile", None))
+    return choose_stack(spec.task, spec.precision, arch.model_type, tp, float8, getattr(spec, "compile", None), cp)
 
 
 def _lora_targets(spec: Any, arch: Any) -> tuple[str, ...]:

@@ -51,7 +51,8 @@ def yaml_value(value, indent: int = 0) -> str:
 
 
 def _run_id(plan: Plan) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", plan.model.name.rsplit("/", 1)[-1]).strip("-").lower() or "model"
+    name = re.sub(r"(^|/)[^/]*\.json$", "", plan.model.name.rstrip("/"))  # a config.json path: named by its folder
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name.rsplit("/", 1)[-1]).strip("-").lower() or "model"
     return f"gpuprov-{slug}-{plan.task}"
 
 

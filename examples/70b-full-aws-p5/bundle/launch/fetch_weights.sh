@@ -3,7 +3,8 @@
 # folder train.yaml's model.pretrained_path names. `gpuprov up` runs it on the first node (step
 # fetch-weights) before the job starts; the folder is on the filesystem every node reads. A copy
 # already there whose files are all present and whole (every shard of the index, each the size its
-# safetensors header gives) is kept: running it again downloads nothing.
+# safetensors header gives) is kept: running it again downloads nothing. A base folder from the
+# machine running `up` is copied there by `up` first (ansible/stage.yml); this script then checks it.
 #
 # Usage: fetch_weights.sh [--token-stdin]
 #   --token-stdin             read the Hugging Face token from the first line of stdin (how `up`
@@ -26,17 +27,18 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -x "$VENV_PY" ]; then PYTHON="$VENV_PY"; else PYTHON=python3; fi
 fi
 REPO=meta-llama/Llama-3.1-70B
+LOCAL=''
 DEST=/shared/models/meta-llama/Llama-3.1-70B
 REVISION="${GPUPROV_WEIGHTS_REVISION:-main}"
 mkdir -p "$DEST"
 # safetensors and the config/tokenizer files only (not original/*.pth, a second copy of the weights)
-exec "$PYTHON" - "$REPO" "$REVISION" "$DEST" <<'PY'
+exec "$PYTHON" - "$REPO" "$REVISION" "$DEST" "$LOCAL" <<'PY'
 import json
 import os
 import sys
 from pathlib import Path
 
-repo, revision, dest = sys.argv[1:4]
+repo, revision, dest, local = sys.argv[1:5]
 LICENCE = f"https://huggingface.co/{repo}"
 
 
@@ -72,6 +74,14 @@ def missing(folder):
 
 
 folder = Path(dest)
+if local:  # copied by `up` from the machine it runs on: nothing to download, only to check
+    problem = missing(folder)
+    if problem:
+        say(f"the copy of {local} in {dest} is not whole ({problem}): it needs config.json and its "
+            "*.safetensors (save_pretrained writes them); fix the folder and re-run `gpuprov up`")
+        sys.exit(2)
+    print(f"fetch_weights: {local} is already complete in {dest}: kept")
+    sys.exit(0)
 if not missing(folder):
     print(f"fetch_weights: {repo} is already complete in {dest}: kept")
     sys.exit(0)
