@@ -54,9 +54,11 @@ def gpu_of(row: dict[str, Any]) -> Any:
     return dataclasses.replace(gpu, **changes) if changes else gpu
 
 
-def predict(row: dict[str, Any]) -> Any:
-    """The step estimate of one row's stated settings (StepEstimate)."""
+def predict(row: dict[str, Any], model: str = "ops") -> Any:
+    """The step estimate of one row's stated settings (StepEstimate); `model` "ops" times compute operation by
+    operation (what the planner runs), "utilisation" with the former per-class utilisation (for comparison)."""
     from gpuprov.catalog.models import get_model
+    from gpuprov.sizing import operators
     from gpuprov.sizing import throughput as tp_model
 
     arch = get_model(row["model"])
@@ -82,14 +84,15 @@ def predict(row: dict[str, Any]) -> Any:
         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,
         trainable=arch.params, num_layers=arch.num_layers, task="full", pcie_gen=gpu.pcie_gen, pipeline=pipeline,
         async_tp=bool(row.get("async_tp", False)),
+        ops=operators.op_model(arch, gpu, ac=ac, compiled=bool(row.get("compile", True))) if model == "ops" else None,
         **f8,
     )
 
 
-def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def evaluate(rows: list[dict[str, Any]], model: str = "ops") -> list[dict[str, Any]]:
     out = []
     for row in rows:
-        est = predict(row)
+        est = predict(row, model)
         gpus = int(row["nodes"]) * int(row["gpus_per_node"])
         predicted = est.tokens_per_s / gpus
         measured = float(row["measured"])
@@ -117,6 +120,28 @@ def render(name: str, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+DERIVE_ROW = "titan-8b-fsdp-8gpu-compile"  # catalog/data/operators.yaml gemm.in_training is derived from this row
+
+
+def derive_in_training() -> float:
+    """The in-training GEMM fraction (operators.yaml gemm.in_training) at which the operation model gives the
+    calibration row DERIVE_ROW its measured tokens/s, every other figure as the catalog has it (bisection)."""
+    from gpuprov.sizing import operators
+
+    row = next(r for r in load_rows(CALIBRATION) if r["id"] == DERIVE_ROW)
+    gemm = operators.constants()["gemm"]
+    saved = gemm["in_training"]
+    lo, hi = 0.05, 1.0
+    try:
+        for _ in range(40):
+            gemm["in_training"] = mid = (lo + hi) / 2
+            fast = predict(row).tokens_per_s / (int(row["nodes"]) * int(row["gpus_per_node"])) > float(row["measured"])
+            lo, hi = (lo, mid) if fast else (mid, hi)
+    finally:
+        gemm["in_training"] = saved
+    return (lo + hi) / 2
+
+
 def error_record(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the plan's time range is made of: the signed errors of the hold-out rows (predicted tokens/s vs
     measured), their extremes and MAPE (gpuprov.sizing.time_error reads it)."""
@@ -141,10 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--record", action="store_true",
                         help=f"write the hold-out's error to {RECORD.relative_to(REPO)} (the plan's time range)")
+    parser.add_argument("--derive-in-training", action="store_true",
+                        help=f"print the in-training GEMM fraction the calibration row {DERIVE_ROW} implies")
+    parser.add_argument("--model", choices=("ops", "utilisation"), default="ops",
+                        help="ops: the per-operation step model the planner runs; utilisation: the former "
+                             "per-GPU-class utilisation (for comparison)")
     args = parser.parse_args(argv)
+    if args.derive_in_training:
+        print(f"{derive_in_training():.3f}")
+        return 0
     files = [("calibration", CALIBRATION), ("hold-out", HOLDOUT), ("hold-out (published runs)", HOLDOUT_PUBLISHED)] \
         + [(str(p), p) for p in args.file]
-    report = {name: evaluate(load_rows(path)) for name, path in files}
+    report = {name: evaluate(load_rows(path), args.model) for name, path in files}
     report["hold-out (all)"] = report["hold-out"] + report["hold-out (published runs)"]
     if args.record:
         write_record(report["hold-out (all)"])

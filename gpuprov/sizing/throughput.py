@@ -382,6 +382,23 @@ def _optimizer_seconds(shard: float, optimizer: str, offload: str, hbm_gbytes_pe
     return shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
 
 
+def fsdp_exposed_seconds(comm_s: float, compute_s: float, gather_buf: float, grad_buf: float, layers: int) -> float:
+    """What FSDP2's per-micro-batch collectives leave exposed, layer by layer as it schedules them.
+
+    FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, _fsdp_param_group.py: implicit forward
+    prefetch of the next layer's all-gather on the all-gather stream, backward prefetch of the previous
+    layer's, the reduce-scatter on its own stream behind the next layer's backward) hides layer i+1's
+    all-gather under layer i's forward, and layer i-1's all-gather plus layer i+1's reduce-scatter under layer
+    i's backward. The pass's first all-gather and its last reduce-scatter have nothing to hide under.
+    `comm_s`: one micro-batch's all-gathers (forward and backward) and reduce-scatter; the forward takes a
+    third of `compute_s` (backward twice the forward's FLOPs)."""
+    ag = comm_s * gather_buf / (2.0 * gather_buf + grad_buf)  # one pass of all-gathers
+    rs = comm_s - 2.0 * ag
+    ag_l, rs_l = ag / layers, rs / layers
+    fwd_l, bwd_l = compute_s / 3.0 / layers, 2.0 * compute_s / 3.0 / layers
+    return ag_l + rs_l + (layers - 1) * (max(0.0, ag_l - fwd_l) + max(0.0, ag_l + rs_l - bwd_l))
+
+
 def compute_seconds(tokens: float, flops: Flops, peak_tflops: float, speed: float, float8_gain: float = 1.0) -> float:
     """Seconds `tokens` take at `speed` x peak; float8 speeds up the linears' matmuls, not attention."""
     attn = attention_executed(flops) if float8_gain != 1.0 else 0.0
@@ -408,15 +425,29 @@ def step_estimate(
     pcie_gen: int = 4,
     float8_gain: float = 1.0,
     float8_params: int = 0,
+    ops: Any = None,
+    mp: tuple[int, int, int] = (1, 1, 1),
 ) -> StepEstimate:
     """`float8_gain` > 1: torchao float8 linears (their matmuls' speed-up, float8_step_kw);
-    `float8_params` of the parameters are then all-gathered in float8 (1 byte each)."""
+    `float8_params` of the parameters are then all-gathered in float8 (1 byte each).
+    `ops` (gpuprov.sizing.operators.OpModel): compute is timed operation by operation (GEMMs by shape,
+    attention, memory-bound ops, launches) for the (tp, cp, pp) layout `mp` the shape stands for; without
+    it, executed FLOPs at `util` x peak."""
     a = assumptions()
     prec = a.raw["precision"][precision]
     n = shape.total_gpus
     speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"])
     tokens_mb = shape.micro_batch * shape.seq_len
-    compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
+    op_terms: dict[str, float] = {}
+    if ops is not None:
+        tp, cp, pp = mp
+        fsdp = params if shape.sharding in ("fsdp", "hsdp") and shape.shard_group > 1 else 0
+        op_terms = ops.terms(micro_batch=shape.micro_batch, seq_len=shape.seq_len * cp, tp=tp, cp=cp, pp=pp,
+                             float8_gain=float8_gain, fsdp_params=fsdp, peak_fraction=float(prec["peak_fraction"]))
+        compute_mb = sum(op_terms.values())
+        speed = tokens_mb * flops.executed / (peak_tflops * 1e12 * compute_mb)  # what the operations achieve
+    else:
+        compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
     compute = compute_mb * shape.grad_accum
 
     gather_buf, grad_buf = _gather_and_reduce_bytes(a, prec, task, params, trainable, float8_params)
@@ -428,7 +459,10 @@ def step_estimate(
     if offload == "full":
         # parameters live on the host: every micro-batch brings the shard up twice, grads down
         per_mb_comm += param_shard * float(a.raw["offload"]["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
-    exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
+    if ops is not None and offload != "full" and shape.sharding in ("fsdp", "hsdp") and comm.per_micro_batch:
+        exposed_mb = fsdp_exposed_seconds(per_mb_comm, compute_mb, gather_buf, grad_buf, num_layers // mp[2] or 1)
+    else:
+        exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
     # the step's gradient sync hides under the last backward only, in what that micro-batch's own
     # collectives left of it: one stretch of compute cannot hide two transfers at once
     left = max(0.0, a.overlap * compute_mb - per_mb_comm)
@@ -447,12 +481,32 @@ def step_estimate(
         "tail_s": comm.tail,
         "optimizer_s": opt,
     }
+    terms.update({f"{k[:-2]}_per_micro_batch_s": v for k, v in op_terms.items()}, micro_batches=shape.grad_accum)
     return StepEstimate(
         step_time_s=step, compute_time_s=compute,
         comm_time_s=per_mb_comm * shape.grad_accum + comm.per_step_sync + comm.tail, exposed_comm_s=exposed,
         optimizer_time_s=opt, tokens_per_s=tps, mfu=tps * flops.model / (peak_tflops * 1e12 * n), utilisation=speed,
         comm_bytes_per_gpu=comm.volume, bound="communication" if exposed > 0.25 * compute else "compute", terms=terms,
     )
+
+
+STEP_TERMS = ("gemm", "attention", "memory_bound", "launch", "exposed_comm", "optimizer", "pipeline_bubble")
+
+
+def step_breakdown(est: StepEstimate) -> dict[str, float]:
+    """The step's seconds by kind (STEP_TERMS), summing to its step time: the operation model's compute terms
+    over the step's micro-batches (ring attention's merges count as memory-bound), the communication compute
+    could not hide, the optimizer step and the pipeline bubble. {} for a step timed without the operation model."""
+    t = est.terms
+    if "gemm_per_micro_batch_s" not in t:
+        return {}
+    ga = float(t.get("micro_batches", 1))
+    r = 1.0 / float(t.get("calibration_speed_ratio", 1.0))  # an older whole-step calibration scales every term
+    out = {k: t[f"{k}_per_micro_batch_s"] * ga * r for k in ("gemm", "attention", "memory_bound", "launch")}
+    out["memory_bound"] += t.get("cp_merge_per_micro_batch_s", 0.0) * ga * r
+    out.update(exposed_comm=est.exposed_comm_s, optimizer=est.optimizer_time_s,
+               pipeline_bubble=t.get("pipeline_bubble_s", 0.0) * r)
+    return out
 
 
 def calibrated(est: StepEstimate, speed_ratio: float) -> StepEstimate:
@@ -590,11 +644,15 @@ def pipelined(shape: Shape, pp: int, schedule: str) -> tuple[Shape, Pipeline | N
 
 
 def _cp_exposed(kw: dict[str, Any], compute_mb: float, tokens: float, layer: LayerShape, tp: int, cp: int, ac: str,
-                gbytes: float, latency: float) -> float:
+                gbytes: float, latency: float, attn_s: float | None = None) -> float:
     """cp_exposed_seconds with the layer's attention time split out of the micro-batch's compute time
     (attention stays bf16 under float8; backward is twice the forward's FLOPs)."""
     if cp == 1:
         return 0.0
+    if attn_s is not None:  # the operation model's FlashAttention time: forward 1, backward 2.5 (+1 under full AC)
+        fwd = attn_s / (4.5 if ac == "full" else 3.5) / layer.num_layers
+        return cp_exposed_seconds(tokens=tokens, layer=layer, tp=tp, cp=cp, gbytes=gbytes, latency=latency,
+                                  attn_fwd_s=fwd, attn_bwd_s=2.5 * fwd, recompute=ac == "full")
     fl: Flops = kw["flops"]
     attn = attention_executed(fl)
     work = (fl.executed - attn) / float(kw.get("float8_gain", 1.0)) + attn
@@ -627,7 +685,8 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                     shard_group=max(1, shape.shard_group // (tp * pp)), micro_batch=shape.micro_batch,
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
-                         inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp), **kw)
+                         inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
+                         mp=(tp, cp, pp), **kw)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
     # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
@@ -640,7 +699,7 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                            latency=a.lat_intra if ring_intra else a.lat_inter)
     compute_mb = base.terms["compute_per_micro_batch_s"]
     cp_exposed = _cp_exposed(kw, compute_mb, tokens, stage_layer, tp, cp, ac, cp_bw,
-                             a.lat_intra if ring_intra else a.lat_inter)
+                             a.lat_intra if ring_intra else a.lat_inter, base.terms.get("attention_per_micro_batch_s"))
     cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
     tp_exposed = max(0.0, tp_s - a.overlap * compute_mb) if async_tp else tp_s
