@@ -34,13 +34,13 @@ from gpuprov.spot import notes as spot_notes
 from gpuprov.storage_cost import checkpoint_every
 from gpuprov.storage_cost import describe as storage_describe
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw, step_breakdown
+from gpuprov.targets import get_target
+from gpuprov.targets.decide import decided
+from gpuprov.units import GiB
 
 OPS_SOURCE = ("per-operation step model, catalog/data/operators.yaml: GEMMs by shape at the GPU's measured GEMM "
               "ceiling, FlashAttention-2's published throughput by sequence length, memory-bound ops at HBM "
               "bandwidth, kernel launches")
-from gpuprov.targets import get_target
-from gpuprov.targets.decide import decided
-from gpuprov.units import GiB
 
 
 def _run(spec: Any, best: Candidate) -> RunBreakdown:

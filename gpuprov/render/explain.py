@@ -9,15 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprov.catalog.gpus import get_gpu
-from gpuprov.catalog.models import get_model
+from gpuprov.planning.retime import plan_step
 from gpuprov.render.step_terms import STEP_TERM_WORDS
 from gpuprov.sizing.operators import constants as op_constants
-from gpuprov.sizing.operators import op_model
-from gpuprov.sizing.throughput import (
-    LayerShape, Shape, assumptions, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
-    pipelined, power_capped, step_breakdown,
-)
+from gpuprov.sizing.throughput import assumptions, step_breakdown
 from gpuprov.units import GiB, TB
 
 
@@ -37,46 +32,9 @@ class _Inputs:
     ops: Any = None  # the operation model the step was timed with
 
 
-def _float8_kw(plan: Any, arch: Any) -> dict:
-    """The step estimate's float8 arguments, as the planner passed them (the Plan's gain)."""
-    if plan.throughput.float8_gain == 1.0:
-        return {}
-    return {"float8_gain": plan.throughput.float8_gain, "float8_params": arch.num_layers * arch.layer_linear_params()}
-
-
-def _calibration(plan: Any) -> Any:
-    """The calibration the plan applied to its GPU type (None without one)."""
-    return next((c for c in plan.spec.calibration or [] if c.gpu == plan.gpu.slug), None)
-
-
-def _compiled(spec: Any, plan: Any) -> bool:
-    """Whether the plan's stack runs torch.compile (as the planner timed it)."""
-    return plan.stack.compile if plan.stack is not None else True
-
-
 def _inputs(spec: Any, plan: Any) -> _Inputs:
-    arch, gpu = get_model(spec.model), get_gpu(plan.gpu.slug)
-    c, t = plan.cluster, plan.throughput
-    trainable = plan.model.trainable_params
-    fl = flops_per_token(arch, c.seq_len, plan.task, trainable, c.activation_checkpointing)
-    intra, link = intra_node_gbytes(gpu)
-    inter = inter_node_gbytes(plan.fabric.name, plan.fabric.gbps_per_gpu) if c.nodes > 1 else 0.0
-    shape, pipeline = pipelined(Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding,
-                                      shard_group=c.replica_gpus, micro_batch=c.micro_batch, grad_accum=c.grad_accum,
-                                      seq_len=c.seq_len), c.pp, c.pp_schedule)
-    layer = LayerShape(arch.num_layers, arch.hidden_size,
-                       arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
-    timed = power_capped(gpu, t.gpu_power_w)  # the GPU at the power limit the plan was timed at
-    cal = _calibration(plan)
-    ops = op_model(arch, timed, ac=c.activation_checkpointing, compiled=_compiled(spec, plan), task=plan.task,
-                   trainable=trainable, gemm_scale=float(getattr(cal, "gemm_efficiency_ratio", None) or 1.0))
-    st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
-                              flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
-                              hbm_gbytes_per_s=timed.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
-                              params=plan.model.params, trainable=trainable, num_layers=arch.num_layers,
-                              task=plan.task, optimizer=c.optimizer, precision=c.precision, offload=c.offload,
-                              pcie_gen=gpu.pcie_gen, pipeline=pipeline, ops=ops, **_float8_kw(plan, arch))
-    return _Inputs(plan, arch, gpu, assumptions(), fl, st, intra, link, inter, ops)
+    r = plan_step(plan)
+    return _Inputs(plan, r.arch, r.gpu, assumptions(), r.fl, r.st, r.intra, r.link, r.inter, r.ops)
 
 
 def _memory(x: _Inputs) -> list[str]:
@@ -132,7 +90,10 @@ def _compute(x: _Inputs) -> list[str]:
            + (f" / cp {c.cp}" if c.cp > 1 else "") + (f", TP {c.tp} splits each linear" if c.tp > 1 else "")
            + (f", stage of {-(-x.arch.num_layers // c.pp)} layers" if c.pp > 1 else "")]
     g = oc["gemm"]
-    power = f" at the {t.gpu_power_w} W power limit" if t.gpu_power_w is not None and t.gpu_power_w != x.gpu.tdp_w else ""
+    power = ""
+    if t.gpu_power_w is not None and t.gpu_power_w != x.gpu.tdp_w:
+        power = (f" at the {t.gpu_power_w} W power limit (TDP {x.gpu.tdp_w} W), clock x (limit / TDP)^"
+                 f"{float(a.raw['power']['clock_exponent']):.3g} (catalog/data/throughput.yaml power)")
     out.append(f"   GEMMs: every linear's forward, input- and weight-gradient matmul at (M={tokens:,} tokens, N, K); "
                f"{peak:g} TFLOPS x isolated-GEMM ceiling x {float(g['in_training']):g} in training{power} = "
                f"{ops.gpu.gemm_flops / 1e12:,.0f} TFLOP/s, less wave quantisation on {ops.gpu.sms} SMs, or HBM-bound when "
@@ -218,6 +179,10 @@ def _calibrated_text(plan: Any, step_s: float) -> str:
     cal = next((c for c in plan.spec.calibration or [] if c.gpu == plan.gpu.slug), None)
     if cal is None or cal.speed_ratio == 1.0:
         return f"{step_s:,.3f} s"
+    if cal.gemm_efficiency_ratio:
+        return (f"{step_s:,.3f} s, its GEMMs at x{cal.gemm_efficiency_ratio:.4g} the modelled throughput: what a run "
+                f"on {cal.gpu} measured at {cal.speed_ratio:g}x the predicted tokens/s implies "
+                f"({cal.source or 'calibration'})")
     return (f"{step_s * cal.speed_ratio:,.3f} s, / {cal.speed_ratio:g} measured/predicted tokens/s of a run on "
             f"{cal.gpu} ({cal.source or 'calibration'}) = {step_s:,.3f} s")
 
@@ -295,7 +260,8 @@ def explain_data(spec: Any, plan: Any) -> dict:
         "flops_per_token": {"matmul_params": fl.matmul_params, "model": fl.model, "attention": fl.attention,
                             "recompute": fl.recompute, "executed": fl.executed,
                             "rule_of_thumb_6n": 6 * plan.model.params},
-        "step": {"terms_s": dict(x.st.terms), "by_operation_s": step_breakdown(x.st), "step_time_s": t.step_time_s, "utilisation": x.st.utilisation,
+        "step": {"terms_s": dict(x.st.terms), "by_operation_s": step_breakdown(x.st),
+                 "step_time_s": t.step_time_s, "utilisation": x.st.utilisation,
                  "comm_bytes_per_gpu": x.st.comm_bytes_per_gpu, "tokens_per_step": c.global_batch_tokens,
                  "steps": plan.training.steps},
         "links": {"intra_node": x.link, "intra_gbytes_per_s": x.intra, "inter_gbytes_per_s": x.inter},
