@@ -142,6 +142,20 @@ def derive_in_training() -> float:
     return (lo + hi) / 2
 
 
+def compare_table() -> str:
+    """Per file, both models' MAPE and extremes (the before/after of moving to the per-operation model)."""
+    files = [("calibration", [CALIBRATION]), ("hold-out", [HOLDOUT]), ("hold-out (published runs)", [HOLDOUT_PUBLISHED]),
+             ("hold-out (all)", [HOLDOUT, HOLDOUT_PUBLISHED])]
+    lines = [f"{'rows':<28}{'model':<13}{'n':>3}{'MAPE':>8}{'worst over':>12}{'worst under':>13}"]
+    for name, paths in files:
+        rows = [r for p in paths for r in load_rows(p)]
+        for model in ("utilisation", "ops"):
+            s = summary(evaluate(rows, model))
+            lines.append(f"{name:<28}{model:<13}{s['rows']:>3}{s['mape_pct']:>7.1f}%{s['worst_over_pct']:>+11.1f}%"
+                         f"{s['worst_under_pct']:>+12.1f}%")
+    return "\n".join(lines)
+
+
 def error_record(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the plan's time range is made of: the signed errors of the hold-out rows (predicted tokens/s vs
     measured), their extremes and MAPE (gpuprov.sizing.time_error reads it)."""
@@ -171,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("ops", "utilisation"), default="ops",
                         help="ops: the per-operation step model the planner runs; utilisation: the former "
                              "per-GPU-class utilisation (for comparison)")
+    parser.add_argument("--compare", action="store_true",
+                        help="one line per file and model: the per-operation model beside the former utilisation model")
     args = parser.parse_args(argv)
+    if args.compare:
+        print(compare_table())
+        return 0
     if args.derive_in_training:
         print(f"{derive_in_training():.3f}")
         return 0

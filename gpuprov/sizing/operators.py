@@ -142,17 +142,23 @@ class Layout:
     fsdp_params: float = 0.0  # parameters this rank unshards per micro-batch (0: no FSDP copy-in/out)
     trainable: float = 0.0  # LoRA adapters (their GEMMs counted at FLOPs / the GEMM rate)
     qlora_factor: float = 1.0
+    gemm_chunks: int = 1  # async TP: each forward and input-gradient GEMM runs as this many row chunks
 
 
 def _block_gemm_seconds(s: OpShape, lay: Layout, g: GpuOps, tokens: float) -> tuple[float, float]:
     """(forward + backward GEMM seconds of one block, the forward GEMMs AC runs again)."""
     fwd = bwd = again = 0.0
     wgrad = lay.task == "full"  # LoRA/QLoRA: frozen base weights take no weight gradient
+    # async TP (torch/distributed/_symmetric_memory/__init__.py fused_all_gather_matmul and
+    # fused_matmul_reduce_scatter: _pipelined_all_gather_and_consume / _pipelined_produce_and_all2all) runs one
+    # matmul per rank's shard of the tokens so each overlaps the next shard's transfer: tp GEMMs of M / tp rows
+    chunks = max(1, lay.gemm_chunks)
+    rows = tokens / chunks
     for (k, n), col, sac in zip(s.matmuls, _COLWISE, s.sac_recomputed):
         k_, n_ = (k, n / lay.tp) if col else (k / lay.tp, n)
-        f = gemm_seconds(tokens, n_, k_, g)
+        f = chunks * gemm_seconds(rows, n_, k_, g)
         fwd += f
-        bwd += gemm_seconds(tokens, k_, n_, g) + (gemm_seconds(k_, n_, tokens, g) if wgrad else 0.0)
+        bwd += chunks * gemm_seconds(rows, k_, n_, g) + (gemm_seconds(k_, n_, tokens, g) if wgrad else 0.0)
         if lay.ac == "full" or (lay.ac == "selective" and sac):
             again += f
     return fwd + bwd, again
@@ -213,8 +219,10 @@ class OpModel:
     qlora_factor: float = 1.0
 
     def terms(self, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1, pp: int = 1,
-              float8_gain: float = 1.0, fsdp_params: float = 0.0, peak_fraction: float = 1.0) -> dict[str, float]:
+              float8_gain: float = 1.0, fsdp_params: float = 0.0, peak_fraction: float = 1.0,
+              gemm_chunks: int = 1) -> dict[str, float]:
         lay = Layout(micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, pp=pp, ac=self.ac, task=self.task,
+                     gemm_chunks=gemm_chunks,
                      compiled=self.compiled, float8_gain=float8_gain, fsdp_params=fsdp_params,
                      trainable=self.adapters if self.task != "full" else 0.0, qlora_factor=self.qlora_factor)
         out = compute_terms(self.shape, lay, self.gpu)

@@ -427,6 +427,7 @@ def step_estimate(
     float8_params: int = 0,
     ops: Any = None,
     mp: tuple[int, int, int] = (1, 1, 1),
+    gemm_chunks: int = 1,
 ) -> StepEstimate:
     """`float8_gain` > 1: torchao float8 linears (their matmuls' speed-up, float8_step_kw);
     `float8_params` of the parameters are then all-gathered in float8 (1 byte each).
@@ -443,7 +444,8 @@ def step_estimate(
         tp, cp, pp = mp
         fsdp = params if shape.sharding in ("fsdp", "hsdp") and shape.shard_group > 1 else 0
         op_terms = ops.terms(micro_batch=shape.micro_batch, seq_len=shape.seq_len * cp, tp=tp, cp=cp, pp=pp,
-                             float8_gain=float8_gain, fsdp_params=fsdp, peak_fraction=float(prec["peak_fraction"]))
+                             float8_gain=float8_gain, fsdp_params=fsdp, peak_fraction=float(prec["peak_fraction"]),
+                             gemm_chunks=gemm_chunks)
         compute_mb = sum(op_terms.values())
         speed = tokens_mb * flops.executed / (peak_tflops * 1e12 * compute_mb)  # what the operations achieve
     else:
@@ -686,7 +688,7 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
                          inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
-                         mp=(tp, cp, pp), **kw)
+                         mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1, **kw)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
     # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
@@ -702,7 +704,13 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                              a.lat_intra if ring_intra else a.lat_inter, base.terms.get("attention_per_micro_batch_s"))
     cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
-    tp_exposed = max(0.0, tp_s - a.overlap * compute_mb) if async_tp else tp_s
+    tp_exposed = tp_s
+    if async_tp and "gemm_per_micro_batch_s" in base.terms:
+        # each collective hides under its own matmul's shards; the reduce-scatters' (half the bytes) last shard
+        # has no matmul after it (torch fused_matmul_reduce_scatter)
+        tp_exposed = max(0.0, tp_s - base.terms["gemm_per_micro_batch_s"]) + tp_s / (2.0 * tp)
+    elif async_tp:
+        tp_exposed = max(0.0, tp_s - a.overlap * compute_mb)
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
     compute = base.compute_time_s + cp_merge * shape.grad_accum  # the merges run on the compute stream
     bubble = pipeline.bubble() * (compute + tp_exposed * shape.grad_accum) if pipeline else 0.0
