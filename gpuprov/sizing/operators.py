@@ -143,6 +143,7 @@ class Layout:
     trainable: float = 0.0  # LoRA adapters (their GEMMs counted at FLOPs / the GEMM rate)
     qlora_factor: float = 1.0
     gemm_chunks: int = 1  # async TP: each forward and input-gradient GEMM runs as this many row chunks
+    repeats: int = 1  # pipeline micro-batches of `micro_batch` samples in one pass (FSDP copies once per pass)
 
 
 def _block_gemm_seconds(s: OpShape, lay: Layout, g: GpuOps, tokens: float) -> tuple[float, float]:
@@ -201,9 +202,11 @@ def compute_terms(s: OpShape, lay: Layout, g: GpuOps) -> dict[str, float]:
     passes = 1.0 + float(mem["backward_factor"]) + (1.0 if lay.ac in ("selective", "full") else 0.0)
     moved = layers * tokens * fwd_bytes * passes
     moved += tokens * s.vocab / lay.tp * float(mem["loss_bytes_per_vocab"][mode]) / lay.pp
-    moved += lay.fsdp_params * float(mem["fsdp_copy_bytes_per_param"])
     kernels = layers * float(c["launch"]["kernels_per_layer"][mode])
-    return {"gemm_s": gemm, "attention_s": attn, "memory_bound_s": moved / g.hbm_bytes, "launch_s": kernels * g.kernel_s}
+    r = lay.repeats
+    return {"gemm_s": gemm * r, "attention_s": attn * r,
+            "memory_bound_s": (moved * r + lay.fsdp_params * float(mem["fsdp_copy_bytes_per_param"])) / g.hbm_bytes,
+            "launch_s": kernels * g.kernel_s * r}
 
 
 @dataclass(frozen=True)
@@ -220,8 +223,10 @@ class OpModel:
 
     def terms(self, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1, pp: int = 1,
               float8_gain: float = 1.0, fsdp_params: float = 0.0, peak_fraction: float = 1.0,
-              gemm_chunks: int = 1) -> dict[str, float]:
-        lay = Layout(micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, pp=pp, ac=self.ac, task=self.task,
+              gemm_chunks: int = 1, repeats: int = 1) -> dict[str, float]:
+        """Seconds by kind for `micro_batch` samples, run as `repeats` pipeline micro-batches of equal size."""
+        repeats = max(1, min(repeats, micro_batch))
+        lay = Layout(micro_batch=micro_batch // repeats, seq_len=seq_len, repeats=repeats, tp=tp, cp=cp, pp=pp, ac=self.ac, task=self.task,
                      gemm_chunks=gemm_chunks,
                      compiled=self.compiled, float8_gain=float8_gain, fsdp_params=fsdp_params,
                      trainable=self.adapters if self.task != "full" else 0.0, qlora_factor=self.qlora_factor)

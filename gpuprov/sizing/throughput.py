@@ -428,6 +428,7 @@ def step_estimate(
     ops: Any = None,
     mp: tuple[int, int, int] = (1, 1, 1),
     gemm_chunks: int = 1,
+    pp_micro_batches: int = 1,
 ) -> StepEstimate:
     """`float8_gain` > 1: torchao float8 linears (their matmuls' speed-up, float8_step_kw);
     `float8_params` of the parameters are then all-gathered in float8 (1 byte each).
@@ -445,7 +446,7 @@ def step_estimate(
         fsdp = params if shape.sharding in ("fsdp", "hsdp") and shape.shard_group > 1 else 0
         op_terms = ops.terms(micro_batch=shape.micro_batch, seq_len=shape.seq_len * cp, tp=tp, cp=cp, pp=pp,
                              float8_gain=float8_gain, fsdp_params=fsdp, peak_fraction=float(prec["peak_fraction"]),
-                             gemm_chunks=gemm_chunks)
+                             gemm_chunks=gemm_chunks, repeats=pp_micro_batches)
         compute_mb = sum(op_terms.values())
         speed = tokens_mb * flops.executed / (peak_tflops * 1e12 * compute_mb)  # what the operations achieve
     else:
@@ -688,7 +689,8 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
                          inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
-                         mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1, **kw)
+                         mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1,
+                         pp_micro_batches=pipeline.micro_batches if pipeline else 1, **kw)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
     # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
