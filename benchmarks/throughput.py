@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Speed of the throughput model against tokens/s per GPU published for PyTorch-native training runs.
 
-    python benchmarks/throughput.py [--file rows.yaml ...] [--json]
+    python benchmarks/throughput.py [--file rows.yaml ...] [--json] [--model ops|utilisation]
+    python benchmarks/throughput.py --compare              # both models, per file: MAPE and extremes
+    python benchmarks/throughput.py --derive-in-training   # operators.yaml gemm.in_training from its row
 
-Reads benchmarks/measured-throughput.yaml (the calibration rows: catalog/data/throughput.yaml takes its
-figures from those tables), benchmarks/holdout-throughput.yaml and benchmarks/holdout-published-throughput.yaml
-(rows nothing in the catalog is taken from; the second file holds published PyTorch-native runs added on
-2026-12-06: torchtitan's async-TP tables and IBM/Meta's FSDP table, each with its stated stack). Each row is predicted from its stated settings alone with the planner's own step model
-(gpuprov.sizing.throughput.layout_step_estimate); the table prints the signed error of each row
-(positive = predicted too fast), then per file and over both hold-out files the mean absolute percentage
-error (MAPE) and the worst over-prediction (a plan that promises more speed than the cluster gives under-budgets time and money).
+Reads benchmarks/measured-throughput.yaml (the calibration rows: the catalog takes its figures from those
+tables), benchmarks/holdout-throughput.yaml and benchmarks/holdout-published-throughput.yaml (rows nothing in
+the catalog is taken from; the second file holds published PyTorch-native runs added on 2026-12-06:
+torchtitan's async-TP tables and IBM/Meta's FSDP table, each with its stated stack). Each row is predicted
+from its stated settings alone with the planner's own step model (gpuprov.sizing.throughput.layout_step_estimate
+with the per-operation compute model, gpuprov.sizing.operators); `--model utilisation` times compute with the
+former per-GPU-class utilisation instead. The table prints the signed error of each row (positive = predicted
+too fast), then per file and over both hold-out files the mean absolute percentage error (MAPE) and the worst
+over-prediction (a plan that promises more speed than the cluster gives under-budgets time and money).
 """
 
 from __future__ import annotations

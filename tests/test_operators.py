@@ -11,9 +11,9 @@ from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.planner import make_plan
 from gpuprov.sizing import operators
+from gpuprov.sizing.step_parts import STEP_TERMS, step_breakdown
 from gpuprov.sizing.throughput import (
-    STEP_TERMS, LayerShape, Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
-    step_breakdown,
+    LayerShape, Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
 )
 from gpuprov.spec import TrainingSpec
 

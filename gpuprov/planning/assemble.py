@@ -33,7 +33,8 @@ from gpuprov.sizing.memory import estimate_memory
 from gpuprov.spot import notes as spot_notes
 from gpuprov.storage_cost import checkpoint_every
 from gpuprov.storage_cost import describe as storage_describe
-from gpuprov.sizing.throughput import flops_per_token, float8_step_kw, step_breakdown
+from gpuprov.sizing.step_parts import step_breakdown
+from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
 from gpuprov.targets import get_target
 from gpuprov.targets.decide import decided
 from gpuprov.units import GiB

@@ -12,7 +12,8 @@ from typing import Any
 from gpuprov.planning.retime import plan_step
 from gpuprov.render.step_terms import STEP_TERM_WORDS
 from gpuprov.sizing.operators import constants as op_constants
-from gpuprov.sizing.throughput import assumptions, step_breakdown
+from gpuprov.sizing.step_parts import step_breakdown
+from gpuprov.sizing.throughput import assumptions
 from gpuprov.units import GiB, TB
 
 

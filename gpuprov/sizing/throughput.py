@@ -1,7 +1,8 @@
 """Throughput model: step time of one training configuration, compute and communication.
 
-compute  = executed FLOPs (6N + attention, + recompute under activation checkpointing)
-           / (dense BF16 peak x sustained utilisation of the GPU class)
+compute  = the operations' time (gpuprov/sizing/operators.py: GEMMs by shape, FlashAttention-2, memory-bound
+           ops, launches) when step_estimate gets `ops`, as the planner passes it; without, executed FLOPs
+           (6N + attention, + recompute) / (dense BF16 peak x sustained utilisation of the GPU class)
 comm     = bytes each GPU sends in the step's collectives (ring algorithms: (g-1)/g of the
            buffer per all-gather / reduce-scatter, twice that per all-reduce) / link bandwidth,
            NVLink (or PCIe) inside a node, the fabric's per-GPU share across nodes
@@ -19,6 +20,7 @@ from typing import Any
 
 from gpuprov.catalog import load_data
 from gpuprov.sizing.pipeline import stages_per_rank
+from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
 
 @dataclass(frozen=True)
@@ -382,23 +384,6 @@ def _optimizer_seconds(shard: float, optimizer: str, offload: str, hbm_gbytes_pe
     return shard * opt_bytes / (hbm_gbytes_per_s * 1e9)
 
 
-def fsdp_exposed_seconds(comm_s: float, compute_s: float, gather_buf: float, grad_buf: float, layers: int) -> float:
-    """What FSDP2's per-micro-batch collectives leave exposed, layer by layer as it schedules them.
-
-    FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, _fsdp_param_group.py: implicit forward
-    prefetch of the next layer's all-gather on the all-gather stream, backward prefetch of the previous
-    layer's, the reduce-scatter on its own stream behind the next layer's backward) hides layer i+1's
-    all-gather under layer i's forward, and layer i-1's all-gather plus layer i+1's reduce-scatter under layer
-    i's backward. The pass's first all-gather and its last reduce-scatter have nothing to hide under.
-    `comm_s`: one micro-batch's all-gathers (forward and backward) and reduce-scatter; the forward takes a
-    third of `compute_s` (backward twice the forward's FLOPs)."""
-    ag = comm_s * gather_buf / (2.0 * gather_buf + grad_buf)  # one pass of all-gathers
-    rs = comm_s - 2.0 * ag
-    ag_l, rs_l = ag / layers, rs / layers
-    fwd_l, bwd_l = compute_s / 3.0 / layers, 2.0 * compute_s / 3.0 / layers
-    return ag_l + rs_l + (layers - 1) * (max(0.0, ag_l - fwd_l) + max(0.0, ag_l + rs_l - bwd_l))
-
-
 def compute_seconds(tokens: float, flops: Flops, peak_tflops: float, speed: float, float8_gain: float = 1.0) -> float:
     """Seconds `tokens` take at `speed` x peak; float8 speeds up the linears' matmuls, not attention."""
     attn = attention_executed(flops) if float8_gain != 1.0 else 0.0
@@ -491,25 +476,6 @@ def step_estimate(
         optimizer_time_s=opt, tokens_per_s=tps, mfu=tps * flops.model / (peak_tflops * 1e12 * n), utilisation=speed,
         comm_bytes_per_gpu=comm.volume, bound="communication" if exposed > 0.25 * compute else "compute", terms=terms,
     )
-
-
-STEP_TERMS = ("gemm", "attention", "memory_bound", "launch", "exposed_comm", "optimizer", "pipeline_bubble")
-
-
-def step_breakdown(est: StepEstimate) -> dict[str, float]:
-    """The step's seconds by kind (STEP_TERMS), summing to its step time: the operation model's compute terms
-    over the step's micro-batches (ring attention's merges count as memory-bound), the communication compute
-    could not hide, the optimizer step and the pipeline bubble. {} for a step timed without the operation model."""
-    t = est.terms
-    if "gemm_per_micro_batch_s" not in t:
-        return {}
-    ga = float(t.get("micro_batches", 1))
-    r = 1.0 / float(t.get("calibration_speed_ratio", 1.0))  # an older whole-step calibration scales every term
-    out = {k: t[f"{k}_per_micro_batch_s"] * ga * r for k in ("gemm", "attention", "memory_bound", "launch")}
-    out["memory_bound"] += t.get("cp_merge_per_micro_batch_s", 0.0) * ga * r
-    out.update(exposed_comm=est.exposed_comm_s, optimizer=est.optimizer_time_s,
-               pipeline_bubble=t.get("pipeline_bubble_s", 0.0) * r)
-    return out
 
 
 def calibrated(est: StepEstimate, speed_ratio: float) -> StepEstimate:
