@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Speed of the throughput model against tokens/s per GPU published for PyTorch-native training runs.
 
-    python benchmarks/throughput.py [--file rows.yaml ...] [--json]
+    python benchmarks/throughput.py [--file rows.yaml ...] [--json] [--model ops|utilisation]
+    python benchmarks/throughput.py --compare              # both models, per file: MAPE and extremes
+    python benchmarks/throughput.py --derive-in-training   # operators.yaml gemm.in_training from its row
 
-Reads benchmarks/measured-throughput.yaml (the calibration rows: catalog/data/throughput.yaml takes its
-figures from those tables), benchmarks/holdout-throughput.yaml and benchmarks/holdout-published-throughput.yaml
-(rows nothing in the catalog is taken from; the second file holds published PyTorch-native runs added on
-2026-12-06: torchtitan's async-TP tables and IBM/Meta's FSDP table, each with its stated stack). Each row is predicted from its stated settings alone with the planner's own step model
-(gpuprov.sizing.throughput.layout_step_estimate); the table prints the signed error of each row
-(positive = predicted too fast), then per file and over both hold-out files the mean absolute percentage
-error (MAPE) and the worst over-prediction (a plan that promises more speed than the cluster gives under-budgets time and money).
+Reads benchmarks/measured-throughput.yaml (the calibration rows: the catalog takes its figures from those
+tables), benchmarks/holdout-throughput.yaml and benchmarks/holdout-published-throughput.yaml (rows nothing in
+the catalog is taken from; the second file holds published PyTorch-native runs added on 2026-12-06:
+torchtitan's async-TP tables and IBM/Meta's FSDP table, each with its stated stack). Each row is predicted
+from its stated settings alone with the planner's own step model (gpuprov.sizing.throughput.layout_step_estimate
+with the per-operation compute model, gpuprov.sizing.operators); `--model utilisation` times compute with the
+former per-GPU-class utilisation instead. The table prints the signed error of each row (positive = predicted
+too fast), then per file and over both hold-out files the mean absolute percentage error (MAPE) and the worst
+over-prediction (a plan that promises more speed than the cluster gives under-budgets time and money).
 """
 
 from __future__ import annotations
@@ -54,9 +58,11 @@ def gpu_of(row: dict[str, Any]) -> Any:
     return dataclasses.replace(gpu, **changes) if changes else gpu
 
 
-def predict(row: dict[str, Any]) -> Any:
-    """The step estimate of one row's stated settings (StepEstimate)."""
+def predict(row: dict[str, Any], model: str = "ops") -> Any:
+    """The step estimate of one row's stated settings (StepEstimate); `model` "ops" times compute operation by
+    operation (what the planner runs), "utilisation" with the former per-class utilisation (for comparison)."""
     from gpuprov.catalog.models import get_model
+    from gpuprov.sizing import operators
     from gpuprov.sizing import throughput as tp_model
 
     arch = get_model(row["model"])
@@ -82,14 +88,15 @@ def predict(row: dict[str, Any]) -> Any:
         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,
         trainable=arch.params, num_layers=arch.num_layers, task="full", pcie_gen=gpu.pcie_gen, pipeline=pipeline,
         async_tp=bool(row.get("async_tp", False)),
+        ops=operators.op_model(arch, gpu, ac=ac, compiled=bool(row.get("compile", True))) if model == "ops" else None,
         **f8,
     )
 
 
-def evaluate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def evaluate(rows: list[dict[str, Any]], model: str = "ops") -> list[dict[str, Any]]:
     out = []
     for row in rows:
-        est = predict(row)
+        est = predict(row, model)
         gpus = int(row["nodes"]) * int(row["gpus_per_node"])
         predicted = est.tokens_per_s / gpus
         measured = float(row["measured"])
@@ -117,6 +124,42 @@ def render(name: str, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+DERIVE_ROW = "titan-8b-fsdp-8gpu-compile"  # catalog/data/operators.yaml gemm.in_training is derived from this row
+
+
+def derive_in_training() -> float:
+    """The in-training GEMM fraction (operators.yaml gemm.in_training) at which the operation model gives the
+    calibration row DERIVE_ROW its measured tokens/s, every other figure as the catalog has it (bisection)."""
+    from gpuprov.sizing import operators
+
+    row = next(r for r in load_rows(CALIBRATION) if r["id"] == DERIVE_ROW)
+    gemm = operators.constants()["gemm"]
+    saved = gemm["in_training"]
+    lo, hi = 0.05, 1.0
+    try:
+        for _ in range(40):
+            gemm["in_training"] = mid = (lo + hi) / 2
+            fast = predict(row).tokens_per_s / (int(row["nodes"]) * int(row["gpus_per_node"])) > float(row["measured"])
+            lo, hi = (lo, mid) if fast else (mid, hi)
+    finally:
+        gemm["in_training"] = saved
+    return (lo + hi) / 2
+
+
+def compare_table() -> str:
+    """Per file, both models' MAPE and extremes (the before/after of moving to the per-operation model)."""
+    files = [("calibration", [CALIBRATION]), ("hold-out", [HOLDOUT]), ("hold-out (published runs)", [HOLDOUT_PUBLISHED]),
+             ("hold-out (all)", [HOLDOUT, HOLDOUT_PUBLISHED])]
+    lines = [f"{'rows':<28}{'model':<13}{'n':>3}{'MAPE':>8}{'worst over':>12}{'worst under':>13}"]
+    for name, paths in files:
+        rows = [r for p in paths for r in load_rows(p)]
+        for model in ("utilisation", "ops"):
+            s = summary(evaluate(rows, model))
+            lines.append(f"{name:<28}{model:<13}{s['rows']:>3}{s['mape_pct']:>7.1f}%{s['worst_over_pct']:>+11.1f}%"
+                         f"{s['worst_under_pct']:>+12.1f}%")
+    return "\n".join(lines)
+
+
 def error_record(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the plan's time range is made of: the signed errors of the hold-out rows (predicted tokens/s vs
     measured), their extremes and MAPE (gpuprov.sizing.time_error reads it)."""
@@ -141,10 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--record", action="store_true",
                         help=f"write the hold-out's error to {RECORD.relative_to(REPO)} (the plan's time range)")
+    parser.add_argument("--derive-in-training", action="store_true",
+                        help=f"print the in-training GEMM fraction the calibration row {DERIVE_ROW} implies")
+    parser.add_argument("--model", choices=("ops", "utilisation"), default="ops",
+                        help="ops: the per-operation step model the planner runs; utilisation: the former "
+                             "per-GPU-class utilisation (for comparison)")
+    parser.add_argument("--compare", action="store_true",
+                        help="one line per file and model: the per-operation model beside the former utilisation model")
     args = parser.parse_args(argv)
+    if args.compare:
+        print(compare_table())
+        return 0
+    if args.derive_in_training:
+        print(f"{derive_in_training():.3f}")
+        return 0
     files = [("calibration", CALIBRATION), ("hold-out", HOLDOUT), ("hold-out (published runs)", HOLDOUT_PUBLISHED)] \
         + [(str(p), p) for p in args.file]
-    report = {name: evaluate(load_rows(path)) for name, path in files}
+    report = {name: evaluate(load_rows(path), args.model) for name, path in files}
     report["hold-out (all)"] = report["hold-out"] + report["hold-out (published runs)"]
     if args.record:
         write_record(report["hold-out (all)"])

@@ -26,8 +26,10 @@ from gpuprov.errors import GpuprovError
 MAX_METRICS_BYTES = 256 << 20  # a metrics line is ~300 bytes: ~800k logged steps
 MAX_CALIBRATION_BYTES = 64 << 10
 RATIO_RANGE = (0.05, 20.0)  # a measured speed 20x off the plan is a broken run or a wrong bundle, not a calibration
-RULE = ("step time x predicted/measured tokens/s on the same GPU type (slug); carried over to other models, "
-        "layouts and node counts of that GPU; memory reported, not applied")
+RULE = ("GEMM throughput x the ratio that gives the measured run's own layout its measured tokens/s (the time model's "
+        "GEMM term; attention, memory-bound work, launches and communication stay as modelled), on the same GPU type "
+        "(slug), carried over to other models, layouts and node counts of that GPU; where no GEMM ratio reaches the "
+        "measured speed, step time x predicted/measured tokens/s; memory reported, not applied")
 
 
 def _number(rec: dict, key: str, where: str) -> float | None:
@@ -92,8 +94,10 @@ def record(plan: Any, measured: dict[str, Any], bundle: str, metrics: str) -> di
                            f"{plan.throughput.tokens_per_s:,.0f}: outside {RATIO_RANGE[0]:g}-{RATIO_RANGE[1]:g}x; "
                            "is this the metrics file of this bundle's run?")
     mem = measured["peak_memory_bytes"]
+    gemm = gemm_ratio(plan, ratio)
     return {
         "gpu": c.gpu, "speed_ratio": round(ratio, 4),
+        **({"gemm_efficiency_ratio": round(gemm, 6)} if gemm is not None else {}),
         "gpu_power_w": plan.throughput.gpu_power_w,
         "model": plan.spec.model, "task": plan.task, "layout": layout_of(plan),
         "measured_tokens_per_s": round(measured["tokens_per_s"], 1),
@@ -103,6 +107,29 @@ def record(plan: Any, measured: dict[str, Any], bundle: str, metrics: str) -> di
                   f"{measured['steps_used']} of {measured['steps_logged']} logged steps)",
         "rule": RULE,
     }
+
+
+def gemm_ratio(plan: Any, speed_ratio: float) -> float | None:
+    """The factor on the GEMMs' achieved throughput at which the plan's own layout runs `speed_ratio` x its
+    predicted tokens/s (bisection on log scale over RATIO_RANGE), or None where none does: the measured run
+    is faster or slower than any GEMM throughput explains (the rest of its step alone sets its pace)."""
+    from gpuprov.planning.retime import plan_step
+
+    if plan.throughput.step_terms_s.get("gemm", 0.0) <= 0.0:
+        return None  # a plan timed before the operation model: the whole-step rule
+    base = plan_step(plan, 1.0).st.tokens_per_s
+    target = base * speed_ratio
+
+    def speed(scale: float) -> float:
+        return plan_step(plan, scale).st.tokens_per_s
+
+    lo, hi = math.log(RATIO_RANGE[0]), math.log(RATIO_RANGE[1])
+    if not speed(math.exp(lo)) <= target <= speed(math.exp(hi)):
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speed(math.exp(mid)) < target else (lo, mid)
+    return math.exp((lo + hi) / 2)
 
 
 def layout_of(plan: Any) -> str:
@@ -133,7 +160,7 @@ def load_calibration(path: str) -> dict[str, Any]:
     if not isinstance(data, dict) or "gpu" not in data or "speed_ratio" not in data:
         raise GpuprovError(f"{path}: not a calibration file (gpu and speed_ratio missing; "
                            "write one with `gpuprov calibrate BUNDLE METRICS.jsonl -o FILE`)")
-    keep = ("gpu", "speed_ratio", "gpu_power_w", "model", "layout", "source")
+    keep = ("gpu", "speed_ratio", "gemm_efficiency_ratio", "gpu_power_w", "model", "layout", "source")
     return {k: data.get(k) for k in keep if data.get(k) is not None}
 
 
@@ -151,5 +178,9 @@ def plan_note(spec: Any, gpu: str, model: str, layout: str, power_w: int | None)
                                                                                 f"{power_w} W"))
                if theirs is not None and theirs != ours]
     tail = f"; the measured run differs in {', '.join(differs)}" if differs else "; the measured run is this one"
+    if cal.gemm_efficiency_ratio:
+        return (f"GEMM throughput x {cal.gemm_efficiency_ratio:.4g} on {gpu}: a measured run ran {cal.speed_ratio:g}x the "
+                f"predicted tokens/s ({cal.source or 'calibration file'}), which that ratio on its GEMMs explains; "
+                f"rule: {RULE}{tail}")
     return (f"Step time x 1/{cal.speed_ratio:g} on {gpu}: a measured run ran {cal.speed_ratio:g}x the predicted "
             f"tokens/s ({cal.source or 'calibration file'}); rule: {RULE}{tail}")

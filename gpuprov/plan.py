@@ -165,6 +165,9 @@ class Throughput(_Strict):
     bound: Literal["compute", "communication"]
     float8_gain: float = 1.0  # measured float8/bf16 speed-up the compute was timed with (1: bf16)
     gpu_power_w: int | None = None  # the power limit the GPUs were timed at (their TDP unless capped)
+    # the step by kind of work, seconds (gpuprov.sizing.throughput.STEP_TERMS): gemm, attention, memory_bound,
+    # launch, exposed_comm, optimizer, pipeline_bubble; they sum to step_time_s
+    step_terms_s: dict[str, float] = Field(default_factory=dict)
 
 
 class HostCheck(_Strict):

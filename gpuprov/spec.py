@@ -70,13 +70,16 @@ NoteText = Annotated[str, Field(max_length=400), AfterValidator(_note_text)]
 
 
 class Calibration(BaseModel):
-    """A measured run against its plan (`gpuprov calibrate`): plans on this GPU type scale their step time by
-    1 / speed_ratio (gpuprov/calibration.py RULE)."""
+    """A measured run against its plan (`gpuprov calibrate`): plans on this GPU type scale their GEMMs' achieved
+    throughput by gemm_efficiency_ratio, or without one their step time by 1 / speed_ratio
+    (gpuprov/calibration.py RULE)."""
 
     model_config = ConfigDict(extra="forbid")
 
     gpu: Slug = Field(..., description="GPU type (slug) the run was measured on")
     speed_ratio: float = Field(..., ge=0.05, le=20.0, description="measured / predicted tokens/s")
+    gemm_efficiency_ratio: float | None = Field(
+        None, ge=0.05, le=20.0, description="the factor on achieved GEMM throughput that gives the measured speed")
     gpu_power_w: PositiveInt | None = Field(None, le=v.MAX_GPU_POWER_W, description="the power limit it ran at")
     model: NoteText | None = None
     layout: NoteText | None = None

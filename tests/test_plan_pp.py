@@ -199,15 +199,20 @@ def _pp_spec(**kw) -> TrainingSpec:
 
 
 def test_the_planner_proposes_pp_where_it_is_cheapest_with_its_bubble_in_the_time():
-    """70B on A100 40GB nodes (400 Gb/s EFA) with a 512-sequence batch: the search finds a pipeline cheaper
-    than every TP x FSDP layout (--pp 1), and the pipeline's bubble is part of the step it is timed with."""
-    proposed, flat = make_plan(_pp_spec()), make_plan(_pp_spec(pp=1))
+    """70B on A100 80GB nodes with a 512-sequence batch: the search finds a pipeline cheaper than every
+    TP x FSDP layout (--pp 1), and the pipeline's bubble is part of the step it is timed with."""
+    def spec(**kw):
+        return _pp_spec(gpus=["a100-80gb"], **kw)
+
+    proposed, flat = make_plan(spec()), make_plan(spec(pp=1))
     assert proposed.cluster.pp > 1 and flat.cluster.pp == 1
     assert proposed.cost_usd < flat.cost_usd
-    # the same layout asked for with --pp gives the same run: the proposal is a plan the trainer runs
-    fixed = make_plan(_pp_spec(pp=proposed.cluster.pp))
+    # the same layout asked for with --pp and the same GPU count gives the same run: the proposal is a plan the
+    # trainer runs (with --pp alone the search may also take node counts the pipeline's stages do not divide)
+    fixed = make_plan(spec(pp=proposed.cluster.pp, gpu_count=proposed.cluster.total_gpus))
     assert (fixed.cluster.tp, fixed.cluster.nodes, fixed.cost_usd) == (
         proposed.cluster.tp, proposed.cluster.nodes, proposed.cost_usd)
+    assert make_plan(spec(pp=proposed.cluster.pp)).cost_usd <= proposed.cost_usd
     note = next(n for n in proposed.notes if n.startswith("Pipeline (proposed by the planner"))
     bubble = float(note.split("bubble ((p-1)/(v m) of the compute) is ")[1].split(" s")[0])
     assert 0 < bubble < proposed.throughput.step_time_s

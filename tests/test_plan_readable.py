@@ -585,10 +585,11 @@ def test_single_node_mfu_and_overlap_are_said_plainly(tmp_path):
     out = ok("plan", "--model", "llama-3.1-8b", "--tokens", "1B", "--cloud", "aws")
     assert "fabric none 0 Gb/s" not in out and "no inter-node fabric" in out
     mfu = next(ln for ln in out.splitlines() if ln.strip().startswith("MFU "))
-    assert "assumed to reach" in mfu and "of peak on the work it executes" in mfu and "exposed communication" in mfu
-    assert "(assumed utilisation" not in out
+    assert "the operations it runs reach" in mfu and "of peak on average on the work it executes" in mfu
+    assert "exposed communication" in mfu and "(assumed utilisation" not in out
+    assert "step by operation: GEMMs" in out
     explain = ok("explain", "--model", "70b", "--tokens", "20B")
-    assert "hidden under compute" not in explain and "compute hides" in explain and "what is left waits" in explain
+    assert "hidden under compute" not in explain and "FSDP2 prefetches" in explain and "exposed" in explain
     ok("generate", "--model", "llama-3.1-8b", "--tokens", "1B", "--cloud", "aws", "-o", str(tmp_path / "b"))
     readme = (tmp_path / "b" / "README.md").read_text()
     svg = (tmp_path / "b" / "topology.svg").read_text()

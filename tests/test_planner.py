@@ -153,11 +153,17 @@ def test_objectives_rank_differently():
 
 def test_multinode_on_a_thin_fabric_prefers_hsdp():
     # a2-ultragpu: one 100 Gb/s gVNIC per node, no GPU fabric: FSDP's rings across nodes would wait on it
+    # unless each layer's compute covers its collectives (FSDP2 prefetches one layer ahead): the plan keeps
+    # the rings within a node (HSDP) or gives each layer enough tokens that they hide
     # (--pp 1: the data-parallel choice alone; with PP allowed the planner pipelines across nodes instead)
     p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["a100-80gb"],
                                deadline_hours=48, init="random", pp=1))
     assert p.cluster.nodes > 1 and p.fabric.gbps_per_gpu * p.cluster.gpus_per_node <= 100
-    assert p.cluster.sharding == "hsdp" and p.cluster.shard_group % p.cluster.gpus_per_node == 0
+    if p.cluster.sharding == "hsdp":
+        assert p.cluster.shard_group % p.cluster.gpus_per_node == 0
+    else:
+        assert p.throughput.bound == "compute"
+        assert p.throughput.step_terms_s["exposed_comm"] < 0.05 * p.throughput.step_time_s
     piped = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["a100-80gb"],
                                    deadline_hours=48, init="random"))
     assert piped.cluster.pp > 1 and piped.cost_usd < p.cost_usd  # only activations cross the thin links
@@ -169,7 +175,7 @@ def test_multinode_on_a_rail_aligned_fabric_keeps_fsdp():
     p = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=50 * 10**9, cloud="gcp", gpus=["h100-80gb"],
                                deadline_hours=48, init="random", pp=1))
     assert p.cluster.nodes > 1 and p.fabric.gbps_per_gpu >= 200
-    assert p.cluster.sharding == "fsdp" and p.throughput.bound == "compute"
+    assert p.cluster.sharding in ("fsdp", "zero2") and p.throughput.bound == "compute"
 
 
 def test_nothing_fits_names_the_nearest_miss():
@@ -328,7 +334,7 @@ def test_single_gpu_plan_counts_the_gradients_accumulation_keeps():
     from gpuprov.stack import setup_fields
 
     extended = _accumulating_setup_or_skip()
-    spec = TrainingSpec(model="llama-3.2-1b", tokens=10**9)
+    spec = TrainingSpec(model="llama-3.2-1b", tokens=10**9, micro_batch=1)  # micro-batch 1: the batch accumulates
     p = make_plan(spec)
     c = p.cluster
     assert c.total_gpus == 1 and c.sharding == "none" and c.grad_accum > 1
@@ -448,16 +454,15 @@ def test_405b_brute_force_on_hopper_nodes():
 
 def test_405b_plans_tp_and_fsdp_on_hopper_nodes():
     """gpuprov plan --model llama-3.1-405b --tokens 1T: TP inside H100/H200 nodes, FSDP across them,
-    at an MFU near Llama 3's 38-43% BF16 (Dubey et al. 2024, Table 4) -- the planner's utilisation
-    assumption (40% at 500 W, 45% at the 700 W of these parts) less exposed communication."""
+    at an MFU near Llama 3's 38-43% BF16 (Dubey et al. 2024, Table 4), from the per-operation step model."""
     p = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, init="random"))
     c = p.cluster
     assert c.gpu in ("h100-80gb", "h200-141gb") and c.tp > 1 and c.cp == 1
     assert c.sharding in ("fsdp", "hsdp") and c.nodes > 1
     assert 0.30 <= p.throughput.mfu <= 0.43
-    # the same model without the layout dimension: FSDP only, a lower MFU
+    # the same model without the layout dimension: FSDP only, no cheaper (TP's layouts won the ranking)
     flat = make_plan(TrainingSpec(model="llama-3.1-405b", tokens=10**12, tp=1, cp=1, init="random"))
-    assert flat.cluster.tp == 1 and flat.throughput.mfu < p.throughput.mfu
+    assert flat.cluster.tp == 1 and flat.cost_usd >= p.cost_usd
 
 
 def test_fixed_tp_is_honoured_and_lora_stays_data_parallel():

@@ -13,6 +13,7 @@ from gpuprov.commands.spec_options import spec_options
 from gpuprov.errors import GpuprovError, clip
 from gpuprov.host import hosts_left_out
 from gpuprov.planner import make_plan
+from gpuprov.render.step_terms import step_terms_text
 from gpuprov.sizing.throughput import assumptions, flops_per_token
 from gpuprov.sizing.time_error import holdout_error
 from gpuprov.spot import stale
@@ -73,8 +74,8 @@ def _mfu_text(plan) -> str:
     capped = ""
     if t.gpu_power_w is not None and t.gpu_power_w < get_gpu(plan.gpu.slug).tdp_w:
         capped = f" at the {t.gpu_power_w} W power limit"
-    return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): this GPU class is assumed to "
-            f"reach {t.mfu_assumed:.0%} of peak{capped} on the work it executes{fp8}; re-running the forward for activation "
+    return (f"MFU {t.mfu:.1%} (model FLOPs done per second / the GPUs' BF16 peak): the operations it runs "
+            f"reach {t.mfu_assumed:.0%} of peak{capped} on average on the work it executes{fp8}; re-running the forward for activation "
             f"checkpointing ({c.activation_checkpointing}) is {recompute:.0%} of that work and counts for nothing, and "
             f"exposed communication is {exposed:.0%} of the step")
 
@@ -220,6 +221,8 @@ def render_plan(plan) -> str:
     out.append("Time and cost:")
     out.append(f"  {t.tokens_per_s:,.0f} tokens/s on the cluster; step {t.step_time_s:,.2f} s = compute "
                f"{t.compute_time_s:,.2f} s + communication compute cannot hide {t.comm_time_s:,.2f} s ({t.bound}-bound)")
+    if t.step_terms_s:
+        out.append(f"  step by operation: {step_terms_text(t.step_terms_s)}")
     out.append(f"  {_mfu_text(plan)}")
     price = "" if i.price_per_hour_usd is None else \
         f" at ${i.price_per_hour_usd:,.2f}/h per node ({i.price_date or 'undated'})"

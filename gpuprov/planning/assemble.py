@@ -34,11 +34,15 @@ from gpuprov.spot import notes as spot_notes
 from gpuprov.stack import attention_notes
 from gpuprov.storage_cost import checkpoint_every
 from gpuprov.storage_cost import describe as storage_describe
+from gpuprov.sizing.step_parts import step_breakdown
 from gpuprov.sizing.throughput import flops_per_token, float8_step_kw
-from gpuprov.sizing.throughput import utilisation as util_of
 from gpuprov.targets import get_target
 from gpuprov.targets.decide import decided
 from gpuprov.units import GiB
+
+OPS_SOURCE = ("per-operation step model, catalog/data/operators.yaml: GEMMs by shape at the GPU's measured GEMM "
+              "ceiling, FlashAttention-2's published throughput by sequence length, memory-bound ops at HBM "
+              "bandwidth, kernel launches")
 
 
 def _run(spec: Any, best: Candidate) -> RunBreakdown:
@@ -224,14 +228,13 @@ def _memory(spec: Any, arch: Any, gpu: Any, mem: Any) -> Memory:
 
 def _throughput(spec: Any, arch: Any, best: Candidate, trainable: int) -> Throughput:
     step, gpu = best.step, best.gpu
-    util, util_src = util_of(gpu)
     fl = flops_per_token(arch, spec.seq_len, spec.task, trainable, best.activation_checkpointing)
-    return Throughput(tokens_per_s=step.tokens_per_s, mfu=step.mfu, mfu_assumed=util, mfu_source=util_src,
+    return Throughput(tokens_per_s=step.tokens_per_s, mfu=step.mfu, mfu_assumed=step.utilisation, mfu_source=OPS_SOURCE,
                       flops_per_token=fl.model, attention_flops_per_token=fl.attention,
                       step_time_s=step.step_time_s, compute_time_s=step.compute_time_s,
                       comm_time_s=step.exposed_comm_s, bound=step.bound,
                       float8_gain=float8_step_kw(gpu, arch)["float8_gain"] if best.float8 else 1.0,
-                      gpu_power_w=gpu.tdp_w)
+                      gpu_power_w=gpu.tdp_w, step_terms_s={k: round(v, 6) for k, v in step_breakdown(step).items()})
 
 
 def _alternatives(spec: Any, result: SearchResult, best: Candidate) -> list[Alternative]:

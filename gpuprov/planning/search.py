@@ -19,9 +19,10 @@ from gpuprov.planning.space import (
     _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degrees, pipeline_micro_batches,
     settings_set_batch, stack_for,
 )
+from gpuprov.sizing.operators import OpModel, op_model
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.throughput import (
-    LayerShape, Shape, StepEstimate, assumptions, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
+    LayerShape, Shape, StepEstimate, assumptions, attention_executed, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
     calibrated, intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
     utilisation,
 )
@@ -91,7 +92,13 @@ class _Search:
         # the global batch follows those settings instead of the recipe's default (settings_set_batch)
         self.batch_follows = settings_set_batch(spec)
         # measured runs: GPU slug -> measured / predicted tokens/s (gpuprov/calibration.py RULE)
-        self.speed = {c.gpu: float(c.speed_ratio) for c in getattr(spec, "calibration", None) or []}
+        # a calibration that carries the achieved-GEMM ratio scales the GEMMs (what the operation model
+        # takes from a measurement); an older file's whole-step ratio scales the step
+        cals = getattr(spec, "calibration", None) or []
+        self.gemm_scale = {c.gpu: float(c.gemm_efficiency_ratio) for c in cals
+                           if getattr(c, "gemm_efficiency_ratio", None)}
+        self.speed = {c.gpu: float(c.speed_ratio) for c in cals if c.gpu not in self.gemm_scale}
+        self.op_cache: dict[tuple[str, str], OpModel] = {}
         self.flops_by_ac = {ac: flops_per_token(arch, self.seq, self.task, self.trainable, ac) for ac in AC_MODES}
         self.stack = stack_for(spec, arch)
         self.stack_f8 = stack_for(spec, arch, float8=True)
@@ -181,17 +188,29 @@ class _Search:
         return False if flat is not None and flat.per_gpu_bytes > usable else None
 
     # ---------------------------------------------------------------- bounds
+    def ops(self, gpu: Any, ac: str) -> OpModel:
+        """The operation model of this model on this GPU (at its power limit, with its calibration) and AC."""
+        key = (gpu.slug, ac)
+        out = self.op_cache.get(key)
+        if out is None:
+            out = self.op_cache[key] = op_model(self.arch, gpu, ac=ac, compiled=self.stack.compile, task=self.task,
+                                                trainable=self.trainable, gemm_scale=self.gemm_scale.get(gpu.slug, 1.0))
+        return out
+
     def _compute_seconds(self, inst: Any, ac: str) -> float:
-        """GPU-seconds of pure compute at the assumed utilisation (no recompute, no communication)."""
+        """GPU-seconds no layout can beat: the executed matmul FLOPs at the GPU's best GEMM rate (no wave or
+        bandwidth loss, no attention, memory-bound work, launches or communication)."""
         key = (inst.gpu, ac)
         out = self.compute_cache.get(key)
         if out is None:
             gpu = self.gpus[inst.gpu]
-            util, _ = utilisation(gpu, compiled=self.stack.compile)
+            fl = self.flops_by_ac[ac]
             gain = self.gain(gpu) or 1.0  # a bound: float8 (where allowed) is the fastest the GPU runs
-            speed = self.speed.get(inst.gpu, 1.0)  # a calibration scales every term: the bound too
+            speed = self.speed.get(inst.gpu, 1.0)  # an older calibration scales every term: the bound too
+            rate = self.ops(gpu, ac).gpu.gemm_flops
+            # 0.99: the norms' few parameters count in N but run no matmul
             out = self.compute_cache[key] = \
-                self.tokens * self.flops_by_ac[ac].executed / (gpu.bf16_tflops * 1e12 * util * self.qfac * gain * speed)
+                0.99 * self.tokens * (fl.executed - attention_executed(fl)) / (rate * self.qfac * gain * speed)
         return out
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
@@ -368,7 +387,7 @@ class _Search:
                 params=arch.params, trainable=self.trainable, num_layers=arch.num_layers, task=self.task,
                 optimizer=spec.optimizer, precision=spec.precision, offload=spec.offload, pcie_gen=gpu.pcie_gen,
                 pipeline=pipeline, async_tp=False,  # the trainer runs no async TP
-                **(self.float8_kw(gpu) if lay.f8 else {}),
+                ops=self.ops(gpu, ac), **(self.float8_kw(gpu) if lay.f8 else {}),
             )
             out = self.step_cache[key] = calibrated(out, self.speed.get(slot.inst.gpu, 1.0))
         return out

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprov.catalog.gpus import get_gpu
-from gpuprov.catalog.models import get_model
-from gpuprov.sizing.throughput import (
-    LayerShape, Shape, assumptions, flops_per_token, gpu_class, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
-    pipelined,
-)
+from gpuprov.planning.retime import plan_step
+from gpuprov.render.step_terms import STEP_TERM_WORDS
+from gpuprov.sizing.operators import constants as op_constants
+from gpuprov.sizing.step_parts import step_breakdown
+from gpuprov.sizing.throughput import assumptions
 from gpuprov.units import GiB, TB
 
 
@@ -31,34 +30,12 @@ class _Inputs:
     intra: float
     link: str
     inter: float
-
-
-def _float8_kw(plan: Any, arch: Any) -> dict:
-    """The step estimate's float8 arguments, as the planner passed them (the Plan's gain)."""
-    if plan.throughput.float8_gain == 1.0:
-        return {}
-    return {"float8_gain": plan.throughput.float8_gain, "float8_params": arch.num_layers * arch.layer_linear_params()}
+    ops: Any = None  # the operation model the step was timed with
 
 
 def _inputs(spec: Any, plan: Any) -> _Inputs:
-    arch, gpu = get_model(spec.model), get_gpu(plan.gpu.slug)
-    c, t = plan.cluster, plan.throughput
-    trainable = plan.model.trainable_params
-    fl = flops_per_token(arch, c.seq_len, plan.task, trainable, c.activation_checkpointing)
-    intra, link = intra_node_gbytes(gpu)
-    inter = inter_node_gbytes(plan.fabric.name, plan.fabric.gbps_per_gpu) if c.nodes > 1 else 0.0
-    shape, pipeline = pipelined(Shape(nodes=c.nodes, gpus_per_node=c.gpus_per_node, sharding=c.sharding,
-                                      shard_group=c.replica_gpus, micro_batch=c.micro_batch, grad_accum=c.grad_accum,
-                                      seq_len=c.seq_len), c.pp, c.pp_schedule)
-    layer = LayerShape(arch.num_layers, arch.hidden_size,
-                       arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
-    st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
-                              flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
-                              hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,
-                              params=plan.model.params, trainable=trainable, num_layers=arch.num_layers,
-                              task=plan.task, optimizer=c.optimizer, precision=c.precision, offload=c.offload,
-                              pcie_gen=gpu.pcie_gen, pipeline=pipeline, **_float8_kw(plan, arch))
-    return _Inputs(plan, arch, gpu, assumptions(), fl, st, intra, link, inter)
+    r = plan_step(plan)
+    return _Inputs(plan, r.arch, r.gpu, assumptions(), r.fl, r.st, r.intra, r.link, r.inter, r.ops)
 
 
 def _memory(x: _Inputs) -> list[str]:
@@ -104,23 +81,36 @@ def _flops(x: _Inputs) -> list[str]:
 
 def _compute(x: _Inputs) -> list[str]:
     plan, a, st = x.plan, x.a, x.st
-    c, t, peak = plan.cluster, plan.throughput, x.gpu.bf16_tflops
-    out = ["4. Compute",
-           f"   GPU dense BF16 peak {peak:g} TFLOPS x assumed utilisation {t.mfu_assumed:.2f} ({t.mfu_source})"]
-    if t.gpu_power_w is not None and t.gpu_power_w != x.gpu.tdp_w:
-        power = a.raw["power"]
-        measured = power["measured_at_w"].get(gpu_class(x.gpu), x.gpu.tdp_w)
-        out.append(f"   at the {t.gpu_power_w} W power limit (TDP {x.gpu.tdp_w} W): utilisation measured at "
-                   f"{measured} W scaled by (limit / measured)^{float(power['clock_exponent']):.3g} "
-                   "(catalog/data/throughput.yaml power)")
-    if plan.task == "qlora":
-        out.append(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
-    split = f" / (tp {c.tp} x cp {c.cp})" if c.tp * c.cp > 1 else ""
+    c, t, peak, terms = plan.cluster, plan.throughput, x.gpu.bf16_tflops, st.terms
+    ops, oc = x.ops, op_constants()
     what, samples = "per micro-batch", c.micro_batch
     if c.pp > 1:  # the schedule's pass over a data-parallel rank's local batch, each stage 1/pp of the work
-        what, samples, split = "per step (local batch)", c.micro_batch * c.grad_accum, f" / (tp {c.tp} x cp {c.cp} x pp {c.pp})"
-    out.append(f"   {what}: {samples} x {c.seq_len} tokens x {x.fl.executed:.4g} / "
-               f"({peak:g}e12 x {st.utilisation:.3f}){split} = {st.terms['compute_per_micro_batch_s']:,.3f} s")
+        what, samples = "per step (local batch)", c.micro_batch * c.grad_accum
+    tokens = samples * c.seq_len // c.cp
+    out = [f"4. Compute, operation by operation (catalog/data/operators.yaml), {what}: {samples} x {c.seq_len} tokens"
+           + (f" / cp {c.cp}" if c.cp > 1 else "") + (f", TP {c.tp} splits each linear" if c.tp > 1 else "")
+           + (f", stage of {-(-x.arch.num_layers // c.pp)} layers" if c.pp > 1 else "")]
+    g = oc["gemm"]
+    power = ""
+    if t.gpu_power_w is not None and t.gpu_power_w != x.gpu.tdp_w:
+        power = (f" at the {t.gpu_power_w} W power limit (TDP {x.gpu.tdp_w} W), clock x (limit / TDP)^"
+                 f"{float(a.raw['power']['clock_exponent']):.3g} (catalog/data/throughput.yaml power)")
+    out.append(f"   GEMMs: every linear's forward, input- and weight-gradient matmul at (M={tokens:,} tokens, N, K); "
+               f"{peak:g} TFLOPS x isolated-GEMM ceiling x {float(g['in_training']):g} in training{power} = "
+               f"{ops.gpu.gemm_flops / 1e12:,.0f} TFLOP/s, less wave quantisation on {ops.gpu.sms} SMs, or HBM-bound when "
+               f"skinny = {terms['gemm_per_micro_batch_s']:,.3f} s")
+    if plan.task == "qlora":
+        out.append(f"   x QLoRA dequantisation factor {a.qlora_factor:g} ({a.qlora_source})")
+    out.append(f"   attention: FlashAttention-2 forward + backward, causal (half the square), at its published "
+               f"throughput for {c.seq_len // c.cp:,}-token sequences = {terms['attention_per_micro_batch_s']:,.3f} s")
+    mode = "compiled" if x.ops.compiled else "eager"
+    out.append(f"   memory-bound ({mode}): norms, RoPE, SwiGLU, residual adds, the loss"
+               + (", FSDP's copy-in/out" if c.sharding in ("fsdp", "hsdp") else "")
+               + f" at {x.gpu.hbm_gbytes_per_s:,.0f} GB/s HBM = {terms['memory_bound_per_micro_batch_s']:,.3f} s")
+    out.append(f"   kernel launches ({mode}): {oc['launch']['kernels_per_layer'][mode]} kernels per layer x "
+               f"{float(oc['launch']['seconds_per_kernel']) * 1e6:g} us = {terms['launch_per_micro_batch_s']:,.3f} s")
+    out.append(f"   = {terms['compute_per_micro_batch_s']:,.3f} s: the executed FLOPs ({x.fl.executed:.4g} per token) run at "
+               f"{st.utilisation:.1%} of the {peak:g} TFLOPS peak on average")
     return out
 
 
@@ -171,9 +161,16 @@ def _comm(x: _Inputs) -> list[str]:
         out.append(f"   context parallel {c.cp} ring (K/V forward, K/V + fp32 dK/dV backward, cp-1 hops per layer): "
                    f"{terms['cp_ring_per_micro_batch_s']:,.3f} s per micro-batch, exposed "
                    f"{terms['cp_exposed_per_micro_batch_s']:,.3f} s")
-    out.append(f"   compute hides {x.a.overlap:.0%} of the per-micro-batch communication (it runs while the GPUs "
-               f"compute); what is left waits: {terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch, "
-               f"{terms['exposed_sync_s']:,.3f} s for the per-step sync")
+    if c.sharding in ("fsdp", "hsdp") and c.offload != "full":
+        out.append("   FSDP2 prefetches layer i+1's all-gather under layer i's forward, and in backward layer i-1's "
+                   "all-gather and layer i+1's reduce-scatter under layer i's backward; the first all-gather and the "
+                   f"last reduce-scatter wait: {terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch exposed; "
+                   f"the per-step sync hides under {x.a.overlap:.0%} of the last backward: "
+                   f"{terms['exposed_sync_s']:,.3f} s exposed")
+    else:
+        out.append(f"   compute hides {x.a.overlap:.0%} of the per-micro-batch communication (it runs while the GPUs "
+                   f"compute); what is left waits: {terms['exposed_per_micro_batch_s']:,.3f} s per micro-batch, "
+                   f"{terms['exposed_sync_s']:,.3f} s for the per-step sync")
     out.append(f"   total per GPU per step: {st.comm_bytes_per_gpu / 1e9:,.2f} GB")
     return out
 
@@ -183,6 +180,10 @@ def _calibrated_text(plan: Any, step_s: float) -> str:
     cal = next((c for c in plan.spec.calibration or [] if c.gpu == plan.gpu.slug), None)
     if cal is None or cal.speed_ratio == 1.0:
         return f"{step_s:,.3f} s"
+    if cal.gemm_efficiency_ratio:
+        return (f"{step_s:,.3f} s, its GEMMs at x{cal.gemm_efficiency_ratio:.4g} the modelled throughput: what a run "
+                f"on {cal.gpu} measured at {cal.speed_ratio:g}x the predicted tokens/s implies "
+                f"({cal.source or 'calibration'})")
     return (f"{step_s * cal.speed_ratio:,.3f} s, / {cal.speed_ratio:g} measured/predicted tokens/s of a run on "
             f"{cal.gpu} ({cal.source or 'calibration'}) = {step_s:,.3f} s")
 
@@ -198,10 +199,13 @@ def _step(x: _Inputs) -> list[str]:
     overhead = float(x.a.raw["run"]["overhead_hours"])
     run = plan.run
     ideal = 6 * plan.model.params * plan.training.tokens / (c.total_gpus * peak * 1e12 * t.mfu_assumed) / 3600
+    parts = step_breakdown(x.st)
     out = ["6. Step, time and cost",
            f"   step = {times} x ({terms['compute_per_micro_batch_s']:,.3f} + "
            f"{terms['exposed_per_micro_batch_s']:,.3f}) + {terms['exposed_sync_s']:,.3f} + {terms['tail_s']:,.3f} + "
            f"optimizer {terms['optimizer_s']:,.3f}{bubble} = {_calibrated_text(plan, t.step_time_s)}",
+           "   by operation: " + " + ".join(f"{STEP_TERM_WORDS[k]} {v:,.3f}" for k, v in parts.items() if v > 0)
+           + f" = {sum(parts.values()):,.3f} s",
            f"   tokens per step = {c.micro_batch} x {c.seq_len} x {ranks} x {c.grad_accum} = "
            f"{c.global_batch_tokens:,}; steps = ceil({plan.training.tokens:,} / {c.global_batch_tokens:,}) = "
            f"{plan.training.steps:,}",
@@ -257,7 +261,8 @@ def explain_data(spec: Any, plan: Any) -> dict:
         "flops_per_token": {"matmul_params": fl.matmul_params, "model": fl.model, "attention": fl.attention,
                             "recompute": fl.recompute, "executed": fl.executed,
                             "rule_of_thumb_6n": 6 * plan.model.params},
-        "step": {"terms_s": dict(x.st.terms), "step_time_s": t.step_time_s, "utilisation": x.st.utilisation,
+        "step": {"terms_s": dict(x.st.terms), "by_operation_s": step_breakdown(x.st),
+                 "step_time_s": t.step_time_s, "utilisation": x.st.utilisation,
                  "comm_bytes_per_gpu": x.st.comm_bytes_per_gpu, "tokens_per_step": c.global_batch_tokens,
                  "steps": plan.training.steps},
         "links": {"intra_node": x.link, "intra_gbytes_per_s": x.intra, "inter_gbytes_per_s": x.inter},

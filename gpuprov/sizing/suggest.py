@@ -155,6 +155,7 @@ def gpu_seconds_per_token(arch: Any, gpu: Any, s: TrainSetup, trainable: int) ->
     """GPU-seconds per trained token for this setup, from the planner's step model."""
     from gpuprov.sizing.throughput import (Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes,
                                            step_estimate, utilisation)
+    from gpuprov.sizing.operators import op_model
 
     gpn = min(s.gpus_per_node, s.gpus)
     nodes = max(1, s.gpus // gpn)
@@ -170,6 +171,7 @@ def gpu_seconds_per_token(arch: Any, gpu: Any, s: TrainSetup, trainable: int) ->
         inter_gbytes=inter_node_gbytes("infiniband", 400.0), params=arch.params, trainable=trainable,
         num_layers=arch.num_layers, task=s.task, optimizer=s.optimizer, precision=s.precision,
         offload=s.offload, pcie_gen=gpu.pcie_gen,
+        ops=op_model(arch, gpu, ac=s.activation_checkpointing, compiled=s.compile, task=s.task, trainable=trainable),
     )
     tokens = s.micro_batch * s.seq_len * s.grad_accumulation_steps * s.gpus
     return step.step_time_s * s.gpus / tokens

@@ -1,7 +1,8 @@
 """Throughput model: step time of one training configuration, compute and communication.
 
-compute  = executed FLOPs (6N + attention, + recompute under activation checkpointing)
-           / (dense BF16 peak x sustained utilisation of the GPU class)
+compute  = the operations' time (gpuprov/sizing/operators.py: GEMMs by shape, FlashAttention-2, memory-bound
+           ops, launches) when step_estimate gets `ops`, as the planner passes it; without, executed FLOPs
+           (6N + attention, + recompute) / (dense BF16 peak x sustained utilisation of the GPU class)
 comm     = bytes each GPU sends in the step's collectives (ring algorithms: (g-1)/g of the
            buffer per all-gather / reduce-scatter, twice that per all-reduce) / link bandwidth,
            NVLink (or PCIe) inside a node, the fabric's per-GPU share across nodes
@@ -19,6 +20,7 @@ from typing import Any
 
 from gpuprov.catalog import load_data
 from gpuprov.sizing.pipeline import stages_per_rank
+from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
 
 @dataclass(frozen=True)
@@ -408,15 +410,32 @@ def step_estimate(
     pcie_gen: int = 4,
     float8_gain: float = 1.0,
     float8_params: int = 0,
+    ops: Any = None,
+    mp: tuple[int, int, int] = (1, 1, 1),
+    gemm_chunks: int = 1,
+    pp_micro_batches: int = 1,
 ) -> StepEstimate:
     """`float8_gain` > 1: torchao float8 linears (their matmuls' speed-up, float8_step_kw);
-    `float8_params` of the parameters are then all-gathered in float8 (1 byte each)."""
+    `float8_params` of the parameters are then all-gathered in float8 (1 byte each).
+    `ops` (gpuprov.sizing.operators.OpModel): compute is timed operation by operation (GEMMs by shape,
+    attention, memory-bound ops, launches) for the (tp, cp, pp) layout `mp` the shape stands for; without
+    it, executed FLOPs at `util` x peak."""
     a = assumptions()
     prec = a.raw["precision"][precision]
     n = shape.total_gpus
     speed = util * (a.qlora_factor if task == "qlora" else 1.0) * float(prec["peak_fraction"])
     tokens_mb = shape.micro_batch * shape.seq_len
-    compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
+    op_terms: dict[str, float] = {}
+    if ops is not None:
+        tp, cp, pp = mp
+        fsdp = params if shape.sharding in ("fsdp", "hsdp") and shape.shard_group > 1 else 0
+        op_terms = ops.terms(micro_batch=shape.micro_batch, seq_len=shape.seq_len * cp, tp=tp, cp=cp, pp=pp,
+                             float8_gain=float8_gain, fsdp_params=fsdp, peak_fraction=float(prec["peak_fraction"]),
+                             gemm_chunks=gemm_chunks, repeats=pp_micro_batches)
+        compute_mb = sum(op_terms.values())
+        speed = tokens_mb * flops.executed / (peak_tflops * 1e12 * compute_mb)  # what the operations achieve
+    else:
+        compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
     compute = compute_mb * shape.grad_accum
 
     gather_buf, grad_buf = _gather_and_reduce_bytes(a, prec, task, params, trainable, float8_params)
@@ -428,7 +447,10 @@ def step_estimate(
     if offload == "full":
         # parameters live on the host: every micro-batch brings the shard up twice, grads down
         per_mb_comm += param_shard * float(a.raw["offload"]["full_offload_bytes_per_param_per_micro_batch"]) / (host_gbytes * 1e9)
-    exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
+    if ops is not None and offload != "full" and shape.sharding in ("fsdp", "hsdp") and comm.per_micro_batch:
+        exposed_mb = fsdp_exposed_seconds(per_mb_comm, compute_mb, gather_buf, grad_buf, num_layers // mp[2] or 1)
+    else:
+        exposed_mb = max(0.0, per_mb_comm - a.overlap * compute_mb)
     # the step's gradient sync hides under the last backward only, in what that micro-batch's own
     # collectives left of it: one stretch of compute cannot hide two transfers at once
     left = max(0.0, a.overlap * compute_mb - per_mb_comm)
@@ -447,6 +469,7 @@ def step_estimate(
         "tail_s": comm.tail,
         "optimizer_s": opt,
     }
+    terms.update({f"{k[:-2]}_per_micro_batch_s": v for k, v in op_terms.items()}, micro_batches=shape.grad_accum)
     return StepEstimate(
         step_time_s=step, compute_time_s=compute,
         comm_time_s=per_mb_comm * shape.grad_accum + comm.per_step_sync + comm.tail, exposed_comm_s=exposed,
@@ -590,11 +613,15 @@ def pipelined(shape: Shape, pp: int, schedule: str) -> tuple[Shape, Pipeline | N
 
 
 def _cp_exposed(kw: dict[str, Any], compute_mb: float, tokens: float, layer: LayerShape, tp: int, cp: int, ac: str,
-                gbytes: float, latency: float) -> float:
+                gbytes: float, latency: float, attn_s: float | None = None) -> float:
     """cp_exposed_seconds with the layer's attention time split out of the micro-batch's compute time
     (attention stays bf16 under float8; backward is twice the forward's FLOPs)."""
     if cp == 1:
         return 0.0
+    if attn_s is not None:  # the operation model's FlashAttention time: forward 1, backward 2.5 (+1 under full AC)
+        fwd = attn_s / (4.5 if ac == "full" else 3.5) / layer.num_layers
+        return cp_exposed_seconds(tokens=tokens, layer=layer, tp=tp, cp=cp, gbytes=gbytes, latency=latency,
+                                  attn_fwd_s=fwd, attn_bwd_s=2.5 * fwd, recompute=ac == "full")
     fl: Flops = kw["flops"]
     attn = attention_executed(fl)
     work = (fl.executed - attn) / float(kw.get("float8_gain", 1.0)) + attn
@@ -627,7 +654,9 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                     shard_group=max(1, shape.shard_group // (tp * pp)), micro_batch=shape.micro_batch,
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
-                         inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp), **kw)
+                         inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
+                         mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1,
+                         pp_micro_batches=pipeline.micro_batches if pipeline else 1, **kw)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
     # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
@@ -640,10 +669,16 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                            latency=a.lat_intra if ring_intra else a.lat_inter)
     compute_mb = base.terms["compute_per_micro_batch_s"]
     cp_exposed = _cp_exposed(kw, compute_mb, tokens, stage_layer, tp, cp, ac, cp_bw,
-                             a.lat_intra if ring_intra else a.lat_inter)
+                             a.lat_intra if ring_intra else a.lat_inter, base.terms.get("attention_per_micro_batch_s"))
     cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
-    tp_exposed = max(0.0, tp_s - a.overlap * compute_mb) if async_tp else tp_s
+    tp_exposed = tp_s
+    if async_tp and "gemm_per_micro_batch_s" in base.terms:
+        # each collective hides under its own matmul's shards; the reduce-scatters' (half the bytes) last shard
+        # has no matmul after it (torch fused_matmul_reduce_scatter)
+        tp_exposed = max(0.0, tp_s - base.terms["gemm_per_micro_batch_s"]) + tp_s / (2.0 * tp)
+    elif async_tp:
+        tp_exposed = max(0.0, tp_s - a.overlap * compute_mb)
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
     compute = base.compute_time_s + cp_merge * shape.grad_accum  # the merges run on the compute stream
     bubble = pipeline.bubble() * (compute + tp_exposed * shape.grad_accum) if pipeline else 0.0

@@ -1,4 +1,4 @@
-# Defaults come from the gpuprov plan (Llama 3.1 70B, full, 25 x p5.48xlarge, 200 GPUs, fabric efa, on-demand);
+# Defaults come from the gpuprov plan (Llama 3.1 70B, full, 16 x p5.48xlarge, 128 GPUs, fabric efa, on-demand);
 # override any of them in terraform.tfvars.
 
 variable "region" {
@@ -37,7 +37,7 @@ variable "instance_type" {
 variable "node_count" {
   description = "Number of GPU nodes (8 GPUs each)"
   type        = number
-  default     = 25
+  default     = 16
 
   validation {
     condition     = var.node_count >= 1 && floor(var.node_count) == var.node_count

@@ -1,0 +1,249 @@
+"""Compute time of one micro-batch on one GPU, operation by operation.
+
+    GEMMs        every linear's forward, input-gradient and weight-gradient matmul at its (M, N, K):
+                 FLOPs / (peak x isolated-GEMM ceiling x in-training fraction x wave efficiency), or its
+                 bytes / HBM bandwidth where the GEMM is too skinny to be compute-bound (roofline)
+    attention    FlashAttention-2 forward + backward FLOPs (causal: half) at its published TFLOP/s for
+                 the sequence length
+    memory-bound norms, RoPE, SwiGLU, residual adds, the loss and FSDP's copy-in/out: bytes / HBM
+    launch       kernels per layer x what each kernel costs beyond its work (compile fuses most away)
+
+Activation checkpointing adds the recomputed forward operations; float8 divides the blocks' GEMMs by
+the linears' own speed-up; tensor parallelism splits N (column-wise) or K (row-wise) of each linear and
+the heads; context parallelism splits the tokens and the attention work; a pipeline stage runs its
+share of the layers. Plain numbers only (the planner evaluates it many times); constants in
+catalog/data/operators.yaml, each with its source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from gpuprov.catalog import load_data
+
+# which block matmuls split their output (column-wise) under TP; the others split their input (row-wise)
+_COLWISE = (True, True, True, False, True, True, False)  # q, k, v, o, gate, up, down
+
+
+@lru_cache(maxsize=1)
+def constants() -> dict[str, Any]:
+    return load_data("operators.yaml")
+
+
+@dataclass(frozen=True)
+class OpShape:
+    """What the operations of one model are made of (plain numbers from the architecture)."""
+
+    layers: int
+    hidden: int
+    qkv: int  # q_dim + kv_dim (RoPE runs on q and k)
+    inter: int  # the MLP's active width per token (experts_per_token x intermediate for MoE)
+    heads: int
+    head_dim: int
+    vocab: int
+    matmuls: tuple[tuple[int, int], ...]  # the block's linears (in, out) in forward order
+    sac_recomputed: tuple[bool, ...]  # op-level SAC recomputes the even-numbered matmuls
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+
+def op_shape(arch: Any) -> OpShape:
+    from gpuprov.sizing.throughput import _block_matmuls
+
+    mm = tuple(_block_matmuls(arch))
+    inter = arch.intermediate_size * (arch.experts_per_token if getattr(arch, "is_moe", False) else 1)
+    return OpShape(layers=arch.num_layers, hidden=arch.hidden_size, qkv=arch.q_dim + arch.kv_dim, inter=inter,
+                   heads=arch.num_attention_heads, head_dim=arch.attn_head_dim, vocab=arch.vocab_size, matmuls=mm,
+                   sac_recomputed=tuple(n % 2 == 0 for n in range(1, len(mm) + 1)),
+                   sliding_window=int(arch.sliding_window or 0), sliding_layers=int(arch.sliding_layers or 0))
+
+
+@dataclass(frozen=True)
+class GpuOps:
+    """What one GPU (at its power limit) does per second for each kind of operation."""
+
+    gemm_flops: float  # achieved bf16 FLOP/s of a large GEMM in training
+    sms: int
+    hbm_bytes: float  # bytes/s
+    attn_curve: tuple[tuple[float, float], ...]  # (log2 seq, FLOP/s) FlashAttention-2 fwd+bwd causal
+    kernel_s: float
+
+
+def _clock(gpu: Any, cls: str, measured_at: dict[str, Any]) -> float:
+    from gpuprov.sizing.throughput import assumptions
+
+    at = measured_at.get(cls)
+    tdp = getattr(gpu, "tdp_w", None)
+    if not at or not tdp or tdp >= at:
+        return 1.0
+    return float((float(tdp) / float(at)) ** float(assumptions().raw["power"]["clock_exponent"]))
+
+
+def gpu_ops(gpu: Any, gemm_scale: float = 1.0) -> GpuOps:
+    """The GPU's operation rates; `gemm_scale` multiplies the achieved GEMM throughput (a calibration)."""
+    from gpuprov.sizing.throughput import gpu_class
+
+    c, cls = constants(), gpu_class(gpu)
+    g, at = c["gemm"], c["attention"]
+    ceiling = float(g["ceiling"].get(cls, g["ceiling"]["hopper"]))
+    gemm = gpu.bf16_tflops * 1e12 * ceiling * float(g["in_training"]) * _clock(gpu, cls, g["ceiling_measured_at_w"])
+    curves = at["fwd_bwd_causal_tflops"]
+    if cls in curves:
+        scale = _clock(gpu, cls, at["measured_at_w"])
+        curve = curves[cls]
+    else:  # no published curve: the reference class's, scaled by the dense peak
+        ref = at["scale_from"]
+        scale = gpu.bf16_tflops / 989.4 if ref == "hopper" else 1.0
+        curve = curves[ref]
+    return GpuOps(gemm_flops=gemm * gemm_scale, sms=int(g["sm_count"].get(gpu.slug, g["sm_count_default"])),
+                  hbm_bytes=gpu.hbm_gbytes_per_s * 1e9,
+                  attn_curve=tuple((math.log2(s), t * 1e12 * scale) for s, t in curve),
+                  kernel_s=float(c["launch"]["seconds_per_kernel"]))
+
+
+def gemm_seconds(m: float, n: float, k: float, g: GpuOps) -> float:
+    """One bf16 GEMM (M x K) @ (K x N): compute at the wave-quantised throughput or HBM traffic, the slower."""
+    tm, tn = constants()["gemm"]["tile"]
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    waves = math.ceil(tiles / g.sms)
+    wave_eff = tiles / (waves * g.sms)
+    flops = 2.0 * m * n * k
+    moved = 2.0 * (m * k + k * n + m * n)
+    return max(flops / (g.gemm_flops * wave_eff), moved / g.hbm_bytes)
+
+
+def attention_flops_per_s(seq: float, g: GpuOps) -> float:
+    """FlashAttention-2's published fwd+bwd throughput at this sequence length (log-linear, clamped)."""
+    pts, x = g.attn_curve, math.log2(max(1.0, seq))
+    if x <= pts[0][0]:
+        return pts[0][1] * max(0.05, seq / 2 ** pts[0][0])  # shorter: the launch grid is not full
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one GPU runs of a micro-batch (plain numbers)."""
+
+    micro_batch: int
+    seq_len: int  # the full sequence
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    ac: str = "selective"
+    task: str = "full"
+    compiled: bool = True
+    float8_gain: float = 1.0
+    fsdp_params: float = 0.0  # parameters this rank unshards per micro-batch (0: no FSDP copy-in/out)
+    trainable: float = 0.0  # LoRA adapters (their GEMMs counted at FLOPs / the GEMM rate)
+    qlora_factor: float = 1.0
+    gemm_chunks: int = 1  # async TP: each forward and input-gradient GEMM runs as this many row chunks
+    repeats: int = 1  # pipeline micro-batches of `micro_batch` samples in one pass (FSDP copies once per pass)
+
+
+def _block_gemm_seconds(s: OpShape, lay: Layout, g: GpuOps, tokens: float) -> tuple[float, float]:
+    """(forward + backward GEMM seconds of one block, the forward GEMMs AC runs again)."""
+    fwd = bwd = again = 0.0
+    wgrad = lay.task == "full"  # LoRA/QLoRA: frozen base weights take no weight gradient
+    # async TP (torch/distributed/_symmetric_memory/__init__.py fused_all_gather_matmul and
+    # fused_matmul_reduce_scatter: _pipelined_all_gather_and_consume / _pipelined_produce_and_all2all) runs one
+    # matmul per rank's shard of the tokens so each overlaps the next shard's transfer: tp GEMMs of M / tp rows
+    chunks = max(1, lay.gemm_chunks)
+    rows = tokens / chunks
+    for (k, n), col, sac in zip(s.matmuls, _COLWISE, s.sac_recomputed):
+        k_, n_ = (k, n / lay.tp) if col else (k / lay.tp, n)
+        f = chunks * gemm_seconds(rows, n_, k_, g)
+        fwd += f
+        bwd += chunks * gemm_seconds(rows, k_, n_, g) + (gemm_seconds(k_, n_, tokens, g) if wgrad else 0.0)
+        if lay.ac == "full" or (lay.ac == "selective" and sac):
+            again += f
+    return fwd + bwd, again
+
+
+def _attention_seconds(s: OpShape, lay: Layout, g: GpuOps, mb: int) -> float:
+    """Forward + backward FlashAttention-2 of every layer on this rank (causal: half the square; CP splits
+    the work evenly with its load balancing; TP splits the heads); sliding-window layers see the window."""
+    total = 0.0
+    seq = lay.seq_len
+    for sliding, count in ((True, s.sliding_layers), (False, s.layers - s.sliding_layers)):
+        if count <= 0:
+            continue
+        kv = min(seq, s.sliding_window) if sliding and s.sliding_window else seq
+        # forward 4 s kv d per head causal-halved (full square when the window is shorter), backward 2.5x
+        pairs = seq * kv / 2.0 if kv == seq else seq * kv
+        flops = 3.5 * 4.0 * pairs * s.head_dim * s.heads / lay.tp / lay.cp * mb
+        total += count * flops / attention_flops_per_s(seq / lay.cp, g)
+    return total
+
+
+def compute_terms(s: OpShape, lay: Layout, g: GpuOps) -> dict[str, float]:
+    """Seconds of one micro-batch on one GPU by kind of operation: gemm, attention, memory_bound, launch."""
+    c = constants()
+    mode = "compiled" if lay.compiled else "eager"
+    tokens = lay.micro_batch * lay.seq_len / lay.cp
+    layers = -(-s.layers // lay.pp)
+    frac = layers / s.layers
+    block, again = _block_gemm_seconds(s, lay, g, tokens)
+    gemm = layers * (block + again) / lay.float8_gain
+    # the output head on the last stage (the pipeline's pace is its slowest stage): vocab split by TP
+    head = 3 * gemm_seconds(tokens, s.vocab / lay.tp, s.hidden, g) / lay.pp
+    gemm = (gemm + head + 6.0 * lay.trainable / lay.tp / lay.pp * tokens / g.gemm_flops) / lay.qlora_factor
+    attn = _attention_seconds(s, lay, g, lay.micro_batch) * frac
+    if lay.ac == "full":
+        attn *= 1.0 + 1.0 / 3.5  # the forward (1 of 3.5) again
+    mem = c["memory_bound"]
+    w = mem[mode]
+    fwd_bytes = (w["h"] * s.hidden + w["qkv"] * s.qkv + w["i"] * s.inter) / lay.tp
+    passes = 1.0 + float(mem["backward_factor"]) + (1.0 if lay.ac in ("selective", "full") else 0.0)
+    moved = layers * tokens * fwd_bytes * passes
+    moved += tokens * s.vocab / lay.tp * float(mem["loss_bytes_per_vocab"][mode]) / lay.pp
+    kernels = layers * float(c["launch"]["kernels_per_layer"][mode])
+    r = lay.repeats
+    return {"gemm_s": gemm * r, "attention_s": attn * r,
+            "memory_bound_s": (moved * r + lay.fsdp_params * float(mem["fsdp_copy_bytes_per_param"])) / g.hbm_bytes,
+            "launch_s": kernels * g.kernel_s * r}
+
+
+@dataclass(frozen=True)
+class OpModel:
+    """One model on one GPU with the stack's settings: what step_estimate times compute with."""
+
+    shape: OpShape
+    gpu: GpuOps
+    ac: str
+    compiled: bool = True
+    task: str = "full"
+    adapters: float = 0.0  # LoRA/QLoRA trainable parameters
+    qlora_factor: float = 1.0
+
+    def terms(self, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1, pp: int = 1,
+              float8_gain: float = 1.0, fsdp_params: float = 0.0, peak_fraction: float = 1.0,
+              gemm_chunks: int = 1, repeats: int = 1) -> dict[str, float]:
+        """Seconds by kind for `micro_batch` samples, run as `repeats` pipeline micro-batches of equal size."""
+        repeats = max(1, min(repeats, micro_batch))
+        lay = Layout(micro_batch=micro_batch // repeats, seq_len=seq_len, repeats=repeats, tp=tp, cp=cp, pp=pp, ac=self.ac, task=self.task,
+                     gemm_chunks=gemm_chunks,
+                     compiled=self.compiled, float8_gain=float8_gain, fsdp_params=fsdp_params,
+                     trainable=self.adapters if self.task != "full" else 0.0, qlora_factor=self.qlora_factor)
+        out = compute_terms(self.shape, lay, self.gpu)
+        if peak_fraction != 1.0:  # fp32 matmuls run on TF32 tensor cores
+            out["gemm_s"] /= peak_fraction
+        return out
+
+
+def op_model(arch: Any, gpu: Any, *, ac: str, compiled: bool = True, task: str = "full", trainable: float = 0.0,
+             gemm_scale: float = 1.0) -> OpModel:
+    from gpuprov.sizing.throughput import assumptions
+
+    return OpModel(shape=op_shape(arch), gpu=gpu_ops(gpu, gemm_scale), ac=ac, compiled=compiled, task=task,
+                   adapters=float(trainable), qlora_factor=assumptions().qlora_factor if task == "qlora" else 1.0)
+
+
+def min_gemm_seconds_per_flop(gpu: Any, gemm_scale: float = 1.0) -> float:
+    """A lower bound on any GEMM's seconds per FLOP on this GPU (no wave or bandwidth loss): the planner's bound."""
+    return 1.0 / gpu_ops(gpu, gemm_scale).gemm_flops

@@ -1,0 +1,127 @@
+"""The per-operation step model (gpuprov/sizing/operators.py): how each term moves with the setup."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpuprov.catalog import load_data
+from gpuprov.catalog.gpus import get_gpu
+from gpuprov.catalog.models import get_model
+from gpuprov.planner import make_plan
+from gpuprov.sizing import operators
+from gpuprov.sizing.step_parts import STEP_TERMS, step_breakdown
+from gpuprov.sizing.throughput import (
+    LayerShape, Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
+)
+from gpuprov.spec import TrainingSpec
+
+H100 = get_gpu("h100-80gb")
+ARCH = get_model("llama-3.1-8b")
+
+
+def _step(*, seq=8192, nodes=1, gbps=400.0, fabric="infiniband", compiled=True, ac="selective", gpu=H100, mb=1,
+          tp=1, arch=ARCH):
+    shape = Shape(nodes=nodes, gpus_per_node=8, sharding="fsdp", shard_group=nodes * 8, micro_batch=mb, grad_accum=1,
+                  seq_len=seq)
+    ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled)
+    return layout_step_estimate(
+        shape=shape, tp=tp, cp=1, layer=LayerShape(arch.num_layers, arch.hidden_size, arch.q_dim), ac=ac,
+        flops=flops_per_token(arch, seq, "full", arch.params, ac), peak_tflops=gpu.bf16_tflops, util=0.4,
+        hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra_node_gbytes(gpu)[0],
+        inter_gbytes=inter_node_gbytes(fabric, gbps), params=arch.params, trainable=arch.params,
+        num_layers=arch.num_layers, task="full", pcie_gen=gpu.pcie_gen, ops=ops)
+
+
+def _share(est, term):
+    parts = step_breakdown(est)
+    return parts[term] / sum(parts.values())
+
+
+def test_the_terms_sum_to_the_step():
+    est = _step()
+    parts = step_breakdown(est)
+    assert tuple(parts) == STEP_TERMS
+    assert sum(parts.values()) == pytest.approx(est.step_time_s)
+    assert all(v >= 0 for v in parts.values()) and parts["gemm"] > parts["attention"] > 0
+
+
+def test_longer_sequences_raise_the_attention_share():
+    shares = [_share(_step(seq=s), "attention") for s in (2048, 8192, 32768)]
+    assert shares[0] < shares[1] < shares[2]
+
+
+def test_more_nodes_on_a_slow_fabric_expose_more_communication():
+    slow = [step_breakdown(_step(nodes=n, gbps=25.0, fabric="ethernet"))["exposed_comm"] for n in (2, 8)]
+    fast = step_breakdown(_step(nodes=8, gbps=400.0))["exposed_comm"]
+    assert slow[1] > slow[0] > 0
+    assert fast < slow[1]
+
+
+def test_eager_moves_more_bytes_and_launches_more_kernels_than_compiled():
+    eager, comp = step_breakdown(_step(compiled=False)), step_breakdown(_step(compiled=True))
+    assert eager["memory_bound"] > comp["memory_bound"] and eager["launch"] > comp["launch"]
+    assert eager["gemm"] == pytest.approx(comp["gemm"]) and eager["attention"] == pytest.approx(comp["attention"])
+
+
+def test_full_recompute_costs_more_gemm_and_attention_than_selective():
+    full, sel, none = (step_breakdown(_step(ac=a)) for a in ("full", "selective", "none"))
+    assert full["gemm"] > sel["gemm"] > none["gemm"]
+    assert full["attention"] > sel["attention"] == pytest.approx(none["attention"])
+
+
+def test_small_and_skinny_gemms_run_far_below_the_ceiling():
+    g = operators.gpu_ops(H100)
+    big = 2 * 16384 * 4096 * 4096 / operators.gemm_seconds(16384, 4096, 4096, g)
+    skinny = 2 * 16384 * 16 * 4096 / operators.gemm_seconds(16384, 16, 4096, g)  # a LoRA-rank-wide output
+    small = 2 * 256 * 256 * 256 / operators.gemm_seconds(256, 256, 256, g)  # 2 tiles on 132 SMs
+    assert big == pytest.approx(g.gemm_flops, rel=0.05)
+    assert skinny < 0.2 * g.gemm_flops and small < 0.05 * g.gemm_flops
+
+
+def test_attention_throughput_follows_the_published_curve():
+    g = operators.gpu_ops(H100)
+    curve = load_data("operators.yaml")["attention"]["fwd_bwd_causal_tflops"]["hopper"]
+    assert operators.attention_flops_per_s(8192, g) == pytest.approx(dict(curve)[8192] * 1e12)
+    assert operators.attention_flops_per_s(1024, g) < operators.attention_flops_per_s(16384, g)
+    assert operators.attention_flops_per_s(262144, g) == pytest.approx(curve[-1][1] * 1e12)
+
+
+def test_a_power_cap_slows_the_compute_bound_terms_not_the_memory_bound():
+    capped = dataclasses.replace(H100, tdp_w=500)
+    a, b = step_breakdown(_step()), step_breakdown(_step(gpu=capped))
+    assert b["gemm"] > a["gemm"] and b["attention"] > a["attention"]
+    assert b["memory_bound"] == pytest.approx(a["memory_bound"])
+
+
+def test_tensor_parallel_splits_each_gpus_gemms():
+    one, two = step_breakdown(_step(tp=1)), step_breakdown(_step(tp=2))
+    # per GPU half the GEMM work (the same micro-batch on two GPUs), not less than half the time
+    assert 0.45 * one["gemm"] < two["gemm"] < 0.6 * one["gemm"]
+
+
+def test_the_gemm_scale_moves_only_the_gemm_term():
+    a = operators.op_model(ARCH, H100, ac="selective").terms(micro_batch=1, seq_len=8192)
+    b = operators.op_model(ARCH, H100, ac="selective", gemm_scale=0.5).terms(micro_batch=1, seq_len=8192)
+    assert b["gemm_s"] == pytest.approx(2 * a["gemm_s"], rel=0.01)
+    assert (b["attention_s"], b["memory_bound_s"], b["launch_s"]) == (a["attention_s"], a["memory_bound_s"],
+                                                                       a["launch_s"])
+
+
+def test_every_constant_has_a_source():
+    d = load_data("operators.yaml")
+    for section in ("gemm", "attention", "memory_bound", "launch"):
+        text = " ".join(str(v) for k, v in d[section].items() if "source" in k)
+        assert "date 2026" in text, section
+
+
+def test_the_plan_ranks_and_reports_with_the_operation_model():
+    plan = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=10**9, cloud="aws", gpus=["h100-80gb"]))
+    t = plan.throughput
+    assert set(t.step_terms_s) == set(STEP_TERMS)
+    assert sum(t.step_terms_s.values()) == pytest.approx(t.step_time_s, rel=1e-4)
+    longer = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=10**9, cloud="aws", gpus=["h100-80gb"],
+                                    seq_len=32768))
+    share = [p.throughput.step_terms_s["attention"] / p.throughput.step_time_s for p in (plan, longer)]
+    assert share[1] > share[0]
