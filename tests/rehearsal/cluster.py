@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import threading
@@ -47,6 +48,7 @@ def why_not_runnable() -> str | None:
     return None
 
 
+REPO = harness.REPO
 OUTPUTS = HERE.parent / "data" / "terraform_output"
 
 
@@ -60,12 +62,15 @@ def fixture(cloud: str) -> dict:
 class Node(harness.Guest):
     """One stand-in instance: a guest on the rehearsal image with a NIC on the private segment."""
 
-    def __init__(self, workdir: Path, *, segment: str, mac: str, shares: dict[str, Path], key: Path):
+    def __init__(self, workdir: Path, *, segment: str, mac: str, shares: dict[str, Path], key: Path,
+                 vcpus: int, memory_mib: int):
         self.segment, self.mac, self.shares = segment, mac, shares
         saved = harness.CACHE
         harness.CACHE = IMAGE  # Guest reads the base image path from the module
         try:
-            super().__init__(workdir, drives=0, memory_mb=1536)
+            # the instance's own vCPUs and memory: TCG allocates guest RAM as the guest touches it,
+            # so two 16 GiB guests cost the host what they use (a few hundred MiB each while idle)
+            super().__init__(workdir, drives=0, memory_mb=memory_mib, smp=vcpus)
         finally:
             harness.CACHE = saved
         # one login key for every node: the key pair the bundle's key_name stands for
@@ -172,7 +177,8 @@ class Cloud:
         index = list(self.hosts()).index(name)
         node = Node(self.workdir / f"{name}.{self.generation}", segment=self.segment,
                     mac=f"52:54:00:12:{index:02x}:{self.generation % 256:02x}",
-                    shares={"shared": self.shared, **self.venv_shares}, key=self.key)
+                    shares={"shared": self.shared, **self.venv_shares}, key=self.key,
+                    vcpus=self.recorded["vcpus"], memory_mib=self.recorded["memory_mib"])
         node.start(timeout=420)
         hostnames = self.recorded["hostnames"]
         mounts = {"shared": self.recorded["outputs"]["shared_storage"]["value"]["mount_point"]}
@@ -181,10 +187,11 @@ class Cloud:
                              {hostnames[n]: self.private_ip(n) for n in self.hosts()}, self.login_user(), mounts,
                              self.recorded["gpus_per_node"], str(self.venv_shares["venv"]))
         node.ssh(f"cat > /tmp/boot.sh <<'BOOT'\n{script}BOOT\nbash /tmp/boot.sh")
-        image = self.recorded["image"]
+        image, gpu = self.recorded["image"], self.recorded["gpu"]
         node.ssh(f"cat > /tmp/standin_image.sh <<'IMAGE'\n{(HERE / 'standin_image.sh').read_text()}IMAGE\n"
                  f"sh /tmp/standin_image.sh {image['os_id']} {image['os_version']} {image['codename']} "
-                 f"{self.recorded['gpus_per_node']} {image['gpu_pci_device']}")
+                 f"{self.recorded['gpus_per_node']} {image['gpu_pci_device']} {shlex.quote(gpu['name'])} "
+                 f"{gpu['memory_mib']} {image['driver_version']}")
         self.nodes[self.transport_id(name)] = node
         self._write_targets()
         return node

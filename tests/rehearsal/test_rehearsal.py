@@ -62,7 +62,7 @@ def aws(tmp_path_factory):
     work = tmp_path_factory.mktemp("rehearsal-aws")
     shared = work / "shared"
     shared.mkdir()
-    cloud = cluster.Cloud(work, cluster.fixture("aws"), shared,
+    cloud = cluster.Cloud(work, cluster.fixture("aws-g5"), shared,
                           {"pybase": Path(sys.base_prefix).resolve(), "venv": Path(sys.prefix).resolve()})
     began = time.monotonic()
     try:
@@ -107,7 +107,7 @@ def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
     recorded = aws.recorded
     bundle = tmp_path / "bundle"
     made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *recorded["generate"], "-o", str(bundle)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=cluster.REPO)
     assert made.returncode == 0, made.stderr
     names = list(aws.hosts())
     controller = aws.node(names[0])
