@@ -112,6 +112,9 @@ def boot_script(hostname: str, address: str, prefix: int, hosts: dict[str, str],
         cache = "cache=none" if tag == "shared" else "cache=loose,ro"
         lines += [f"mkdir -p {where}",
                   f"mountpoint -q {where} || mount -t 9p -o trans=virtio,version=9p2000.L,{cache},msize=262144 {tag} {where}"]
+    # the local scratch the skipped storage role mounts (the instance's NVMe, RAID0 at /scratch, mode
+    # 1777: nvme_raid_mount_mode); the trainer keeps per-node files there (the flight recorder's)
+    lines += ["install -d -m 1777 /scratch"]
     # the instance's GPUs as the driver's device files (char 195:N): what Slurm's gres.conf and
     # the job's device cgroup see; nothing can open them (there is no driver behind them)
     lines += [f"[ -e /dev/nvidia{i} ] || mknod -m 666 /dev/nvidia{i} c 195 {i}" for i in range(gpus)]

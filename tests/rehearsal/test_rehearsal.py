@@ -202,7 +202,7 @@ def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
     print("rehearsal: gpuprov status --json:", json.dumps(report)[:2000])
     steps = [json.loads(line) for line in on_host(train["logging"]["metrics_file"]).read_text().splitlines()
              if '"loss"' in line]
-    assert steps and steps[0]["step"] == 1 and all(s["loss"] == s["loss"] for s in steps)  # finite, not NaN
+    assert steps and steps[-1]["step"] == last and all(0 < s["loss"] < 100 for s in steps)  # finite, not NaN
     assert report["job"]["id"] == job_id and report["step"] >= first_checkpoint and report["steps"] == last, report
 
     # `down` destroys what `up` created: here every stand-in node is powered off
