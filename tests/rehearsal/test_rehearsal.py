@@ -10,9 +10,12 @@ Exactly these differ from a real bring-up, and nothing else:
 The inventory, hostvars, group_vars, roles and launch files stay as generate and `up` wrote them
 (the test compares them with the lock and the recorded output).
 
-The nodes: two qemu guests (systemd, cgroup v2, munge, Debian 12's Slurm 22.05) with the recorded
-private addresses on a segment of their own, the image's OS release and the instance's GPUs as the
-roles look at them (standin_image.sh), /shared from the host over virtio-9p (FSx's stand-in).
+The nodes: two qemu guests with the instance's vCPUs and memory (systemd, cgroup v2, munge, Debian 12's
+Slurm 22.05) with the recorded private addresses on a segment of their own, the image's OS release,
+the instance's GPUs and nvidia-smi as the roles look at them (standin_image.sh), /shared from the host
+over virtio-9p (FSx's stand-in). The bundle is a 2-layer Llama from scratch on 2 x g5.xlarge
+(fixtures/aws-g5.json); its job runs the CPU trainer (gloo) to the first checkpoint, which
+`gpuprov status` reads.
 """
 
 from __future__ import annotations
