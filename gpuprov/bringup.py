@@ -124,10 +124,11 @@ def staging_steps(root: Path, plan, ansible_playbook: str = "ansible-playbook") 
                           "launch/fetch_weights.sh shows the download", "stage"))
     if st.dataset_kind in ("local", "s3", "gs", "az"):
         how = "copy" if st.dataset_kind == "local" else f"download ({st.download_argv[0]} on the node)"
-        steps.append(Step("stage-data", f"{how} the dataset {st.dataset_source} to {st.dataset_raw}",
+        what = "the prepared dataset" if st.dataset_prepared else "the dataset"
+        steps.append(Step("stage-data", f"{how} {what} {st.dataset_source} to {st.dataset_raw}",
                           [*run, "data"], ansible,
                           "check the source exists and the nodes may read it (their instance identity)", "stage"))
-    if st.data_dir:
+    if st.data_dir and not st.dataset_prepared:
         steps.append(Step("prepare-data", f"tokenize the dataset into {st.data_dir} (prepare_data.py, "
                           "train.yaml data.path)", [*run, "prepare"], ansible,
                           "on the first node, launch/stage_data.sh prepare shows the failing record", "stage"))

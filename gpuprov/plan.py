@@ -433,6 +433,7 @@ class Staging(_Strict):
     download_env: dict[str, str] = Field(default_factory=dict)  # and its environment (no secret: node identity)
     download_source: str | None = None  # where the command and its authentication are documented
     data_dir: str | None = None  # prepare_data.py's output: train.yaml data.path (None: not prepared by `up`)
+    dataset_prepared: bool = False  # the local dataset is prepare_data.py's output: copied into data_dir as it is
     seq_len: int = 0  # prepare_data.py --seq-len (the plan's)
 
 

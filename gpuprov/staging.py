@@ -4,7 +4,8 @@ Decided once per plan (`Plan.staging`, recorded by gpuprov/targets/decide.py): a
 fetched to {checkpoint root}/models/<id>, a base folder on the machine running `up` copied to
 {root}/models/local/<folder name>; a dataset named by `--dataset` is copied (a local file) or
 downloaded by the nodes (s3://, gs://, az://) to {root}/data/<run>/raw/, or read by prepare_data.py
-itself (hf:ORG/NAME), and prepared into {root}/data/<run>/prepared, the data.path train.yaml reads.
+itself (hf:ORG/NAME), and prepared into {root}/data/<run>/prepared, the data.path train.yaml reads; a
+local directory prepare_data.py already wrote (its meta.json) is copied there as it is.
 The checkpoint root is the filesystem every node mounts on a multi-node cluster, so each input is
 fetched once. Renderers (launch/, ansible/stage.yml) and `up`'s steps read only this record.
 """
@@ -80,7 +81,10 @@ def _dataset(spec: Any, root: str, run_id: str) -> dict[str, Any]:
     if scheme == "hf":  # prepare_data.py reads it from the Hub on the node
         return {"dataset_kind": "hf", "dataset_source": source, "data_dir": f"{base}/{PREPARED}"}
     if scheme is None and (PurePosixPath(source).name == "meta.json" or Path(source).is_dir()):
-        return {}  # an already prepared data directory: the user's to place (train.yaml data.path)
+        # prepare_data.py's output already: copied as it is to where the job reads it (no tokenizer needed)
+        folder = str(PurePosixPath(source).parent if PurePosixPath(source).name == "meta.json" else source)
+        return {"dataset_kind": "local", "dataset_source": folder.rstrip("/") + "/",
+                "dataset_raw": f"{base}/{PREPARED}/", "data_dir": f"{base}/{PREPARED}", "dataset_prepared": True}
     raw = f"{base}/raw/{_raw_name(source)}" + ("/" if source.endswith("/") else "")
     out: dict[str, Any] = {"dataset_kind": scheme or "local", "dataset_source": source, "dataset_raw": raw,
                            "data_dir": f"{base}/{PREPARED}"}
@@ -100,7 +104,7 @@ def staging_for(plan: Plan) -> Staging:
     root = plan.provisioning.checkpoint_root
     weights = _weights(plan, root)
     data = _dataset(plan.spec, root, paths["run_id"])
-    if data and not weights:
+    if data and not weights and not data.get("dataset_prepared"):
         data["data_dir"] = None  # no tokenizer on the cluster to prepare it with: the user's step
     return Staging(seq_len=plan.cluster.seq_len, **weights, **data)
 

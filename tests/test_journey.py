@@ -33,6 +33,9 @@ OUTPUTS = Path(__file__).resolve().parent / "data" / "terraform_output"
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"
 MODULE_PLAN = {"aws": "aws-p5-2", "gcp": "gcp-a3mega-2", "azure": "azure-2", "oci": "oci-2",
                "gcp-flex": "gcp-a3ultra-4"}
+# Outputs recorded for a bundle generate writes from a rehearsal's arguments (tests/rehearsal/fixtures/):
+# checked against the module of that very bundle.
+REHEARSAL_BUNDLE = {"aws-g5": "aws-g5"}
 
 
 # ---- the shape of an output, from Terraform's loader ------------------------------------------
@@ -137,6 +140,13 @@ def modules(tmp_path_factory) -> dict:
     for kind, plan in MODULE_PLAN.items():
         directory = render_to(tmp_path_factory.mktemp(kind) / kind, plans()[plan])
         loaded[kind] = (directory, load_module(directory))
+    for kind, fixture in REHEARSAL_BUNDLE.items():
+        args = json.loads((REPO / "tests" / "rehearsal" / "fixtures" / f"{fixture}.json").read_text())["generate"]
+        bundle = tmp_path_factory.mktemp(kind) / "bundle"
+        made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *args, "-o", str(bundle)], cwd=REPO,
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert made.returncode == 0, made.stderr
+        loaded[kind] = (bundle / "terraform", load_module(bundle / "terraform"))
     return loaded
 
 

@@ -509,3 +509,51 @@ def test_a_hostile_model_folder_name_stays_data_in_every_rendered_file(tmp_path)
     echoed = subprocess.run(["bash", "-c", f'{line}; printf %s "$LOCAL"'], cwd=tmp_path, capture_output=True, text=True)
     assert echoed.stdout == "../" + name
     assert not list(tmp_path.rglob("PWNED*"))
+
+
+# ---------------------------------------------------------------- a dataset prepare_data.py already wrote
+
+
+def _prepared(folder: Path, samples: int = 8, seq_len: int = 128) -> Path:
+    (folder / "train").mkdir(parents=True)
+    (folder / "train" / "part-00000.bin").write_bytes(bytes(2 * (samples * seq_len + 1)))
+    (folder / "meta.json").write_text(json.dumps({"vocab_size": 512, "dtype": "uint16", "seq_len": seq_len,
+                                                  "train_samples": samples, "val_samples": 0}))
+    return folder
+
+
+@pytest.mark.parametrize("given", ["./prepared", "./prepared/meta.json"])
+def test_a_prepared_dataset_is_copied_to_data_path_even_from_scratch(tmp_path, given):
+    """A from-scratch run has no tokenizer on the cluster, so a prepared directory is the only data it
+    can be given: `up` copies it to where train.yaml's data.path points, and tokenizes nothing."""
+    _prepared(tmp_path / "prepared")
+    out = tmp_path / "b"
+    proc = subprocess.run([*GPUPROV, "generate", "--model", "llama-3.1-8b", "--from-scratch", "--cloud", "aws",
+                           "--gpus", "16", "--seq-len", "128", "--dataset", given, "-o", str(out)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "plan.json").read_text())["staging"]
+    assert st["dataset_prepared"] and st["dataset_source"] == str(tmp_path / "prepared") + "/"
+    assert [s[-1] for s in _dry_run(out) if "stage.yml" in s] == ["data"]
+    train = yaml.safe_load((out / "launch" / "train.yaml").read_text())
+    assert train["data"]["path"] == st["data_dir"] and st["dataset_raw"] == st["data_dir"] + "/"
+    stage = yaml.safe_load((out / "ansible" / "stage.yml").read_text())[0]["vars"]
+    assert stage["stage_inputs_data_dir"] == ""  # nothing to tokenize
+
+
+@pytest.mark.slow
+def test_playbook_copies_a_prepared_dataset_as_it_is(tmp_path, hub):
+    plan = _staged_plan(tmp_path, str(_prepared(tmp_path / "prepared")))
+    plan = plan.model_copy(update={"training": plan.training.model_copy(update={"init": "random", "base_weights": None})})
+    plan = plan.model_copy(update={"staging": staging_for(plan)})
+    root = _write_bundle(tmp_path, plan)
+    _local_inventory(root)
+    _stage_job_dir(root, plan)
+    steps = staging_steps(root, plan)
+    assert [s.name for s in steps] == ["stage-data"]
+    proc = subprocess.run(steps[0].argv, cwd=steps[0].cwd, env=_ansible_env(tmp_path, hub), capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    data = Path(plan.staging.data_dir)
+    assert sorted(str(p.relative_to(data)) for p in data.rglob("*")) == ["meta.json", "train", "train/part-00000.bin"]
+    assert (data / "train" / "part-00000.bin").read_bytes() == (tmp_path / "prepared/train/part-00000.bin").read_bytes()

@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 warn() { echo "WARNING: 25-rehearsal-image: $* (the rehearsal will be SKIPPED)" >&2; exit 0; }
-# opt-in until the rehearsal reaches the first training step (README: What the rehearsal proves)
+# opt-in while the rehearsal takes longer than CI can give it (README: the rehearsal)
 [ "${GPUPROV_REHEARSAL:-}" = 1 ] || { echo "25-rehearsal-image: skipped (GPUPROV_REHEARSAL=1 builds it)"; exit 0; }
 command -v qemu-system-x86_64 >/dev/null || warn "qemu-system-x86_64 missing (20-vm-image.sh installs it)"
 command -v debootstrap >/dev/null || warn "debootstrap missing (20-vm-image.sh installs it)"

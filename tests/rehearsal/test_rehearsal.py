@@ -10,9 +10,12 @@ Exactly these differ from a real bring-up, and nothing else:
 The inventory, hostvars, group_vars, roles and launch files stay as generate and `up` wrote them
 (the test compares them with the lock and the recorded output).
 
-The nodes: two qemu guests (systemd, cgroup v2, munge, Debian 12's Slurm 22.05) with the recorded
-private addresses on a segment of their own, the image's OS release and the instance's GPUs as the
-roles look at them (standin_image.sh), /shared from the host over virtio-9p (FSx's stand-in).
+The nodes: two qemu guests with the instance's vCPUs and memory (systemd, cgroup v2, munge, Debian 12's
+Slurm 22.05) with the recorded private addresses on a segment of their own, the image's OS release,
+the instance's GPUs and nvidia-smi as the roles look at them (standin_image.sh), /shared from the host
+over virtio-9p (FSx's stand-in). The bundle is a 2-layer Llama from scratch on 2 x g5.xlarge
+(fixtures/aws-g5.json); its job runs the CPU trainer (gloo) to the first checkpoint, which
+`gpuprov status` reads.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ SKIPPED_TAGS = {
     "health": "GPU, DCGM and NCCL bus-bandwidth checks need the GPUs (the test reads Slurm's node states itself)",
 }
 UP_TIMEOUT = 1500
+TRAIN_TIMEOUT = 1200
+SHARED = Path("/shared")  # the bundle's shared_storage mount point (the recorded output's)
 
 
 def _ssh_root(node: cluster.Node, command: str, **kw) -> str:
@@ -62,7 +67,7 @@ def aws(tmp_path_factory):
     work = tmp_path_factory.mktemp("rehearsal-aws")
     shared = work / "shared"
     shared.mkdir()
-    cloud = cluster.Cloud(work, cluster.fixture("aws"), shared,
+    cloud = cluster.Cloud(work, cluster.fixture("aws-g5"), shared,
                           {"pybase": Path(sys.base_prefix).resolve(), "venv": Path(sys.prefix).resolve()})
     began = time.monotonic()
     try:
@@ -71,6 +76,19 @@ def aws(tmp_path_factory):
         yield cloud
     finally:
         cloud.close()
+
+
+def _wait_for(path: Path, controller: cluster.Node, job_id: str, shared: Path, timeout: float) -> float:
+    """Seconds until `path` appears; fails with the job's state and log when it does not."""
+    began = time.monotonic()
+    while not path.exists():
+        if time.monotonic() - began > timeout:
+            job = controller.ssh(f"scontrol show job {job_id}; sinfo -N -l", check=False).stdout
+            logs = "\n".join(f"--- {log}\n{log.read_text(errors='replace')[-4000:]}"
+                             for log in sorted(shared.glob("logs/**/*.out")))
+            pytest.fail(f"no {path} after {timeout}s\n{job}\n{logs}")
+        time.sleep(5)
+    return time.monotonic() - began
 
 
 def _gpuprov(cloud: cluster.Cloud, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -107,7 +125,7 @@ def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
     recorded = aws.recorded
     bundle = tmp_path / "bundle"
     made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *recorded["generate"], "-o", str(bundle)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=cluster.REPO)
     assert made.returncode == 0, made.stderr
     names = list(aws.hosts())
     controller = aws.node(names[0])
@@ -153,7 +171,14 @@ def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
     sinfo = _ssh_root(controller, "sinfo --noheader --Node --format='%N %t'")
     states = dict(line.split() for line in sinfo.splitlines())
     assert len(states) == len(names) and set(states.values()) <= {"idle", "mix", "alloc"}, sinfo
-    assert "CgroupPlugin" in _ssh_root(controller, "cat /etc/slurm/cgroup.conf")
+    # the cgroup settings the plan's Slurm build for the image's OS supports (Ubuntu 22.04's 21.08: none)
+    build = yaml.safe_load((bundle / "ansible" / "group_vars" / "all.yml").read_text())["slurm_builds"][
+        f"{recorded['image']['os_id']}-{recorded['image']['os_version']}"]
+    slurm_conf = _ssh_root(controller, "cat /etc/slurm/slurm.conf")
+    assert f"ProctrackType={build['proctrack']}" in slurm_conf.splitlines()
+    cgroup_conf = _ssh_root(controller, "cat /etc/slurm/cgroup.conf")
+    assert (f"CgroupPlugin={build['cgroup_plugin']}" in cgroup_conf) if build["cgroup_plugin"] else \
+        "CgroupPlugin" not in cgroup_conf
     assert _ssh_root(controller, "stat -fc %T /sys/fs/cgroup").strip() == "cgroup2fs"
 
     # `up` submitted the job once and recorded it; a second `up` submits nothing more
@@ -165,6 +190,23 @@ def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
     assert json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"] == job_id
     jobs = _ssh_root(controller, "squeue --noheader --all --format=%i").split()
     assert jobs == [job_id], jobs
+
+    # the job trains from the shared filesystem to the first checkpoint, and `status` reads it
+    train = yaml.safe_load((bundle / "launch" / "train.yaml").read_text())
+    on_host = lambda path: aws.shared / Path(path).relative_to(SHARED)  # noqa: E731
+    last = int(train["schedule"]["steps"])
+    first_checkpoint = min(int(train["checkpoint"]["every_steps"]), last)
+    checkpoint = on_host(train["checkpoint"]["dir"]) / f"step-{first_checkpoint:08d}" / ".metadata"  # DCP's
+    trained = _wait_for(checkpoint, controller, job_id, aws.shared, timeout=TRAIN_TIMEOUT)
+    print(f"rehearsal: the job reached step {first_checkpoint}'s checkpoint {trained:.0f}s after `up` submitted it")
+    status = _gpuprov(aws, "status", str(bundle), "--json", timeout=300)
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    print("rehearsal: gpuprov status --json:", json.dumps(report)[:2000])
+    steps = [json.loads(line) for line in on_host(train["logging"]["metrics_file"]).read_text().splitlines()
+             if '"loss"' in line]
+    assert steps and steps[-1]["step"] == last and all(0 < s["loss"] < 100 for s in steps)  # finite, not NaN
+    assert report["job"]["id"] == job_id and report["step"] >= first_checkpoint and report["steps"] == last, report
 
     # `down` destroys what `up` created: here every stand-in node is powered off
     down = _gpuprov(aws, "down", str(bundle), "--yes", timeout=600)
