@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite from a clean checkout: creates .venv, installs gpuprov with every test
 # dependency (CPU PyTorch pinned to the wheel these machines cache), runs each setup step in
-# .ci/setup.d/ (checkov's own venv, the VM image), then pytest. Extra arguments go to pytest.
+# .ci/setup.d/ (checkov's own venv, the VM image), then pytest: the tests without guests on both cores,
+# then the VM tests. Extra arguments go to one plain pytest run instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,4 +22,13 @@ for step in .ci/setup.d/*.sh; do
     bash "$step"
 done
 
-exec python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+    exec python -m pytest "$@"
+fi
+# The whole suite in two passes: the tests without guests on both cores (pytest-xdist, each file on
+# one worker: files that share a fixture or a daemon stay together), then the qemu guests alone,
+# since each TCG guest needs a core of its own. Both passes run; the run fails if either does.
+status=0
+python -m pytest -m "not vm" -n 2 --dist loadfile || status=$?
+python -m pytest -m vm || status=$?
+exit "$status"
