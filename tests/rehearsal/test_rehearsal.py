@@ -121,7 +121,7 @@ class SlurmConfWatch(threading.Thread):
                 return
 
 
-def test_up_on_aws_reaches_slurm_and_submits_once(aws, tmp_path):
+def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
     recorded = aws.recorded
     bundle = tmp_path / "bundle"
     made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *recorded["generate"], "-o", str(bundle)],
