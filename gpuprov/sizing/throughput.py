@@ -391,6 +391,15 @@ def compute_seconds(tokens: float, flops: Flops, peak_tflops: float, speed: floa
     return tokens * work / (peak_tflops * 1e12 * speed)
 
 
+def _operation_terms(ops: Any, shape: Shape, mp: tuple[int, int, int], float8_gain: float, fsdp_params: int,
+                     peak_fraction: float, gemm_chunks: int, repeats: int) -> dict[str, float]:
+    """One micro-batch's compute, operation by operation, for the (tp, cp, pp) layout `mp`."""
+    tp, cp, pp = mp
+    return ops.terms(micro_batch=shape.micro_batch, seq_len=shape.seq_len * cp, tp=tp, cp=cp, pp=pp,
+                     float8_gain=float8_gain, fsdp_params=fsdp_params, peak_fraction=peak_fraction,
+                     gemm_chunks=gemm_chunks, repeats=repeats)
+
+
 def step_estimate(
     *,
     shape: Shape,
@@ -427,11 +436,9 @@ def step_estimate(
     tokens_mb = shape.micro_batch * shape.seq_len
     op_terms: dict[str, float] = {}
     if ops is not None:
-        tp, cp, pp = mp
         fsdp = params if shape.sharding in ("fsdp", "hsdp") and shape.shard_group > 1 else 0
-        op_terms = ops.terms(micro_batch=shape.micro_batch, seq_len=shape.seq_len * cp, tp=tp, cp=cp, pp=pp,
-                             float8_gain=float8_gain, fsdp_params=fsdp, peak_fraction=float(prec["peak_fraction"]),
-                             gemm_chunks=gemm_chunks, repeats=pp_micro_batches)
+        op_terms = _operation_terms(ops, shape, mp, float8_gain, fsdp, float(prec["peak_fraction"]), gemm_chunks,
+                                    pp_micro_batches)
         compute_mb = sum(op_terms.values())
         speed = tokens_mb * flops.executed / (peak_tflops * 1e12 * compute_mb)  # what the operations achieve
     else:
@@ -460,15 +467,9 @@ def step_estimate(
 
     step = compute + exposed + opt
     tps = tokens_mb * shape.grad_accum * n / step
-    terms = {
-        "compute_per_micro_batch_s": compute_mb,
-        "comm_per_micro_batch_s": per_mb_comm,
-        "exposed_per_micro_batch_s": exposed_mb,
-        "sync_per_step_s": comm.per_step_sync,
-        "exposed_sync_s": exposed_sync,
-        "tail_s": comm.tail,
-        "optimizer_s": opt,
-    }
+    terms = {"compute_per_micro_batch_s": compute_mb, "comm_per_micro_batch_s": per_mb_comm,
+             "exposed_per_micro_batch_s": exposed_mb, "sync_per_step_s": comm.per_step_sync,
+             "exposed_sync_s": exposed_sync, "tail_s": comm.tail, "optimizer_s": opt}
     terms.update({f"{k[:-2]}_per_micro_batch_s": v for k, v in op_terms.items()}, micro_batches=shape.grad_accum)
     return StepEstimate(
         step_time_s=step, compute_time_s=compute,
