@@ -99,7 +99,7 @@ def _memory(plan) -> list[str]:
 
 def _throughput(plan) -> list[str]:
     t = plan.throughput
-    rows: list[list[str]] = [
+    rows: list[list[object]] = [
         ["Cluster throughput", f"{t.tokens_per_s:,.0f} tokens/s"],
         ["Model FLOPs per token", f"{t.flops_per_token:.3e}"],
         ["MFU", f"{t.mfu:.1%} of the GPUs' BF16 peak in model FLOPs; the operations it runs reach "
@@ -107,10 +107,11 @@ def _throughput(plan) -> list[str]:
                 f"communication that compute cannot hide take the rest"],
         ["Step time", f"{t.step_time_s:.2f} s = compute {t.compute_time_s:.2f} s + exposed "
                       f"communication {t.comm_time_s:.2f} s ({t.bound}-bound)"],
-        *([["Step by operation", step_terms_text(t.step_terms_s)]] if t.step_terms_s else []),
         ["Wall time", _hours(plan.time_hours)],
         ["Cost", _usd(plan.cost_usd)],
     ]
+    if t.step_terms_s:
+        rows.insert(4, ["Step by operation", step_terms_text(t.step_terms_s)])
     return ["## Time and cost", "", *_table(["", ""], rows), ""]
 
 
