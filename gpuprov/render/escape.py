@@ -31,7 +31,8 @@ USER_VALUES: tuple[str, ...] = (
     # terraform context
     "plan_summary", "region", "ssh_cidr", "capacity_reservation_id", "reservation_name",
     # launch context
-    "plan_hosts", "checkpoint_dir", "metrics_file", "lora_targets",
+    "plan_hosts", "checkpoint_dir", "metrics_file", "flight_recorder_dir", "job_dir", "log_dir",
+    "lora_targets",
     # ansible context
     "hosts_left_out", "host",
 )
