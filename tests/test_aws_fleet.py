@@ -56,6 +56,11 @@ def test_nodes_come_from_one_instant_fleet_and_no_lone_instance(fleet):
         assert _attr(directory, content, "min_target_capacity") == f"{name}.value"
         assert _attr(directory, content, "single_instance_type") == "true"
         assert _attr(directory, content, "single_availability_zone") == "true"
+    # a new size is a new request (an instant fleet cannot be modified): the fleet is replaced
+    triggers = source_text(directory, managed["aws_ec2_fleet.nodes"]["TriggersReplacement"][0])
+    assert triggers == "terraform_data.fleet_request"
+    request = _attr(directory, managed["terraform_data.fleet_request"]["Config"], "input")
+    assert "node_count = var.node_count" in request and "capacity_type = local.capacity_type" in request
     # every output reads the fleet's instances
     for output in ("instance_ids", "private_ips", "node_names", "ansible_inventory"):
         assert "local.nodes" in source_text(directory, module["Outputs"][output]["Expr"])

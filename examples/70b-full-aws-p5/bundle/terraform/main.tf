@@ -178,7 +178,7 @@ resource "aws_launch_template" "node" {
   }
 
   # A Capacity Block for ML is a market type of the launch template; spot is the fleet's capacity
-  # type (its spot_options), never a launch-template market option, which EC2 Fleet refuses.
+  # type (its spot_options), as ParallelCluster's fleet requests set it.
   dynamic "instance_market_options" {
     for_each = local.market_type == "capacity-block" ? [local.market_type] : []
     content {
@@ -233,9 +233,15 @@ resource "aws_launch_template" "node" {
 # Nodes: one EC2 Fleet request
 ################################################################################
 
+# An instant fleet is a one-time request that EC2 cannot modify (ModifyFleet takes maintain fleets
+# only), while the provider would update its capacity in place: a new size or capacity type
+# replaces the fleet instead, a new all-or-nothing request.
+resource "terraform_data" "fleet_request" {
+  input = { node_count = var.node_count, capacity_type = local.capacity_type }
+}
+
 # One all-or-nothing request: total and minimum target capacity are both node_count, in one instance
-# type and one zone (the launch template's subnet). A changed node_count replaces the fleet, a new
-# all-or-nothing request: an instant fleet is a one-time request, not a group that grows.
+# type and one zone (the launch template's subnet).
 resource "aws_ec2_fleet" "nodes" {
   type                = "instant"
   terminate_instances = true # destroy (gpuprov down) terminates the nodes the fleet launched
@@ -282,7 +288,8 @@ resource "aws_ec2_fleet" "nodes" {
   # A new AMI or launch template version applies to new nodes only: replacing the fleet would
   # terminate every running node and wipe its local NVMe scratch in the middle of a run.
   lifecycle {
-    ignore_changes = [launch_template_config]
+    ignore_changes       = [launch_template_config]
+    replace_triggered_by = [terraform_data.fleet_request]
   }
 }
 
