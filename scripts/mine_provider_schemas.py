@@ -44,12 +44,12 @@ RESOURCES = {
     "aws": {
         "resource": ["aws_placement_group", "aws_security_group", "aws_vpc_security_group_ingress_rule",
                      "aws_vpc_security_group_egress_rule", "aws_iam_role", "aws_iam_role_policy_attachment",
-                     "aws_iam_instance_profile", "aws_launch_template", "aws_instance",
+                     "aws_iam_instance_profile", "aws_launch_template", "aws_instance", "aws_ec2_fleet", "aws_ec2_tag",
                      "aws_fsx_lustre_file_system", "aws_vpc", "aws_subnet", "aws_internet_gateway", "aws_eip",
                      "aws_nat_gateway", "aws_route_table", "aws_route_table_association", "aws_vpc_endpoint",
                      "aws_default_security_group"],
         "data": ["aws_subnet", "aws_ssm_parameter", "aws_partition", "aws_iam_policy_document", "aws_vpc",
-                 "aws_ami", "aws_ec2_instance_type_offerings"],
+                 "aws_ami", "aws_ec2_instance_type_offerings", "aws_instance"],
     },
     "google": {
         "resource": ["google_compute_network", "google_compute_subnetwork", "google_compute_router",

@@ -107,7 +107,7 @@ def test_planner_default_70b_is_buyable_and_p5e_only_with_a_block():
 
 # ---- the modules' decisions, evaluated by Terraform --------------------------------------------
 
-DECISIONS = {"aws": ("market_type", "create_placement_group"),
+DECISIONS = {"aws": ("market_type", "capacity_type", "create_placement_group"),
              "gcp": ("reserved_model", "provisioning_model", "standard_model", "termination_action", "reservation_affinity",
                      "compact_placement")}
 
@@ -132,6 +132,8 @@ def _decide(tmp_path, plan, tfvars: dict | None = None) -> dict:
 
 
 AWS_MARKET = {"on-demand": None, "reservation": None, "spot": "spot", "capacity-block": "capacity-block"}
+# The EC2 Fleet's default target capacity type (an ODCR is on-demand capacity the fleet uses first).
+AWS_CAPACITY = {"on-demand": "on-demand", "reservation": "on-demand", "spot": "spot", "capacity-block": "capacity-block"}
 GCP_MODEL = {"on-demand": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START", "reservation": "STANDARD"}
 
 
@@ -154,6 +156,7 @@ def test_aws_market_type_and_placement_follow_the_option(inst, option, tmp_path)
     held = option in ("reservation", "capacity-block")
     values = _decide(tmp_path, plan_for(inst, option, nodes=2), {"availability_zone": "us-east-1d"} if held else None)
     assert values.get("market_type") == AWS_MARKET[option]
+    assert values["capacity_type"] == AWS_CAPACITY[option]
     assert values["create_placement_group"] is (option in ("on-demand", "spot"))
     assert all(v is True for k, v in values.items() if k.startswith("ok_")), values
     if held:  # issue 27 finding 5: a reservation lives in one zone; without it stated the apply refuses
@@ -230,11 +233,12 @@ def test_image_and_login_user_come_from_the_catalog(cloud):
 
 
 def test_a_new_image_never_replaces_running_nodes(tmp_path):
-    """Finding 4: nodes ignore image and launch-template changes; SSM is read only without ami_id."""
+    """Finding 4: nodes ignore image and launch-template changes (the fleet that launched them keeps
+    its launch template version); SSM is read only without ami_id."""
     aws = load_module(render_to(tmp_path / "aws", sample_plan("aws")))
-    ignored = aws["ManagedResources"]["aws_instance.node"]["Managed"]["IgnoreChanges"]
+    ignored = aws["ManagedResources"]["aws_ec2_fleet.nodes"]["Managed"]["IgnoreChanges"]
     paths = [[step.get("Name") for step in path] for path in ignored]  # each entry: one attribute path
-    assert ["ami"] in paths and ["launch_template"] in paths
+    assert ["launch_template_config"] in paths
     count = source_text(tmp_path / "aws", aws["DataResources"]["data.aws_ssm_parameter.ami"]["Count"])
     assert "var.ami_id == null" in count
     gcp = load_module(render_to(tmp_path / "gcp", sample_plan("gcp")))
@@ -248,7 +252,7 @@ def test_aws_launch_settings(tmp_path):
     directory = render_to(tmp_path / "aws", sample_plan("aws"))
     module = load_module(directory)
     main = (directory / "main.tf").read_text()
-    assert "http_put_response_hop_limit = 1" not in main and main.count("http_put_response_hop_limit = 2") == 2
+    assert "http_put_response_hop_limit = 1" not in main and main.count("http_put_response_hop_limit = 2") == 1  # the launch template: every node
     assert "device_name = data.aws_ami.node.root_device_name" in main and '"/dev/sda1"' not in main
     ports = set()
     for address, res in module["ManagedResources"].items():

@@ -209,9 +209,9 @@ INVENTORY_VARS_SSH = {"ansible_port": 22, "ansible_ssh_common_args": ""}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, resource, fake, hosts", [
-    ("aws-p5-2", "aws_instance.node",
-     '[{ id = "i-0a", tags = { Name = "n-00" }, private_ip = "10.0.0.5" }, '
-     '{ id = "i-0b", tags = { Name = "n-01" }, private_ip = "10.0.0.6" }]',
+    ("aws-p5-2", "local.nodes",
+     '[{ id = "i-0a", name = "n-00", private_ip = "10.0.0.5" }, '
+     '{ id = "i-0b", name = "n-01", private_ip = "10.0.0.6" }]',
      {"n-00": {"ansible_host": "i-0a", "private_ip": "10.0.0.5"},
       "n-01": {"ansible_host": "i-0b", "private_ip": "10.0.0.6"}}),
     ("gcp-a3mega-2", "local.vms",

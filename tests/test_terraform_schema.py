@@ -26,8 +26,11 @@ def test_emitted_terraform_matches_provider_schema(name, tmp_path):
 @pytest.mark.parametrize("cloud, path, old, new, expected", [
     ("aws", "main.tf", 'http_tokens                 = "required"', 'http_token                  = "required"',
      "aws_launch_template.node.metadata_options: unknown argument 'http_token'"),
-    ("aws", "outputs.tf", "aws_instance.node[*].private_ip", "aws_instance.node[*].private_ipv4",
-     "aws_instance exports no attribute 'private_ipv4'"),
+    ("aws", "main.tf", "aws_ec2_fleet.nodes.fleet_instance_set[*]", "aws_ec2_fleet.nodes.fleet_instances[*]",
+     "aws_ec2_fleet exports no attribute 'fleet_instances'"),
+    ("aws", "main.tf", "      min_target_capacity      = on_demand_options.value",
+     "      min_target_count         = on_demand_options.value",
+     "aws_ec2_fleet.nodes.on_demand_options: unknown argument 'min_target_count'"),
     ("aws", "main.tf", "  region = var.region\n", "  regoin = var.region\n", "provider aws: unknown argument 'regoin'"),
     ("gcp", "network.tf", '  name                    = "${var.name_prefix}-net"\n', "",
      "google_compute_network.primary: missing required argument 'name'"),

@@ -154,6 +154,11 @@ def load_flex_start(cloud: str) -> dict:
     return dict(_bringup()["flex_start"][cloud])
 
 
+def node_launch(cloud: str) -> dict:
+    """How the cloud's bundle requests its nodes all-or-nothing ({} where no such fact is recorded)."""
+    return dict(_bringup().get("node_launch", {}).get(cloud, {}))
+
+
 def provider_support(cloud: str) -> dict:
     """{provisioning model: {since, pin, source}} the cloud's Terraform provider sends only from some release on."""
     return {k: v for k, v in _bringup().get("provider_support", {}).get(cloud, {}).items() if isinstance(v, dict)}

@@ -1,6 +1,8 @@
-# GPU nodes for the gpuprov plan: one EC2 instance per node, all from one launch template that
-# carries the EFA interfaces, the placement group, and the purchase option (on-demand, spot, an
-# On-Demand Capacity Reservation or a Capacity Block for ML).
+# GPU nodes for the gpuprov plan: one EC2 Fleet request of type instant for every node, all from one
+# launch template that carries the EFA interfaces, the placement group and the capacity reservation.
+# The fleet's minimum target capacity is the node count: EC2 launches every node or none, so a
+# capacity error leaves no node running and billing (aws-parallelcluster-node's fleet_manager.py
+# launches a job's nodes the same way: CreateFleet, Type instant, MinTargetCapacity = the count).
 
 provider "aws" {
   region = var.region
@@ -52,6 +54,8 @@ locals {
   # The purchase option as EC2 market type: spot and Capacity Blocks are market types, on-demand and
   # an ODCR (a capacity reservation target) are not.
   market_type = lookup({ spot = "spot", "capacity-block" = "capacity-block" }, var.purchase_option, null)
+  # The fleet's default target capacity type: on-demand also for an ODCR.
+  capacity_type = coalesce(local.market_type, "on-demand")
 
   # A placement group of the bundle's own only for pay-as-you-go nodes: a Capacity Block or an ODCR
   # carries its own placement, and a second group conflicts with it (insufficient capacity).
@@ -173,20 +177,19 @@ resource "aws_launch_template" "node" {
     }
   }
 
-  # Spot and Capacity Blocks for ML are market types; a Capacity Block also targets its reservation.
+  # A Capacity Block for ML is a market type of the launch template; spot is the fleet's capacity
+  # type (its spot_options), as ParallelCluster's fleet requests set it.
   dynamic "instance_market_options" {
-    for_each = local.market_type == null ? [] : [local.market_type]
+    for_each = local.market_type == "capacity-block" ? [local.market_type] : []
     content {
       market_type = instance_market_options.value
-
-      dynamic "spot_options" {
-        for_each = instance_market_options.value == "spot" ? ["one-time"] : []
-        content {
-          spot_instance_type             = spot_options.value
-          instance_interruption_behavior = "terminate"
-        }
-      }
     }
+  }
+
+  # Tags of the fleet's instances: provider default_tags reach the fleet resource, not what it launches.
+  tag_specifications {
+    resource_type = "instance"
+    tags          = local.tags
   }
 
   tag_specifications {
@@ -227,42 +230,91 @@ resource "aws_launch_template" "node" {
 }
 
 ################################################################################
-# Nodes
+# Nodes: one EC2 Fleet request
 ################################################################################
 
-resource "aws_instance" "node" {
+# An instant fleet is a one-time request that EC2 cannot modify (ModifyFleet takes maintain fleets
+# only), while the provider would update its capacity in place: a new size or capacity type
+# replaces the fleet instead, a new all-or-nothing request.
+resource "terraform_data" "fleet_request" {
+  input = { node_count = var.node_count, capacity_type = local.capacity_type }
+}
+
+# One all-or-nothing request: total and minimum target capacity are both node_count, in one instance
+# type and one zone (the launch template's subnet).
+resource "aws_ec2_fleet" "nodes" {
+  type                = "instant"
+  terminate_instances = true # destroy (gpuprov down) terminates the nodes the fleet launched
+
+  launch_template_config {
+    launch_template_specification {
+      launch_template_id = aws_launch_template.node.id
+      version            = aws_launch_template.node.latest_version
+    }
+  }
+
+  target_capacity_specification {
+    default_target_capacity_type = local.capacity_type
+    total_target_capacity        = var.node_count
+  }
+
+  dynamic "on_demand_options" {
+    for_each = local.capacity_type == "spot" ? [] : [var.node_count]
+    content {
+      min_target_capacity      = on_demand_options.value
+      single_instance_type     = true
+      single_availability_zone = true
+
+      # An ODCR: the launch template targets it; the fleet is told to use it before open capacity.
+      dynamic "capacity_reservation_options" {
+        for_each = var.purchase_option == "reservation" ? ["use-capacity-reservations-first"] : []
+        content {
+          usage_strategy = capacity_reservation_options.value
+        }
+      }
+    }
+  }
+
+  dynamic "spot_options" {
+    for_each = local.capacity_type == "spot" ? [var.node_count] : []
+    content {
+      min_target_capacity            = spot_options.value
+      single_instance_type           = true
+      single_availability_zone       = true
+      instance_interruption_behavior = "terminate"
+    }
+  }
+
+  # A new AMI or launch template version applies to new nodes only: replacing the fleet would
+  # terminate every running node and wipe its local NVMe scratch in the middle of a run.
+  lifecycle {
+    ignore_changes       = [launch_template_config]
+    replace_triggered_by = [terraform_data.fleet_request]
+  }
+}
+
+locals {
+  # The fleet lists its instances per launch pool in no set order: sorted, node i is always the same.
+  instance_ids = sort(flatten(aws_ec2_fleet.nodes.fleet_instance_set[*].instance_ids))
+}
+
+# Each node's name, as its Name tag (the fleet tags every instance alike).
+resource "aws_ec2_tag" "node_name" {
   count = var.node_count
 
-  launch_template {
-    id      = aws_launch_template.node.id
-    version = aws_launch_template.node.latest_version
-  }
+  resource_id = local.instance_ids[count.index]
+  key         = "Name"
+  value       = local.node_names[count.index]
+}
 
-  # Also stated here (the launch template carries them too) so each instance is explicit.
-  iam_instance_profile = aws_iam_instance_profile.node.name
-  ebs_optimized        = true
-  monitoring           = true
+# Each node's address: read per instance id once the fleet has launched (unknown during the first plan).
+data "aws_instance" "node" {
+  count = var.node_count
 
-  metadata_options {
-    http_endpoint               = "enabled"
-    http_tokens                 = "required"
-    http_put_response_hop_limit = 2
-  }
+  instance_id = local.instance_ids[count.index]
+}
 
-  root_block_device {
-    volume_size = var.root_volume_size_gib
-    volume_type = "gp3"
-    encrypted   = true
-    kms_key_id  = var.kms_key_arn
-  }
-
-  tags = {
-    Name = local.node_names[count.index]
-  }
-
-  # A new AMI or launch template version applies to new nodes only: replacing a running node would
-  # wipe its local NVMe scratch in the middle of a run.
-  lifecycle {
-    ignore_changes = [ami, launch_template]
-  }
+locals {
+  # What every output reads: the nodes in node order.
+  nodes = [for i, node in data.aws_instance.node : { name = local.node_names[i], id = node.id, private_ip = node.private_ip }]
 }

@@ -1,16 +1,16 @@
 output "node_names" {
   description = "Node names (the Name tag), in node order"
-  value       = aws_instance.node[*].tags["Name"]
+  value       = local.nodes[*].name
 }
 
 output "private_ips" {
   description = "Primary private IPv4 address of each node"
-  value       = aws_instance.node[*].private_ip
+  value       = local.nodes[*].private_ip
 }
 
 output "instance_ids" {
   description = "EC2 instance ids, in node order"
-  value       = aws_instance.node[*].id
+  value       = local.nodes[*].id
 }
 
 output "placement_group" {
@@ -41,7 +41,7 @@ output "ansible_inventory" {
       children = {
         gpu_nodes = {
           # SSM addresses instances by id; private_ip is kept for NCCL and the rendezvous.
-          hosts = { for node in aws_instance.node : node.tags["Name"] => { ansible_host = node.id, private_ip = node.private_ip } }
+          hosts = { for node in local.nodes : node.name => { ansible_host = node.id, private_ip = node.private_ip } }
         }
       }
     }
