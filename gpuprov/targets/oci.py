@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class Oci(Target):
     name, title = "oci", "OCI"
     boot_disk_gib = 512  # each node's boot volume (priced in storage_cost.py)
-    tfvars = TfvarsKeys(instance="shape", shared="shared_storage")
+    tfvars = TfvarsKeys(instance="shape", subnet="subnet_id", shared="shared_storage")
 
     def connection_problem(self, plan: Plan, value: Any) -> str | None:
         if not (value("bastion_host", None) or value("ssh_cidr", plan.spec.ssh_cidr)) and value("subnet_id", None):
