@@ -284,7 +284,27 @@ def _inventory_vars(root: Path) -> dict:
 def preflight(plan: Any, root: Path, *, live: bool = True, run: Runner = run_cli) -> list[Check]:
     if get_target(plan.cluster.cloud).provisioner == "inventory":  # no Terraform values to check
         return [shared_storage_rule(plan, root)]
-    return (offline_checks(plan, root) + [shared_storage_rule(plan, root)]
-            + (live_checks(plan, root, run) if live else [Check(
-                "skip", "live checks", "--offline: offerings, reservation, quota and subnet routes are unchecked",
-                "run validate without --offline, signed in to the cloud's CLI")]))
+    ran = live_checks(plan, root, run) if live else [Check(
+        "skip", "live checks", "--offline: offerings, reservation, quota and subnet routes are unchecked",
+        "run validate without --offline, signed in to the cloud's CLI")]
+    rules = unchecked_rows(plan, root, offline_checks(plan, root), ran, live)
+    return rules + [shared_storage_rule(plan, root)] + ran
+
+
+def unchecked_rows(plan: Any, root: Path, rules: list[Check], ran: list[Check], live: bool) -> list[Check]:
+    """The quota rule only names the quota to request, and a subnet the user names has routes only a
+    live check reads: unless a live row checked them, each is reported skipped, never ok."""
+    checked = {c.name for c in ran if c.status in ("ok", "fail")}
+    why = "unchecked offline" if not live else "unchecked (no live check ran)"
+    out = [Check("skip", c.name, f"{c.detail}: {why}", c.fix)
+           if c.name == "quota" and c.status == "ok" and not checked & {"quota (live)", "reservation (live)"} else c
+           for c in rules]
+    try:
+        subnet = settings(plan, root)["subnet"]
+    except GpuprovError:
+        return out
+    if subnet and "subnet (live)" not in checked:
+        out.append(Check("skip", "subnet routes", f"{subnet}: its route out (NAT gateway) is {why}",
+                         "run validate without --offline, signed in to the cloud's CLI"
+                         if get_target(plan.cluster.cloud).live else "check the subnet's route table in the console"))
+    return out

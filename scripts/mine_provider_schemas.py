@@ -74,7 +74,8 @@ RESOURCES = {
                      "oci_core_network_security_group", "oci_core_network_security_group_security_rule",
                      "oci_file_storage_file_system", "oci_file_storage_mount_target", "oci_file_storage_export",
                      "oci_core_vcn", "oci_core_subnet", "oci_core_internet_gateway", "oci_core_nat_gateway",
-                     "oci_core_route_table", "oci_core_security_list", "oci_core_instance"],
+                     "oci_core_route_table", "oci_core_security_list", "oci_core_instance", "oci_core_image",
+                     "oci_core_shape_management"],
         "data": ["oci_core_instance_pool_instances", "oci_core_instance", "oci_core_subnet", "oci_core_images"],
     },
 }

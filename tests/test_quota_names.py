@@ -1,11 +1,11 @@
 """Azure and OCI quota names in the catalog (issue 27): validate names the quota to request for the
-plan's type and purchase option, with the command that requests or shows it, so `validate --strict
---offline` passes on those clouds. Strict offline counts every skipped check as a failure, so a GCP
-flex-start bundle, whose provisioning model the pinned provider's schema cannot show, fails it and
-says why."""
+plan's type and purchase option, with the command that requests or shows it. Offline that names the quota
+without reading its limit, so validate reports the row skipped and `--strict --offline` fails on it
+(issue 40)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -90,9 +90,12 @@ def test_strict_offline_validate_of_the_default_bundle(cloud, tmp_path):
     assert _gpuprov("generate", "--model", "70b", "--cloud", cloud, "-o", str(root)).returncode == 0
     plain = _gpuprov("validate", str(root))
     assert plain.returncode == 0, plain.stdout + plain.stderr
-    strict = _gpuprov("validate", str(root), "--strict", "--offline")
-    skipped = [ln.split()[1:3] for ln in strict.stdout.splitlines() if ln.startswith("skip")]
-    assert strict.returncode == 1 and skipped == [["live", "checks"]], strict.stdout
-    assert "--offline: offerings, reservation, quota and subnet routes are unchecked" in strict.stdout
-    provider = [ln for ln in strict.stdout.splitlines() if "provider support" in ln]
-    assert all(ln.startswith("ok") for ln in provider), provider
+    strict = _gpuprov("validate", str(root), "--strict", "--offline", "--json")
+    report = json.loads(strict.stdout)
+    # the quota rule names what to request but reads no limit offline: skipped, like the live checks
+    assert strict.returncode == 1 and report["unchecked"] == ["quota", "live checks"], report["unchecked"]
+    live = next(c for c in report["checks"] if c["name"] == "live checks")
+    assert live["detail"] == "--offline: offerings, reservation, quota and subnet routes are unchecked"
+    assert "--strict: unchecked: quota, live checks" in strict.stderr
+    provider = [c for c in report["checks"] if c["name"] == "provider support"]
+    assert all(c["status"] == "ok" for c in provider), provider

@@ -144,7 +144,7 @@ def test_every_efa_interface_is_tagged(rendered):
 def test_oci_image_id_description_says_it_once(rendered):
     directory, _ = rendered("oci-2")
     description = re.search(r'variable "image_id" \{\s*description = "([^"]*)"', (directory / "variables.tf").read_text())
-    assert description.group(1).count("Ubuntu only") == 1, description.group(1)
+    assert description.group(1).count("Ubuntu 22.04") == 1, description.group(1)
 
 
 @pytest.mark.parametrize("need_gib, size", [(900, 1024), (1100, 1280), (9984, 9984), (9990, 10240),

@@ -16,7 +16,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.render.escape import shell_word
 from gpuprov.spec import TrainingSpec
 from gpuprov.specfile import UNIT_KEYS, build_spec, load_spec
-from gpuprov.targets import CHOICES
+from gpuprov.targets import CHOICES, get_target
 from gpuprov.validators import safe_text
 
 
@@ -123,6 +123,9 @@ def generate(spec, output: str | None, force: bool, as_json: bool) -> None:
         notes.append(f"removed {len(result.cleaned)} unfinished bundle folder(s) an interrupted run left")
     if result.leftover:
         notes.append(f"the previous bundle is replaced, but {result.leftover}")
+    target_note = get_target(plan.instance.cloud).generate_note(plan)
+    if target_note:
+        notes.append(target_note)
     storage = shared_storage_rule(plan, Path(output))  # validate's rule, said before validate fails on it
     fix = None
     if storage.status == "fail":

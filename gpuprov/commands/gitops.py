@@ -445,7 +445,16 @@ def validate_summary(rows: list[dict], strict: bool) -> dict:
     nothing = bool(tools) and all(r["status"] == "skip" for r in tools)
     failed = counts["fail"] + (counts["skip"] if strict else 0)
     return {"counts": counts, "failed": failed, "tool_checks_ran": not nothing,
+            "unchecked": [r["name"] for r in rows if r["status"] == "skip"],
             "exit": 1 if failed or nothing else 0}
+
+
+def _failed_line(root: Path, summary: dict, strict: bool) -> str:
+    """One line: how many checks failed and, with --strict, which ones were never run."""
+    line = f"{root}: {summary['failed']} check(s) failed"
+    if strict and summary["unchecked"]:
+        line += f" (--strict: unchecked: {', '.join(summary['unchecked'])})"
+    return line
 
 
 @click.command()
@@ -491,6 +500,6 @@ def validate(ctx: click.Context, directory: str, strict: bool, offline: bool, as
         ctx.exit(1)
     if summary["failed"]:
         if as_json:
-            click.echo(f"gpuprov: error: {root}: {summary['failed']} check(s) failed", err=True)
+            click.echo(f"gpuprov: error: {_failed_line(root, summary, strict)}", err=True)
             ctx.exit(1)
-        raise DriftError(f"{root}: {summary['failed']} check(s) failed")
+        raise DriftError(_failed_line(root, summary, strict))

@@ -75,6 +75,10 @@ class Target:
         """The variables this target's Terraform templates read beyond the common ones."""
         return {}
 
+    def generate_note(self, plan: Plan) -> str | None:
+        """One line generate prints about what this target's bundle could not default (None: nothing)."""
+        return None
+
     def live_checks(self, s: dict[str, Any]) -> list[LiveCheck]:
         """validate's live checks for these settings (terraform.tfvars over the plan); `live` says how to log in."""
         return []

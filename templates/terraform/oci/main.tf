@@ -23,6 +23,48 @@ locals {
 }
 
 ################################################################################
+# GPU image: your image_id, or Oracle's GPU image imported from its published link
+# (Oracle publishes a download link per image, not an OCID per region).
+################################################################################
+
+resource "oci_core_image" "gpu" {
+  count = var.image_id == null ? 1 : 0
+
+  compartment_id = var.compartment_ocid
+  display_name   = "${var.name_prefix}-gpu-image"
+  freeform_tags  = local.freeform_tags
+
+  image_source_details {
+    source_type = "objectStorageUri"
+    source_uri  = var.image_uri
+  }
+
+  timeouts {
+    create = "90m" # an import copies the whole image into the region
+  }
+
+  lifecycle {
+    precondition {
+      condition     = var.image_uri != null
+      error_message = "Set image_id (an Ubuntu 22.04 image OCID for the shape) or image_uri in terraform.tfvars."
+    }
+  }
+}
+
+# An imported image is not compatible with any shape until it is told so.
+resource "oci_core_shape_management" "gpu" {
+  count = var.image_id == null ? 1 : 0
+
+  compartment_id = var.compartment_ocid
+  image_id       = oci_core_image.gpu[0].id
+  shape_name     = var.shape
+}
+
+locals {
+  image_id = var.image_id != null ? var.image_id : oci_core_shape_management.gpu[0].image_id
+}
+
+################################################################################
 # Instance configuration
 ################################################################################
 
@@ -56,7 +98,7 @@ resource "oci_core_instance_configuration" "node" {
 
       source_details {
         source_type             = "image"
-        image_id                = var.image_id
+        image_id                = local.image_id
         boot_volume_size_in_gbs = var.boot_volume_size_gb
       }
 
