@@ -386,7 +386,21 @@ def load_pretrained(model: torch.nn.Module, path: str, rt: Runtime) -> None:
     missing = [k for k in params if k not in loaded and not (tied and k == "lm_head.weight")]
     if missing:
         raise ConfigError(f"model.pretrained_path {path!r} lacks {len(missing)} weights, e.g. {missing[0]}")
+    if tied and "lm_head.weight" in params and "lm_head.weight" not in loaded:
+        _copy_tied_head(model)
     log(f"pretrained: {len(loaded)} tensors from {len(files)} safetensors file(s) in {path}")
+
+
+def _copy_tied_head(model: torch.nn.Module) -> None:
+    """save_pretrained leaves a tied head out of the files; when the built model holds the head as a
+    tensor of its own (a multimodal config's language model is built untied), it would keep the
+    uninitialised memory to_empty gave it: it gets the embedding, as tying would have given it."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embed is None or head.weight is embed.weight:
+        return
+    dst = head.weight.to_local() if hasattr(head.weight, "to_local") else head.weight
+    src = embed.weight.to_local() if hasattr(embed.weight, "to_local") else embed.weight
+    dst.copy_(src)  # same shape and placements: each rank copies its own shard
 
 
 def language_model_name(key: str) -> str:
