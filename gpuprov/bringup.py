@@ -427,6 +427,16 @@ def active_job_state(root: Path, plan, job_id: str) -> str | None:
     return state if state in job.ACTIVE_STATES or (kind == "direct" and state == "RUNNING") else None
 
 
+def _replaced_lost_nodes(root: Path, plan, echo: Callable[[str], None]) -> bool:
+    """On a cluster an earlier run created (its inventory written), whether nodes the cloud no longer
+    runs were found and listed for Terraform to replace (gpuprov/lost_nodes.py)."""
+    from gpuprov.lost_nodes import looks_for_lost, replace_lost
+
+    if not (root / "ansible" / INVENTORY).is_file() or not looks_for_lost(plan):
+        return False
+    return bool(replace_lost(root, plan, echo))
+
+
 def display(step: Step, root: Path) -> str:
     where = step.cwd.relative_to(root).as_posix() if step.cwd.is_relative_to(root) else str(step.cwd)
     return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
@@ -496,6 +506,8 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         # the job an earlier run submitted is kept: the submit step asks whether it still runs
         state = {"lock_sha256": digest, "completed": [], **({"job": state["job"]} if _recorded_job(state) else {})}
     done = list(state.get("completed", []))
+    if _replaced_lost_nodes(root, plan, echo):  # from terraform plan on again; the job is kept
+        done = [name for name in done if name == "terraform-init"]
     total = len(steps)
     for number, step in enumerate(steps, start=1):
         if step.name in done:

@@ -32,6 +32,9 @@ def test_emitted_terraform_matches_provider_schema(name, tmp_path):
      "      min_target_count         = on_demand_options.value",
      "aws_ec2_fleet.nodes.on_demand_options: unknown argument 'min_target_count'"),
     ("aws", "main.tf", "  region = var.region\n", "  regoin = var.region\n", "provider aws: unknown argument 'regoin'"),
+    # a lost node's replacement: its spot options, nested two levels deep
+    ("aws", "main.tf", 'spot_instance_type             = "one-time"', 'spot_type                      = "one-time"',
+     "aws_instance.replacement.instance_market_options.spot_options: unknown argument 'spot_type'"),
     ("gcp", "network.tf", '  name                    = "${var.name_prefix}-net"\n', "",
      "google_compute_network.primary: missing required argument 'name'"),
     ("gcp", "main.tf", "nic_type   = network_interface.value.nic_type", "nic_kind   = network_interface.value.nic_type",

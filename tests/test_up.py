@@ -61,6 +61,11 @@ CLOUD_COMMANDS = [
 ]
 
 
+# A later run on a cluster an earlier one created first reads the nodes Terraform recorded, to find
+# any the cloud lost (gpuprov/lost_nodes.py, tests/test_lost_nodes.py); the fake's outputs record none.
+LOOK = (["terraform", "output", "-no-color", "-json"], "terraform")
+
+
 @pytest.fixture
 def fakes(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
@@ -159,13 +164,14 @@ def test_failure_stops_with_advice_and_rerun_resumes(tmp_path: Path, fakes: dict
     assert "terraform init (providers, backend): done in an earlier run, skipped" in resumed.stdout
     assert _calls(fakes["log"], root) == [(argv, cwd) for argv, cwd in CLOUD_COMMANDS[2:]]
     fakes["log"].unlink()
-    again = _up(root, fakes["env"])  # everything done: nothing runs
-    assert again.returncode == 0 and _calls(fakes["log"], root) == []
+    again = _up(root, fakes["env"])  # everything done: nothing runs but the look for lost nodes
+    assert again.returncode == 0 and _calls(fakes["log"], root) == [LOOK]
+    fakes["log"].unlink()
     restarted = _up(root, fakes["env"], "--restart")
     # the recorded job is asked for first; Slurm no longer knows it: a new one is submitted
     calls = [argv for argv, _ in _calls(fakes["log"], root)]
-    assert restarted.returncode == 0 and len(calls) == 9
-    assert "scontrol show job --oneliner 4242" in calls[7][-1] and "sbatch" in calls[8][-1]
+    assert restarted.returncode == 0 and len(calls) == 10 and calls[0] == LOOK[0]
+    assert "scontrol show job --oneliner 4242" in calls[8][-1] and "sbatch" in calls[9][-1]
 
 
 @pytest.mark.parametrize("job_state, submits", [("RUNNING", 0), ("PENDING", 0), ("REQUEUED", 0),
@@ -184,9 +190,9 @@ def test_restart_submits_no_second_job_while_the_first_runs(tmp_path: Path, fake
     assert state["job"]["id"] == "4242" and "submit" in state["completed"]
     if not submits:
         assert f"job 4242 of an earlier run is {job_state}; not submitted again" in again.stdout
-    # a later run with everything done asks nothing and submits nothing
+    # a later run with everything done asks nothing of the job and submits nothing
     fakes["log"].unlink()
-    assert _up(root, env).returncode == 0 and _calls(fakes["log"], root) == []
+    assert _up(root, env).returncode == 0 and _calls(fakes["log"], root) == [LOOK]
 
 
 def test_health_failure_exit_1(tmp_path: Path, fakes: dict) -> None:
@@ -213,7 +219,8 @@ def test_regenerated_bundle_starts_over(tmp_path: Path, fakes: dict) -> None:
     result = _up(root, fakes["env"])
     assert result.returncode == 0, result.stderr
     assert "starting from the first step" in result.stdout
-    assert len(_calls(fakes["log"], root)) == 8
+    calls = _calls(fakes["log"], root)
+    assert calls[0] == LOOK and len(calls) == 9
 
 
 def test_onprem_skips_terraform(tmp_path: Path, fakes: dict) -> None:

@@ -55,6 +55,37 @@ class Aws(Target):
         other = "capacity-block" if option == "reservation" else "reservation"  # one id names either
         return f"Launching into {held} as a {option}; if it is a {other}, pass --purchase {other}"
 
+    def node_states_argv(self, region: str, instance_ids: list[str]) -> list[str] | None:
+        # ids in a filter: one EC2 no longer lists is left out of the answer, not an error
+        return ["aws", "ec2", "describe-instances", "--region", region, "--filters",
+                "Name=instance-id,Values=" + ",".join(instance_ids),
+                "--query", "Reservations[].Instances[].[InstanceId,State.Name]", "--output", "json"]
+
+    def lost_instances(self, instance_ids: list[str], answer: str) -> list[str]:
+        import json
+
+        from gpuprov.catalog import bringup as cat
+
+        lost_states = set(cat.node_launch(self.name)["lost_states"])
+        try:
+            rows = json.loads(answer)
+        except ValueError:
+            rows = None
+        if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(v, str) for v in r)
+                                                 for r in rows):
+            raise GpuprovError("aws ec2 describe-instances answered no [[id, state], ...] list")
+        states = dict(rows)
+        return [i for i in instance_ids if states.get(i, "terminated") in lost_states]
+
+    def replacement_vars(self, names: list[str], settings: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+        # aws_instance.replacement: one instance per name, for the fleet request the names were lost
+        # from; names replaced under another request (a new fleet launched them again) are dropped
+        request = {"node_count": settings["nodes"], "purchase_option": settings["purchase"]}
+        old = earlier.get("replaced_nodes")
+        kept = old.get("names") if isinstance(old, dict) and {k: old.get(k) for k in request} == request else None
+        listed = set(names) | ({n for n in kept if isinstance(n, str)} if isinstance(kept, list) else set())
+        return {"replaced_nodes": {"names": sorted(listed), **request}}
+
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         efa = plan.fabric.name == "efa" and plan.instance.efa_interfaces > 0
         if efa and plan.instance.network_cards < 1:

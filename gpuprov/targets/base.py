@@ -109,6 +109,22 @@ class Target:
         `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
         return None
 
+    def node_states_argv(self, region: str, instance_ids: list[str]) -> list[str] | None:
+        """The CLI call that lists the states of the bundle's recorded instances (None: this target's
+        lost nodes are not looked for)."""
+        return None
+
+    def lost_instances(self, instance_ids: list[str], answer: str) -> list[str]:
+        """Which of `instance_ids` the cloud no longer runs, from node_states_argv's output (a
+        GpuprovError when the answer cannot be read)."""
+        raise GpuprovError(f"{self.title}: lost nodes are not looked for")
+
+    def replacement_vars(self, names: list[str], settings: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+        """The Terraform variables that replace the lost nodes `names` under their names, for the
+        values the bundle applies with (`settings`: preflight.settings), keeping what `earlier` (the
+        variables an earlier run wrote) still holds."""
+        raise GpuprovError(f"{self.title}: lost nodes are not replaced")
+
     reboot_allowed = True  # the bundle's roles may reboot nodes it created
     boot_disk_gib = 0  # each node's boot disk the Terraform creates (0: none, an inventory target)
 

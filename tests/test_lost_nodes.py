@@ -1,0 +1,263 @@
+"""A node the cloud no longer runs (a reclaimed spot node, a failed host) is replaced under its name
+(issue 40, item 6). `gpuprov up` on a cluster an earlier run created reads the nodes Terraform
+recorded (`terraform output -json`, the recorded AWS shape of tests/data/terraform_output/), asks
+the cloud which still run (aws ec2 describe-instances, a fake executable answering as the CLI does),
+lists the lost names in terraform/replaced_nodes.auto.tfvars.json and runs again from `terraform
+plan` on, never submitting the job a second time. The AWS module gives each listed name an instance
+of its own (Terraform's loader and evaluator, the mined provider schema); no other node is touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bundle_fixtures import standin_renderers
+from gpuprov import bundle
+from gpuprov.errors import GpuprovError
+from gpuprov.lost_nodes import REPLACED_VARS, recorded_nodes
+from gpuprov.targets import get_target
+from plan_fixtures import sample_plan
+from terraform_support import REQUIRED_INPUTS, evaluate, load_module, load_schema, render_to, source_text
+
+DATA = Path(__file__).resolve().parent / "data" / "terraform_output"
+RECORDED = json.loads((DATA / "aws-2.json").read_text())
+NAMES = RECORDED["node_names"]["value"]
+IDS = RECORDED["instance_ids"]["value"]
+INVENTORY = RECORDED["ansible_inventory"]["value"]
+
+FAKE = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys
+    name = os.path.basename(sys.argv[0])
+    with open(os.environ["FAKE_LOG"], "a") as log:
+        log.write(json.dumps([name] + sys.argv[1:]) + "\\n")
+    key = " ".join([name] + sys.argv[1:])
+    if name == "terraform" and sys.argv[1:] == ["output", "-no-color", "-json"]:
+        print(os.environ["FAKE_OUTPUTS"])  # every output, as `terraform output -json` prints them
+    elif name == "terraform" and sys.argv[1:2] == ["output"]:
+        print(json.dumps(json.loads(os.environ["FAKE_OUTPUTS"])["ansible_inventory"]["value"]))
+    elif name == "aws":
+        if os.environ.get("FAKE_AWS_FAIL"):
+            print("An error occurred (UnauthorizedOperation) when calling the DescribeInstances operation: "
+                  "You are not authorized to perform this operation.", file=sys.stderr)
+            sys.exit(254)
+        print(os.environ["FAKE_AWS"])
+    elif name == "ansible" and "sbatch --parsable" in key:
+        print("node-0 | CHANGED | rc=0 >>\\n4242")
+    elif name == "ansible" and "scontrol show job" in key:
+        print("node-0 | CHANGED | rc=0 >>\\nJobId=4242 JobName=x JobState=%s Restarts=1" % os.environ["FAKE_JOB_STATE"])
+    """)
+
+
+def _states(*states: str) -> str:
+    """describe-instances --query 'Reservations[].Instances[].[InstanceId,State.Name]' --output json."""
+    return json.dumps([[i, s] for i, s in zip(IDS, states) if s is not None])
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("terraform", "ansible", "ansible-playbook", "aws"):
+        (bin_dir / name).write_text(FAKE.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    root = tmp_path / "infra"
+    bundle.write_bundle(root, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers()), force=True)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_LOG=str(tmp_path / "calls.jsonl"),
+               FAKE_OUTPUTS=json.dumps(RECORDED), FAKE_AWS=_states("running", "running"), FAKE_JOB_STATE="RUNNING")
+    first = _up(root, env)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "calls.jsonl").unlink()
+    return {"root": root, "env": env, "log": tmp_path / "calls.jsonl", "bin": bin_dir}
+
+
+def _up(root: Path, env: dict, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprov", "up", str(root)], capture_output=True, text=True,
+                          env={**env, **extra}, timeout=60)
+
+
+def _calls(cluster: dict) -> list[str]:
+    log = cluster["log"]
+    calls = [" ".join(json.loads(line)) for line in log.read_text().splitlines()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return calls
+
+
+def _replaced(root: Path) -> dict:
+    return json.loads((root / "terraform" / REPLACED_VARS).read_text())
+
+
+LOOK = ["terraform output -no-color -json",
+        "aws ec2 describe-instances --region us-east-1 --filters Name=instance-id,Values=" + ",".join(IDS)
+        + " --query Reservations[].Instances[].[InstanceId,State.Name] --output json"]
+
+
+def test_every_node_running_runs_nothing_but_the_look(cluster):
+    result = _up(cluster["root"], cluster["env"])
+    assert result.returncode == 0, result.stderr
+    assert _calls(cluster) == LOOK
+    assert not (cluster["root"] / "terraform" / REPLACED_VARS).exists()
+
+
+@pytest.mark.parametrize("job_state", ["PENDING", "REQUEUED", "RUNNING"])
+def test_a_reclaimed_worker_is_replaced_under_its_name_and_the_job_kept(cluster, job_state):
+    root = cluster["root"]
+    result = _up(root, cluster["env"], FAKE_AWS=_states("running", "terminated"), FAKE_JOB_STATE=job_state)
+    assert result.returncode == 0, result.stderr
+    assert f"lost 1 node(s) the cloud no longer runs: {NAMES[1]}" in result.stdout
+    assert _replaced(root) == {"replaced_nodes": {"names": [NAMES[1]], "node_count": 2,
+                                                  "purchase_option": "on-demand"}}
+    calls = _calls(cluster)
+    assert calls[:2] == LOOK
+    # terraform init stays done; from plan on everything runs again, on every node (slurm.conf
+    # everywhere takes the new address), and the earlier job is asked about, not submitted again
+    assert [c.split()[0] + " " + c.split()[1] for c in calls[2:5]] == ["terraform plan", "terraform apply",
+                                                                       "terraform output"]
+    assert not any(c.startswith("terraform init") for c in calls)
+    assert any("site.yml --skip-tags health" in c and "--limit" not in c for c in calls)
+    assert sum("scontrol show job --oneliner 4242" in c for c in calls) == 1
+    assert not any("sbatch" in c for c in calls)
+    assert f"job 4242 of an earlier run is {job_state}; not submitted again" in result.stdout
+    state = json.loads((root / bundle.UP_STATE_NAME).read_text())
+    assert state["job"]["id"] == "4242" and state["completed"][-1] == "submit"
+
+
+def test_node_zero_then_a_worker_lost_later_both_stay_listed(cluster):
+    root = cluster["root"]
+    assert _up(root, cluster["env"], FAKE_AWS=_states("terminated", "running")).returncode == 0
+    assert _replaced(root)["replaced_nodes"]["names"] == [NAMES[0]]
+    # EC2 lists a terminated instance for about an hour: one it no longer lists is lost too
+    again = _up(root, cluster["env"], FAKE_AWS=_states("running", None))
+    assert again.returncode == 0, again.stderr
+    assert _replaced(root)["replaced_nodes"]["names"] == NAMES
+
+
+def test_names_replaced_under_another_fleet_request_are_dropped(cluster):
+    root = cluster["root"]
+    (root / "terraform" / REPLACED_VARS).write_text(json.dumps(
+        {"replaced_nodes": {"names": [NAMES[0]], "node_count": 4, "purchase_option": "on-demand"}}))
+    assert _up(root, cluster["env"], FAKE_AWS=_states("running", "shutting-down")).returncode == 0
+    assert _replaced(root)["replaced_nodes"] == {"names": [NAMES[1]], "node_count": 2, "purchase_option": "on-demand"}
+
+
+def test_stopped_and_pending_nodes_are_not_lost(cluster):
+    result = _up(cluster["root"], cluster["env"], FAKE_AWS=_states("stopped", "pending"))
+    assert result.returncode == 0 and _calls(cluster) == LOOK
+    assert not (cluster["root"] / "terraform" / REPLACED_VARS).exists()
+
+
+@pytest.mark.parametrize("how, why", [
+    ("no-cli", "aws is not on PATH"),
+    ("denied", "(UnauthorizedOperation)"),
+    ("garbage", "answered no [[id, state], ...] list"),
+])
+def test_a_cloud_that_cannot_be_asked_is_a_note_and_nothing_is_replaced(cluster, how, why):
+    env = dict(cluster["env"])
+    if how == "no-cli":
+        (cluster["bin"] / "aws").unlink()
+    result = _up(cluster["root"], env, **({"FAKE_AWS_FAIL": "1"} if how == "denied" else {}),
+                 **({"FAKE_AWS": "<html>"} if how == "garbage" else {}))
+    assert result.returncode == 0, result.stderr
+    note = next(line for line in result.stdout.splitlines() if line.startswith("note: could not ask AWS"))
+    assert why in note
+    assert not (cluster["root"] / "terraform" / REPLACED_VARS).exists()
+    assert not any(c.startswith(("terraform plan", "ansible")) for c in _calls(cluster))
+
+
+def test_a_bundle_never_applied_asks_nothing(tmp_path: Path, cluster):
+    fresh = tmp_path / "fresh"
+    bundle.write_bundle(fresh, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers()), force=True)
+    assert _up(fresh, cluster["env"]).returncode == 0
+    assert not any(c.startswith("aws") for c in _calls(cluster))
+
+
+def test_recorded_nodes_reads_terraform_output_shape():
+    assert recorded_nodes(json.dumps(RECORDED)) == dict(zip(NAMES, IDS))
+    assert recorded_nodes(json.dumps(INVENTORY)) == {}  # an inventory is not the outputs
+    assert recorded_nodes("{}") == {} and recorded_nodes("not json") == {}
+    mismatched = {**RECORDED, "instance_ids": {"value": IDS[:1]}}
+    assert recorded_nodes(json.dumps(mismatched)) == {}
+
+
+def test_aws_answer_rules():
+    aws = get_target("aws")
+    assert aws.lost_instances(IDS, _states("running", "terminated")) == [IDS[1]]
+    assert aws.lost_instances(IDS, "[]") == IDS  # listed by no one: gone
+    with pytest.raises(GpuprovError):
+        aws.lost_instances(IDS, '{"Reservations": []}')
+    for cloud in ("gcp", "azure", "oci", "onprem"):  # not looked for there yet
+        assert get_target(cloud).node_states_argv("r", ["x"]) is None
+
+
+# ---------------------------------------------------------------- the AWS module
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    directory = render_to(tmp_path_factory.mktemp("aws") / "aws", sample_plan("aws", nodes=3))
+    return directory, load_module(directory)
+
+
+def test_replacement_is_one_instance_per_listed_name_from_the_nodes_launch_template(module):
+    directory, mod = module
+    managed, data = mod["ManagedResources"], mod["DataResources"]
+    replacement = managed["aws_instance.replacement"]
+    assert source_text(directory, replacement["ForEach"]) == "local.replaced"
+    body = replacement["Config"]
+    template = next(b["Body"] for b in body["Blocks"] if b["Type"] == "launch_template")
+    assert source_text(directory, template["Attributes"]["id"]["Expr"]) == "aws_launch_template.node.id"
+    assert source_text(directory, body["Attributes"]["tags"]["Expr"]) == "{ Name = each.key }"
+    # the fleet's nodes are pinned by name at launch; only those not replaced are read and tagged
+    pin = managed["terraform_data.fleet_nodes"]
+    assert source_text(directory, pin["TriggersReplacement"][0]) == "aws_ec2_fleet.nodes.id"
+    for address in ("aws_ec2_tag.node_name", "data.aws_instance.node"):
+        res = managed.get(address) or data[address]
+        assert source_text(directory, res["ForEach"]) == "toset(local.fleet_names)"
+        assert source_text(directory, res["Config"]["Attributes"][
+            "resource_id" if address.startswith("aws_ec2_tag") else "instance_id"]["Expr"]) \
+            == "terraform_data.fleet_nodes.output[each.key]"
+    # both sources of an address export what the outputs read
+    schema = load_schema("aws")
+    for kind in ("resource", "data"):
+        assert {"id", "private_ip"} <= set(schema[kind]["aws_instance"]["attributes"])
+    assert "local.node_addresses[name]" in source_text(directory, mod["Locals"]["nodes"]["Expr"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listed, node_count, option, replaced", [
+    (None, 3, "spot", []),
+    ({"names": ["@1"], "node_count": 3, "purchase_option": "spot"}, 3, "spot", ["@1"]),
+    ({"names": ["@2", "@0", "someone-else"], "node_count": 3, "purchase_option": "on-demand"}, 3, "on-demand",
+     ["@0", "@2"]),
+    ({"names": ["@1"], "node_count": 3, "purchase_option": "spot"}, 4, "spot", []),  # a new fleet request
+    ({"names": ["@1"], "node_count": 3, "purchase_option": "spot"}, 3, "on-demand", []),
+])
+def test_terraform_replaces_the_listed_names_of_the_current_fleet_request(module, tmp_path, listed, node_count,
+                                                                         option, replaced):
+    directory, mod = module
+    body = mod["ManagedResources"]["aws_instance.replacement"]["Config"]
+    market = next(b for b in body["Blocks"] if b["Type"] == "dynamic" and b["Labels"] == ["instance_market_options"])
+    locals_ = {name: source_text(directory, mod["Locals"][name]["Expr"])
+               for name in ("node_names", "replaced", "fleet_names", "market_type", "capacity_type")}
+    outputs = {"names": "local.node_names", "replaced": "sort(local.replaced)", "fleet": "local.fleet_names",
+               "market": source_text(directory, market["Body"]["Attributes"]["for_each"]["Expr"])}
+    names = [f"gp-node-{i:02d}" for i in range(node_count)]
+
+    def named(items):
+        return [names[int(n[1:])] if n.startswith("@") else n for n in items]
+
+    tfvars = {**REQUIRED_INPUTS["aws"], "name_prefix": "gp", "node_count": node_count, "purchase_option": option}
+    if listed:
+        tfvars["replaced_nodes"] = {**listed, "names": named(listed["names"])}
+    code, values, error = evaluate(tmp_path, directory, outputs, tfvars, locals_=locals_)
+    assert code == 0, error
+    assert values["names"] == names
+    assert values["replaced"] == named(replaced)
+    assert values["fleet"] == [n for n in names if n not in values["replaced"]]
+    assert values["market"] == (["spot"] if option == "spot" else [])
