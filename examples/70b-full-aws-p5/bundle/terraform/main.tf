@@ -293,28 +293,93 @@ resource "aws_ec2_fleet" "nodes" {
   }
 }
 
-locals {
-  # The fleet lists its instances per launch pool in no set order: sorted, node i is always the same.
-  instance_ids = sort(flatten(aws_ec2_fleet.nodes.fleet_instance_set[*].instance_ids))
+# Node i's instance, pinned when the fleet launches: the fleet lists its instances per launch pool in
+# no set order (sorted, node i is always the same), and what DescribeFleets lists once EC2 has
+# terminated one is not documented. A new fleet request (a new id) launches every node again and pins
+# them anew.
+resource "terraform_data" "fleet_nodes" {
+  input = zipmap(local.node_names, sort(flatten(aws_ec2_fleet.nodes.fleet_instance_set[*].instance_ids)))
+
+  lifecycle {
+    ignore_changes       = [input]
+    replace_triggered_by = [aws_ec2_fleet.nodes.id]
+  }
 }
 
-# Each node's name, as its Name tag (the fleet tags every instance alike).
+################################################################################
+# Lost nodes: each replaced under its name
+################################################################################
+
+locals {
+  # A reclaimed spot node or a dead host is terminated and the instant fleet never replaces it.
+  # `gpuprov up` finds such nodes (their instances terminated) and lists them in
+  # replaced_nodes.auto.tfvars.json; each gets an instance of its own from the same launch template,
+  # under the same name, and no other node is touched. The list holds for the fleet request it was
+  # made under: a new node count or purchase option launches a new fleet for every node.
+  replaced = toset(var.replaced_nodes == null ? [] : (
+    var.replaced_nodes.node_count == var.node_count && var.replaced_nodes.purchase_option == var.purchase_option
+    ? [for name in local.node_names : name if contains(var.replaced_nodes.names, name)] : []
+  ))
+  fleet_names = [for name in local.node_names : name if !contains(local.replaced, name)]
+}
+
+resource "aws_instance" "replacement" {
+  for_each = local.replaced
+
+  launch_template {
+    id      = aws_launch_template.node.id
+    version = aws_launch_template.node.latest_version
+  }
+
+  # Spot is the fleet's capacity type, not the launch template's: a spot node is replaced by a spot
+  # node, terminated on interruption as the fleet's were.
+  dynamic "instance_market_options" {
+    for_each = local.capacity_type == "spot" ? [local.capacity_type] : []
+    content {
+      market_type = instance_market_options.value
+
+      spot_options {
+        instance_interruption_behavior = "terminate"
+        spot_instance_type             = "one-time"
+      }
+    }
+  }
+
+  tags = { Name = each.key }
+
+  # A new AMI or launch template version applies to nodes launched later, as for the fleet.
+  lifecycle {
+    ignore_changes = [launch_template]
+
+    precondition {
+      condition     = contains(local.node_names, each.key)
+      error_message = "replaced_nodes names a node this bundle does not have."
+    }
+  }
+}
+
+# Each fleet node's name, as its Name tag (the fleet tags every instance alike; a replacement carries its own).
 resource "aws_ec2_tag" "node_name" {
-  count = var.node_count
+  for_each = toset(local.fleet_names)
 
-  resource_id = local.instance_ids[count.index]
+  resource_id = terraform_data.fleet_nodes.output[each.key]
   key         = "Name"
-  value       = local.node_names[count.index]
+  value       = each.key
 }
 
-# Each node's address: read per instance id once the fleet has launched (unknown during the first plan).
+# Each fleet node's address: read per instance id once the fleet has launched (unknown during the
+# first plan). A replaced node's terminated instance is not read.
 data "aws_instance" "node" {
-  count = var.node_count
+  for_each = toset(local.fleet_names)
 
-  instance_id = local.instance_ids[count.index]
+  instance_id = terraform_data.fleet_nodes.output[each.key]
 }
 
 locals {
+  node_addresses = merge(
+    { for name, node in data.aws_instance.node : name => { id = node.id, private_ip = node.private_ip } },
+    { for name, node in aws_instance.replacement : name => { id = node.id, private_ip = node.private_ip } },
+  )
   # What every output reads: the nodes in node order.
-  nodes = [for i, node in data.aws_instance.node : { name = local.node_names[i], id = node.id, private_ip = node.private_ip }]
+  nodes = [for name in local.node_names : merge({ name = name }, local.node_addresses[name])]
 }

@@ -117,6 +117,16 @@ variable "purchase_option" {
   }
 }
 
+variable "replaced_nodes" {
+  description = "Nodes whose fleet instance was lost (a reclaimed spot node, a failed host), each replaced by an instance under the same name, and the node count and purchase option of the fleet they were lost from (gpuprov up writes it to replaced_nodes.auto.tfvars.json; null: none)"
+  type = object({
+    names           = set(string)
+    node_count      = number
+    purchase_option = string
+  })
+  default = null
+}
+
 variable "placement_group_name" {
   description = "Existing placement group to launch into (null: a new cluster group for on-demand and spot nodes, none in a reservation or Capacity Block)"
   type        = string
