@@ -43,9 +43,7 @@ def recorded_nodes(answer: str) -> dict[str, str]:
 
 def looks_for_lost(plan) -> bool:
     """Whether `up` asks this bundle's cloud for lost nodes."""
-    if plan.cluster.cloud == "onprem":
-        return False
-    return get_target(plan.cluster.cloud).node_states_argv("region", ["id"]) is not None
+    return get_target(plan.cluster.cloud).replaces_lost_nodes
 
 
 def _ask(argv: list[str]) -> tuple[str, str | None]:
@@ -72,22 +70,21 @@ def find_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     code, recorded = run_terraform(step, echo)
     nodes = recorded_nodes(recorded) if code == 0 else {}
     target = get_target(plan.cluster.cloud)
-    ids = list(nodes.values())
-    argv = target.node_states_argv(settings(plan, root)["region"], ids) if nodes else None
+    argv = target.node_states_argv(settings(plan, root), nodes) if nodes else None
     if argv is None:
         return []
     answer, why = _ask(argv)
     lost: set[str] = set()
     if why is None:
         try:
-            lost = set(target.lost_instances(ids, answer))
+            lost = set(target.lost_nodes(nodes, answer))
         except GpuprovError as exc:
             why = str(exc)
     if why is not None:
         echo(f"note: could not ask {target.title} which nodes still run ({why}); going on with the nodes "
              f"recorded. Check by hand: {' '.join(argv[:3])} ...")
         return []
-    return [name for name, instance in nodes.items() if instance in lost]
+    return [name for name in nodes if name in lost]
 
 
 def _earlier(path: Path) -> dict[str, Any]:
@@ -100,13 +97,16 @@ def _earlier(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def mark_replaced(root: Path, plan, names: list[str]) -> Path:
+def mark_replaced(root: Path, plan, names: list[str]) -> Path | None:
     """Write `names` (with those an earlier run replaced under the same request) to
-    terraform/replaced_nodes.auto.tfvars.json; returns the file."""
+    terraform/replaced_nodes.auto.tfvars.json; returns the file (None: the cloud's Terraform needs
+    no list, it recreates a VM it no longer finds)."""
     from gpuprov.preflight import settings
 
     path = root / "terraform" / REPLACED_VARS
     value = get_target(plan.cluster.cloud).replacement_vars(names, settings(plan, root), _earlier(path))
+    if not value:
+        return None
     write_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -116,6 +116,7 @@ def replace_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     lost = find_lost(root, plan, echo)
     if lost:
         path = mark_replaced(root, plan, lost)
+        how = f"listed in {path.relative_to(root).as_posix()}" if path else "Terraform recreates them"
         echo(f"lost {len(lost)} node(s) the cloud no longer runs: {', '.join(lost)}; replacing each under its "
-             f"name ({path.relative_to(root).as_posix()}), then configuring them and resuming the job")
+             f"name ({how}), then configuring them and resuming the job")
     return lost

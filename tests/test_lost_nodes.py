@@ -42,6 +42,8 @@ FAKE = textwrap.dedent("""\
         print(os.environ["FAKE_OUTPUTS"])  # every output, as `terraform output -json` prints them
     elif name == "terraform" and sys.argv[1:2] == ["output"]:
         print(json.dumps(json.loads(os.environ["FAKE_OUTPUTS"])["ansible_inventory"]["value"]))
+    elif name == "gcloud":
+        print(os.environ["FAKE_GCLOUD"])
     elif name == "aws":
         if os.environ.get("FAKE_AWS_FAIL"):
             print("An error occurred (UnauthorizedOperation) when calling the DescribeInstances operation: "
@@ -60,21 +62,31 @@ def _states(*states: str) -> str:
     return json.dumps([[i, s] for i, s in zip(IDS, states) if s is not None])
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> dict:
+def _cluster(tmp_path: Path, cloud: str = "aws") -> dict:
+    """A bundle `up` brought up once (every node running), its fakes and their call log."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("terraform", "ansible", "ansible-playbook", "aws"):
+    for name in ("terraform", "ansible", "ansible-playbook", "aws", "gcloud"):
         (bin_dir / name).write_text(FAKE.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     root = tmp_path / "infra"
-    bundle.write_bundle(root, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers()), force=True)
+    bundle.write_bundle(root, bundle.build_bundle(sample_plan(cloud, nodes=2), standin_renderers()), force=True)
+    if cloud == "gcp":  # the variables a GCP bundle asks for first
+        (root / "terraform" / "terraform.tfvars").write_text(
+            "".join(f'{k} = "{v}"\n' for k, v in REQUIRED_INPUTS["gcp"].items()))
+    recorded = json.loads((DATA / f"{cloud}-2.json").read_text())
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_LOG=str(tmp_path / "calls.jsonl"),
-               FAKE_OUTPUTS=json.dumps(RECORDED), FAKE_AWS=_states("running", "running"), FAKE_JOB_STATE="RUNNING")
+               FAKE_OUTPUTS=json.dumps(recorded), FAKE_AWS=_states("running", "running"), FAKE_JOB_STATE="RUNNING",
+               FAKE_GCLOUD=json.dumps([{"name": n, "status": "RUNNING"} for n in recorded["node_names"]["value"]]))
     first = _up(root, env)
     assert first.returncode == 0, first.stderr
     (tmp_path / "calls.jsonl").unlink()
     return {"root": root, "env": env, "log": tmp_path / "calls.jsonl", "bin": bin_dir}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> dict:
+    return _cluster(tmp_path)
 
 
 def _up(root: Path, env: dict, **extra: str) -> subprocess.CompletedProcess:
@@ -185,14 +197,39 @@ def test_recorded_nodes_reads_terraform_output_shape():
     assert recorded_nodes(json.dumps(mismatched)) == {}
 
 
-def test_aws_answer_rules():
-    aws = get_target("aws")
-    assert aws.lost_instances(IDS, _states("running", "terminated")) == [IDS[1]]
-    assert aws.lost_instances(IDS, "[]") == IDS  # listed by no one: gone
-    with pytest.raises(GpuprovError):
-        aws.lost_instances(IDS, '{"Reservations": []}')
-    for cloud in ("gcp", "azure", "oci", "onprem"):  # not looked for there yet
-        assert get_target(cloud).node_states_argv("r", ["x"]) is None
+def test_a_preempted_gcp_vm_is_recreated_by_terraform_under_its_name(tmp_path: Path):
+    cluster = _cluster(tmp_path, "gcp")
+    root = cluster["root"]
+    names = json.loads(cluster["env"]["FAKE_OUTPUTS"])["node_names"]["value"]
+    # a spot VM is deleted on preemption: gcloud no longer lists it
+    result = _up(root, cluster["env"], FAKE_GCLOUD=json.dumps([{"name": names[0], "status": "RUNNING"}]),
+                 FAKE_JOB_STATE="REQUEUED")
+    assert result.returncode == 0, result.stderr
+    assert f"lost 1 node(s) the cloud no longer runs: {names[1]}; replacing each under its name " \
+           "(Terraform recreates them)" in result.stdout
+    calls = _calls(cluster)
+    assert calls[1] == ("gcloud compute instances list --filter=name=(" + " ".join(names) + ") "
+                        "--format=json(name,status) --project=my-project --zones=us-central1-a")
+    assert calls[2].startswith("terraform plan") and not any("sbatch" in c for c in calls)
+    assert not (root / "terraform" / REPLACED_VARS).exists()  # the module needs no list
+    again = _up(root, cluster["env"])
+    assert again.returncode == 0 and len(_calls(cluster)) == 2  # every VM back: the look only
+
+
+def test_answer_rules():
+    aws, gcp = get_target("aws"), get_target("gcp")
+    nodes = dict(zip(NAMES, IDS))
+    assert aws.lost_nodes(nodes, _states("running", "terminated")) == [NAMES[1]]
+    assert aws.lost_nodes(nodes, "[]") == NAMES  # listed by no one: gone
+    gcloud = json.dumps([{"name": NAMES[0], "status": "STOPPED"}, {"name": NAMES[1], "status": "RUNNING"}])
+    assert gcp.lost_nodes(nodes, gcloud) == []  # stopped is not gone: Terraform would not recreate it
+    for target, answer in ((aws, '{"Reservations": []}'), (aws, '[["i-1"]]'), (gcp, '[{"status": "RUNNING"}]')):
+        with pytest.raises(GpuprovError):
+            target.lost_nodes(nodes, answer)
+    s = {"purchase": "flex-start", "region": "r", "project": "p", "zone": "z"}
+    assert gcp.node_states_argv(s, nodes) is None  # a flex-start group replaces its own VMs
+    for cloud in ("azure", "oci", "onprem"):  # not looked for there yet
+        assert not get_target(cloud).replaces_lost_nodes
 
 
 # ---------------------------------------------------------------- the AWS module

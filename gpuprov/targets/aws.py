@@ -23,6 +23,7 @@ class Aws(Target):
                                "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
                    login_fix="aws sso login (or aws configure)")
     held_flag = "--capacity-reservation-id"
+    replaces_lost_nodes = True  # aws_instance.replacement, one per name in replaced_nodes
 
     def held_id(self, spec: Any, option: str) -> str | None:
         return spec.capacity_reservation_id  # one id names an ODCR or a Capacity Block
@@ -55,13 +56,13 @@ class Aws(Target):
         other = "capacity-block" if option == "reservation" else "reservation"  # one id names either
         return f"Launching into {held} as a {option}; if it is a {other}, pass --purchase {other}"
 
-    def node_states_argv(self, region: str, instance_ids: list[str]) -> list[str] | None:
+    def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
         # ids in a filter: one EC2 no longer lists is left out of the answer, not an error
-        return ["aws", "ec2", "describe-instances", "--region", region, "--filters",
-                "Name=instance-id,Values=" + ",".join(instance_ids),
+        return ["aws", "ec2", "describe-instances", "--region", str(s["region"]), "--filters",
+                "Name=instance-id,Values=" + ",".join(nodes.values()),
                 "--query", "Reservations[].Instances[].[InstanceId,State.Name]", "--output", "json"]
 
-    def lost_instances(self, instance_ids: list[str], answer: str) -> list[str]:
+    def lost_nodes(self, nodes: dict[str, str], answer: str) -> list[str]:
         import json
 
         from gpuprov.catalog import bringup as cat
@@ -75,7 +76,7 @@ class Aws(Target):
                                                  for r in rows):
             raise GpuprovError("aws ec2 describe-instances answered no [[id, state], ...] list")
         states = dict(rows)
-        return [i for i in instance_ids if states.get(i, "terminated") in lost_states]
+        return [name for name, i in nodes.items() if states.get(i, "terminated") in lost_states]
 
     def replacement_vars(self, names: list[str], settings: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
         # aws_instance.replacement: one instance per name, for the fleet request the names were lost

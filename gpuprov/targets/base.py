@@ -109,13 +109,15 @@ class Target:
         `value(name, default)` reads a variable as `terraform plan` will (TF_VAR_, tfvars, default)."""
         return None
 
-    def node_states_argv(self, region: str, instance_ids: list[str]) -> list[str] | None:
-        """The CLI call that lists the states of the bundle's recorded instances (None: this target's
-        lost nodes are not looked for)."""
+    replaces_lost_nodes = False  # `up` finds nodes the cloud no longer runs and has Terraform replace them
+
+    def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
+        """The CLI call that lists the states of the recorded nodes ({name: instance id}) for the
+        values the bundle applies with (`s`: preflight.settings); None: not looked for here."""
         return None
 
-    def lost_instances(self, instance_ids: list[str], answer: str) -> list[str]:
-        """Which of `instance_ids` the cloud no longer runs, from node_states_argv's output (a
+    def lost_nodes(self, nodes: dict[str, str], answer: str) -> list[str]:
+        """The names of `nodes` the cloud no longer runs, from node_states_argv's output (a
         GpuprovError when the answer cannot be read)."""
         raise GpuprovError(f"{self.title}: lost nodes are not looked for")
 

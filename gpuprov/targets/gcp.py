@@ -63,6 +63,36 @@ class Gcp(Target):
     def held_id(self, spec: Any, option: str) -> str | None:
         return spec.reservation if option == "reservation" else None
 
+    # A spot VM is deleted when preempted (instance_termination_action DELETE) and google_compute_instance
+    # creates a VM it no longer finds again at the next apply, under the same name: `up` only has to
+    # find the lost ones and run from terraform plan on; nothing is written for Terraform.
+    replaces_lost_nodes = True
+
+    def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
+        if s["purchase"] == "flex-start":  # a managed instance group names and replaces its own VMs
+            return None
+        argv = ["gcloud", "compute", "instances", "list", f"--filter=name=({' '.join(nodes)})",
+                "--format=json(name,status)"]
+        argv += [f"--project={s['project']}"] if s.get("project") else []
+        return argv + ([f"--zones={s['zone']}"] if s.get("zone") else [])
+
+    def lost_nodes(self, nodes: dict[str, str], answer: str) -> list[str]:
+        import json
+
+        from gpuprov.catalog import bringup as cat
+
+        try:
+            rows = json.loads(answer)
+        except ValueError:
+            rows = None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
+            raise GpuprovError("gcloud compute instances list answered no [{name, status}, ...] list")
+        listed = {r["name"] for r in rows if r.get("status") not in cat.node_launch(self.name)["lost_states"]}
+        return [name for name in nodes if name not in listed]
+
+    def replacement_vars(self, names: list[str], settings: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
     def held_zone(self, held: str, region: str | None, run: Any) -> str | None:
         from gpuprov.targets import gcp_live
 
