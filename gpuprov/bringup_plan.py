@@ -174,8 +174,12 @@ def purchase_notes(spec: Any, plan_purchase: Any, inst: Any, time_hours: float, 
     if plan_purchase.risk:
         notes.append(f"{plan_purchase.option}: {plan_purchase.risk}")
     if plan_purchase.preemptible and nodes > 1 and getattr(spec, "slurm", "auto") != "none":
+        target = get_target(inst.cloud)
+        after = ("`gpuprov up` replaces it under its name and the job resumes from the newest checkpoint on the "
+                 "shared filesystem" if target.replaces_lost_nodes else
+                 f"nothing replaces a reclaimed node on {target.title} yet: the job waits until the node is back")
         notes.append(f"{plan_purchase.option}: a reclaimed node fails the Slurm job, which is requeued "
-                     "(--requeue) and resumes from the newest checkpoint on the shared filesystem")
+                     f"(--requeue); {after}")
     if plan_purchase.max_run_hours and time_hours > plan_purchase.max_run_hours:
         notes.append(f"The run takes {time_hours:,.0f} h, longer than one {plan_purchase.option} lease of "
                      f"{plan_purchase.max_run_hours:g} h: re-apply to get new VMs and resume from the last checkpoint")

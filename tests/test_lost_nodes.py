@@ -298,3 +298,15 @@ def test_terraform_replaces_the_listed_names_of_the_current_fleet_request(module
     assert values["replaced"] == named(replaced)
     assert values["fleet"] == [n for n in names if n not in values["replaced"]]
     assert values["market"] == (["spot"] if option == "spot" else [])
+
+
+@pytest.mark.parametrize("cloud, replaced", [("aws", True), ("gcp", True), ("azure", False)])
+def test_the_spot_plan_says_what_happens_to_a_reclaimed_node(cloud, replaced):
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--model", "70b", "--cloud", cloud,
+                           "--purchase", "spot", "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["cluster"]["nodes"] > 1 and plan["purchase"]["preemptible"]
+    note = next(n for n in plan["notes"] if "reclaimed node fails the Slurm job" in n)
+    assert ("`gpuprov up` replaces it under its name" in note) is replaced
+    assert ("nothing replaces a reclaimed node" in note) is not replaced
