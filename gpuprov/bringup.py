@@ -200,6 +200,9 @@ def tear_down(root: Path, plan, *, dry_run: bool = False, echo: Callable[[str], 
     if code != 0:
         raise StepFailed(f"'{step.name}' failed (exit {code}). Next: {step.hint}")
     (root / UP_STATE_NAME).unlink(missing_ok=True)  # a later `up` starts from the first step
+    from gpuprov.lost_nodes import forget_replaced
+
+    forget_replaced(root)
     echo("destroyed: no resource of this bundle is left running")
 
 
@@ -430,11 +433,15 @@ def active_job_state(root: Path, plan, job_id: str) -> str | None:
 def _replaced_lost_nodes(root: Path, plan, echo: Callable[[str], None]) -> bool:
     """On a cluster an earlier run created (its inventory written), whether nodes the cloud no longer
     runs were found and listed for Terraform to replace (gpuprov/lost_nodes.py)."""
-    from gpuprov.lost_nodes import looks_for_lost, replace_lost
+    from gpuprov.lost_nodes import replace_lost
 
-    if not (root / "ansible" / INVENTORY).is_file() or not looks_for_lost(plan):
-        return False
-    return bool(replace_lost(root, plan, echo))
+    return _looks_for_lost(root, plan) and bool(replace_lost(root, plan, echo))
+
+
+def _looks_for_lost(root: Path, plan) -> bool:
+    from gpuprov.lost_nodes import looks_for_lost
+
+    return (root / "ansible" / INVENTORY).is_file() and looks_for_lost(plan)
 
 
 def display(step: Step, root: Path) -> str:
@@ -482,6 +489,10 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
             echo(f"note: `up` stops before terraform plan: {unreachable}")
         if no_data:
             echo(f"note: `up` stops before it starts: {no_data}")
+        if _looks_for_lost(root, plan):
+            echo(f"note: this cluster exists: `up` first asks {plan.cluster.cloud} which recorded nodes still run "
+                 "(terraform output -json, then its CLI) and replaces lost ones under their names, from terraform "
+                 "plan on")
         for number, step in enumerate(steps, start=1):
             suffix = (f"  > ansible/{INVENTORY}" if step.kind == "inventory"
                       else f"  # {step.name}: {step.title}" if step.kind == "stage" else "")

@@ -69,6 +69,8 @@ def find_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     step = Step("recorded-nodes", "the nodes Terraform recorded", OUTPUT_ARGV, root / "terraform", "", "inventory")
     code, recorded = run_terraform(step, echo)
     nodes = recorded_nodes(recorded) if code == 0 else {}
+    if code == 0 and recorded.strip() == "{}":
+        forget_replaced(root)  # Terraform records nothing (destroyed): the next apply launches every node
     target = get_target(plan.cluster.cloud)
     argv = target.node_states_argv(settings(plan, root), nodes) if nodes else None
     if argv is None:
@@ -85,6 +87,12 @@ def find_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
              f"recorded. Check by hand: {' '.join(argv[:3])} ...")
         return []
     return [name for name in nodes if name in lost]
+
+
+def forget_replaced(root: Path) -> None:
+    """Drop the list of replaced nodes once the cluster is gone (`down`): a new fleet launches every
+    node, and a listed name would get a second instance."""
+    (root / "terraform" / REPLACED_VARS).unlink(missing_ok=True)
 
 
 def _earlier(path: Path) -> dict[str, Any]:

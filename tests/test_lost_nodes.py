@@ -310,3 +310,32 @@ def test_the_spot_plan_says_what_happens_to_a_reclaimed_node(cloud, replaced):
     note = next(n for n in plan["notes"] if "reclaimed node fails the Slurm job" in n)
     assert ("`gpuprov up` replaces it under its name" in note) is replaced
     assert ("nothing replaces a reclaimed node" in note) is not replaced
+
+
+def test_down_and_a_cluster_gone_forget_the_replaced_nodes(cluster):
+    """A new fleet launches every node: a name still listed would get a second, billing instance."""
+    root = cluster["root"]
+    listed = root / "terraform" / REPLACED_VARS
+    assert _up(root, cluster["env"], FAKE_AWS=_states("terminated", "running")).returncode == 0
+    assert listed.exists()
+    # terraform output unreadable (not what Terraform prints): the list stays
+    assert _up(root, cluster["env"], FAKE_OUTPUTS="not json").returncode == 0 and listed.exists()
+    # destroyed by hand (terraform destroy): the state records no outputs, and the list goes
+    assert _up(root, cluster["env"], FAKE_OUTPUTS="{}").returncode == 0 and not listed.exists()
+    listed.write_text(json.dumps(_replaced_example()))
+    down = subprocess.run([sys.executable, "-m", "gpuprov", "down", str(root), "--yes"], capture_output=True,
+                          text=True, env=cluster["env"], timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert not listed.exists()
+
+
+def _replaced_example() -> dict:
+    return {"replaced_nodes": {"names": [NAMES[0]], "node_count": 2, "purchase_option": "on-demand"}}
+
+
+def test_dry_run_on_an_existing_cluster_says_it_looks_first_and_runs_nothing(cluster):
+    result = subprocess.run([sys.executable, "-m", "gpuprov", "up", str(cluster["root"]), "--dry-run"],
+                            capture_output=True, text=True, env=cluster["env"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "note: this cluster exists: `up` first asks aws which recorded nodes still run" in result.stdout
+    assert _calls(cluster) == []
