@@ -475,6 +475,35 @@ def dry_run_report(root: Path, plan) -> dict:
             else round(price * plan.cluster.nodes, 2)}
 
 
+def _print_dry_run(root: Path, plan, steps: list[Step], problems: list, echo: Callable[[str], None]) -> None:
+    """`up --dry-run`: what stops `up` first, then every command in order (problems: the missing
+    Terraform variables, why the nodes are unreachable, the missing local data)."""
+    missing, unreachable, no_data = problems
+    tf = root / "terraform"
+    if missing:
+        echo(f"note: terraform needs values first: {_variables_hint(tf, missing)}")
+    if unreachable:
+        echo(f"note: `up` stops before terraform plan: {unreachable}")
+    if no_data:
+        echo(f"note: `up` stops before it starts: {no_data}")
+    if _looks_for_lost(root, plan):
+        echo(f"note: this cluster exists: `up` first asks {plan.cluster.cloud} which recorded nodes still run "
+             "(terraform output -json, then its CLI) and replaces lost ones under their names, from terraform "
+             "plan on")
+    for number, step in enumerate(steps, start=1):
+        suffix = (f"  > ansible/{INVENTORY}" if step.kind == "inventory"
+                  else f"  # {step.name}: {step.title}" if step.kind == "stage" else "")
+        echo(f"{number}. {display(step, root)}{suffix}")
+    if steps[-1].kind == "submit":
+        from gpuprov.job import submitted_lines
+
+        echo("then: " + "\n".join(submitted_lines(root, plan, "<job id>")[1:]).strip())
+    else:
+        echo(f"{len(steps) + 1}. start training:\n{training_command(root, plan)}")
+    if cost_per_hour(plan):
+        echo(cost_per_hour(plan))
+
+
 def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
              echo: Callable[[str], None] = print) -> None:
     steps = all_steps(root, plan)
@@ -483,28 +512,7 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
     unreachable = _connection_problem(root, plan)
     no_data = local_dataset_problem(plan, root)
     if dry_run:
-        if missing:
-            echo(f"note: terraform needs values first: {_variables_hint(tf, missing)}")
-        if unreachable:
-            echo(f"note: `up` stops before terraform plan: {unreachable}")
-        if no_data:
-            echo(f"note: `up` stops before it starts: {no_data}")
-        if _looks_for_lost(root, plan):
-            echo(f"note: this cluster exists: `up` first asks {plan.cluster.cloud} which recorded nodes still run "
-                 "(terraform output -json, then its CLI) and replaces lost ones under their names, from terraform "
-                 "plan on")
-        for number, step in enumerate(steps, start=1):
-            suffix = (f"  > ansible/{INVENTORY}" if step.kind == "inventory"
-                      else f"  # {step.name}: {step.title}" if step.kind == "stage" else "")
-            echo(f"{number}. {display(step, root)}{suffix}")
-        if steps[-1].kind == "submit":
-            from gpuprov.job import submitted_lines
-
-            echo("then: " + "\n".join(submitted_lines(root, plan, "<job id>")[1:]).strip())
-        else:
-            echo(f"{len(steps) + 1}. start training:\n{training_command(root, plan)}")
-        if cost_per_hour(plan):
-            echo(cost_per_hour(plan))
+        _print_dry_run(root, plan, steps, [missing, unreachable, no_data], echo)
         return
     if no_data:  # refused before anything is bought
         raise StepFailed(f"{no_data}; restore it (or regenerate the bundle) and re-run "
