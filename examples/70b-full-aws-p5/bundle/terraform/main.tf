@@ -350,11 +350,6 @@ resource "aws_instance" "replacement" {
   # A new AMI or launch template version applies to nodes launched later, as for the fleet.
   lifecycle {
     ignore_changes = [launch_template]
-
-    precondition {
-      condition     = contains(local.node_names, each.key)
-      error_message = "replaced_nodes names a node this bundle does not have."
-    }
   }
 }
 
