@@ -69,7 +69,9 @@ def find_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     step = Step("recorded-nodes", "the nodes Terraform recorded", OUTPUT_ARGV, root / "terraform", "", "inventory")
     code, recorded = run_terraform(step, echo)
     nodes = recorded_nodes(recorded) if code == 0 else {}
-    if code == 0 and recorded.strip() == "{}":
+    if code != 0:
+        echo("note: `terraform output -json` failed (above): nodes the cloud lost are not looked for this time")
+    elif recorded.strip() == "{}":
         forget_replaced(root)  # Terraform records nothing (destroyed): the next apply launches every node
     target = get_target(plan.cluster.cloud)
     argv = target.node_states_argv(settings(plan, root), nodes) if nodes else None

@@ -39,6 +39,9 @@ FAKE = textwrap.dedent("""\
         log.write(json.dumps([name] + sys.argv[1:]) + "\\n")
     key = " ".join([name] + sys.argv[1:])
     if name == "terraform" and sys.argv[1:] == ["output", "-no-color", "-json"]:
+        if os.environ.get("FAKE_TF_FAIL"):
+            print("Error: Failed to load state: AccessDenied", file=sys.stderr)
+            sys.exit(1)
         print(os.environ["FAKE_OUTPUTS"])  # every output, as `terraform output -json` prints them
     elif name == "terraform" and sys.argv[1:2] == ["output"]:
         print(json.dumps(json.loads(os.environ["FAKE_OUTPUTS"])["ansible_inventory"]["value"]))
@@ -339,3 +342,13 @@ def test_dry_run_on_an_existing_cluster_says_it_looks_first_and_runs_nothing(clu
     assert result.returncode == 0, result.stderr
     assert "note: this cluster exists: `up` first asks aws which recorded nodes still run" in result.stdout
     assert _calls(cluster) == []
+
+
+def test_terraform_output_failing_is_a_note_and_the_list_stays(cluster):
+    root = cluster["root"]
+    listed = root / "terraform" / REPLACED_VARS
+    listed.write_text(json.dumps(_replaced_example()))
+    result = _up(root, cluster["env"], FAKE_TF_FAIL="1")
+    assert result.returncode == 0, result.stderr
+    assert "note: `terraform output -json` failed (above)" in result.stdout
+    assert listed.exists() and not any(c.startswith("aws") for c in _calls(cluster))
