@@ -154,3 +154,18 @@ def test_cp_merge_lengthens_the_step() -> None:
     assert st.exposed_comm_s == pytest.approx(2 * st.terms["cp_exposed_per_micro_batch_s"] + st.terms["exposed_sync_s"]
                                               + 2 * st.terms["exposed_per_micro_batch_s"] + st.terms["tail_s"])
     assert st.compute_time_s == pytest.approx(2 * (st.terms["compute_per_micro_batch_s"] + merge))
+
+
+def test_float8_gathers_under_tp_and_pp_shrink_with_the_rank_shard() -> None:
+    """Each rank all-gathers its TP shard of its stage: the float8 linears' bytes saved are that shard's, so FSDP's
+    traffic stays positive and is a fixed share of the bf16 layout's, whatever tp x pp is."""
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=1, seq_len=8192)
+    f8_params = L70.num_layers * L70.layer_linear_params()
+    ratios = []
+    for tp in (1, 2, 8):
+        plain = layout_step_estimate(shape=shape, tp=tp, cp=1, layer=LAYER, ac="full", **_kw("full", 8192))
+        f8 = layout_step_estimate(shape=shape, tp=tp, cp=1, layer=LAYER, ac="full", float8_gain=1.5,
+                                  float8_params=f8_params, **_kw("full", 8192))
+        assert 0.0 < f8.terms["comm_per_micro_batch_s"] < plain.terms["comm_per_micro_batch_s"]
+        ratios.append(f8.comm_bytes_per_gpu / plain.comm_bytes_per_gpu)
+    assert ratios[1] == pytest.approx(ratios[0], rel=0.02) and ratios[2] == pytest.approx(ratios[0], rel=0.02)

@@ -654,10 +654,12 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     virtual = Shape(nodes=shape.nodes, gpus_per_node=max(1, shape.gpus_per_node // tp), sharding=shape.sharding,
                     shard_group=max(1, shape.shard_group // (tp * pp)), micro_batch=shape.micro_batch,
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
+    # the rank gathers its TP shard of its stage: the float8 linears' parameters shrink with the rest
+    kw_rank = dict(kw, float8_params=int(kw.get("float8_params", 0)) // (tp * pp))
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
                          inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
                          mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1,
-                         pp_micro_batches=pipeline.micro_batches if pipeline else 1, **kw)
+                         pp_micro_batches=pipeline.micro_batches if pipeline else 1, **kw_rank)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
     # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
