@@ -169,3 +169,24 @@ def test_float8_gathers_under_tp_and_pp_shrink_with_the_rank_shard() -> None:
         assert 0.0 < f8.terms["comm_per_micro_batch_s"] < plain.terms["comm_per_micro_batch_s"]
         ratios.append(f8.comm_bytes_per_gpu / plain.comm_bytes_per_gpu)
     assert ratios[1] == pytest.approx(ratios[0], rel=0.02) and ratios[2] == pytest.approx(ratios[0], rel=0.02)
+
+
+def test_async_tp_leaves_the_summed_backward_reduce_scatters_exposed() -> None:
+    """Inductor's micro-pipeline TP fuses a reduce-scatter only with the one matmul producing its input; the backward
+    reduce-scatters of the attention and MLP inputs' gradients (sums of the q/k/v and w1/w3 input gradients) stay
+    plain collectives, so however long the matmuls, async TP leaves that share of the TP traffic on the critical path."""
+    from gpuprov.sizing.throughput import async_tp_exposed_seconds
+
+    mp = assumptions().raw["model_parallel"]
+    calls = mp["tp_allreduces_forward_per_layer"] * 2 + mp["tp_allreduces_backward_per_layer"]  # with recompute
+    unfused = mp["async_tp_unfused_reduce_scatters_per_layer"]
+    tp_s = 1.0
+    long_gemms = async_tp_exposed_seconds(tp_s, 1e6, tp=8, ac="full")
+    # each call is an all-gather plus a reduce-scatter of the same bf16 bytes: `unfused` halves of calls stay
+    assert long_gemms == pytest.approx(unfused / (2 * calls) + (1 - unfused / (2 * calls)) / 16)
+    # float8 gathers move half the bytes; the unfused reduce-scatters stay bf16, so their share of the traffic grows
+    assert async_tp_exposed_seconds(tp_s, 1e6, tp=8, ac="full", float8=True) > long_gemms
+    # matmuls shorter than the fused collectives leave the rest exposed too; no TP, nothing
+    assert async_tp_exposed_seconds(tp_s, 0.1, tp=8, ac="full") > long_gemms
+    assert async_tp_exposed_seconds(tp_s, 1e6, tp=1, ac="full") == 0.0
+    assert 0.0 < long_gemms < tp_s

@@ -529,6 +529,26 @@ def tp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, gbyte
     return float(mp["tp_exposed_fraction"]) * per_layer * layer.num_layers
 
 
+def async_tp_exposed_seconds(tp_s: float, gemm_s: float, *, tp: int, ac: str, float8: bool = False) -> float:
+    """Per micro-batch: what async TP leaves of the TP collectives `tp_s` (tp_comm_seconds) on the critical path.
+
+    Inductor's micro-pipeline TP pass fuses each all-gather with the matmuls that read its result and each
+    reduce-scatter with the one matmul that produces its input; those hide under their matmul's shards, all but
+    the last reduce-scatter shard (torch fused_matmul_reduce_scatter has no matmul after it). The backward
+    reduce-scatters of the attention and MLP inputs' gradients sum several linears' gradients first, so they
+    stay plain collectives (catalog/data/throughput.yaml model_parallel.async_tp_unfused_reduce_scatters_per_layer)."""
+    if tp <= 1 or tp_s <= 0.0:
+        return 0.0
+    mp = assumptions().raw["model_parallel"]
+    calls = mp["tp_allreduces_forward_per_layer"] + mp["tp_allreduces_backward_per_layer"]
+    if ac in ("selective", "full"):
+        calls += mp["tp_allreduces_forward_per_layer"]
+    gather_bytes = float(assumptions().f8_gather_bytes) if float8 else 2.0
+    unfused = float(mp["async_tp_unfused_reduce_scatters_per_layer"]) * 2.0 / (calls * (gather_bytes + 2.0))
+    fused_s = tp_s * (1.0 - unfused)
+    return tp_s * unfused + max(0.0, fused_s - gemm_s) + fused_s / (2.0 * tp)
+
+
 def cp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbytes: float, latency: float) -> float:
     """Per micro-batch: ring attention's K/V (and dK/dV) exchange, cp - 1 hops per pass."""
     if cp == 1:
@@ -677,9 +697,7 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
     tp_exposed = tp_s
     if async_tp and "gemm_per_micro_batch_s" in base.terms:
-        # each collective hides under its own matmul's shards; the reduce-scatters' (half the bytes) last shard
-        # has no matmul after it (torch fused_matmul_reduce_scatter)
-        tp_exposed = max(0.0, tp_s - base.terms["gemm_per_micro_batch_s"]) + tp_s / (2.0 * tp)
+        tp_exposed = async_tp_exposed_seconds(tp_s, base.terms["gemm_per_micro_batch_s"], tp=tp, ac=ac, float8=f8)
     elif async_tp:
         tp_exposed = max(0.0, tp_s - a.overlap * compute_mb)
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
