@@ -190,3 +190,21 @@ def test_async_tp_leaves_the_summed_backward_reduce_scatters_exposed() -> None:
     assert async_tp_exposed_seconds(tp_s, 0.1, tp=8, ac="full") > long_gemms
     assert async_tp_exposed_seconds(tp_s, 1e6, tp=1, ac="full") == 0.0
     assert 0.0 < long_gemms < tp_s
+
+
+def test_async_tp_pays_its_local_reductions_on_the_compute_stream() -> None:
+    """torch's fused matmul-reduce-scatter stacks every rank's partial products (tokens x hidden) and sums its own
+    rows in a separate kernel: HBM traffic on the compute stream that grows with the tokens and recompute, and that
+    a vanilla (NCCL) TP step does not have."""
+    from gpuprov.sizing.throughput import async_tp_reduce_seconds
+
+    kw = dict(tokens=8192.0, layer=LAYER, tp=8, hbm_gbytes_per_s=3350.0)
+    plain = async_tp_reduce_seconds(ac="none", **kw)
+    assert plain > 0.0
+    assert async_tp_reduce_seconds(ac="full", **kw) == pytest.approx(2 * plain)  # the recomputed forward again
+    assert async_tp_reduce_seconds(ac="none", **{**kw, "tokens": 16384.0}) == pytest.approx(2 * plain)
+    assert async_tp_reduce_seconds(ac="none", **{**kw, "hbm_gbytes_per_s": 1675.0}) == pytest.approx(2 * plain)
+    assert async_tp_reduce_seconds(ac="none", **{**kw, "tp": 1}) == 0.0
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=1, seq_len=8192)
+    vanilla = layout_step_estimate(shape=shape, tp=8, cp=1, layer=LAYER, ac="full", **_kw("full", 8192))
+    assert vanilla.terms["async_tp_reduce_per_micro_batch_s"] == 0.0

@@ -549,6 +549,22 @@ def async_tp_exposed_seconds(tp_s: float, gemm_s: float, *, tp: int, ac: str, fl
     return tp_s * unfused + max(0.0, fused_s - gemm_s) + fused_s / (2.0 * tp)
 
 
+def async_tp_reduce_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, hbm_gbytes_per_s: float) -> float:
+    """Per micro-batch: the local reductions async TP's fused matmul-reduce-scatters run on the compute stream.
+
+    torch's _fused_matmul_reduce_scatter_impl (and its scaled-mm twin) has every rank compute its partial product
+    for every rank's rows into a stacked buffer (tokens x hidden, bf16), which _pipelined_produce_and_all2all fills
+    across the ranks, then sums the tp partials of its own rows in one reduction kernel: it reads the whole stacked
+    buffer and writes 1/tp of it. NCCL's reduce-scatter reduces inside its own kernel instead. The fused ones are the
+    forward's (attention output and MLP down projections), again in a recomputed forward."""
+    if tp <= 1:
+        return 0.0
+    mp = assumptions().raw["model_parallel"]
+    fused = mp["tp_allreduces_forward_per_layer"] * (2 if ac in ("selective", "full") else 1)
+    moved = tokens * layer.hidden * 2.0 * (1.0 + 1.0 / tp)
+    return layer.num_layers * fused * moved / (hbm_gbytes_per_s * 1e9)
+
+
 def cp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbytes: float, latency: float) -> float:
     """Per micro-batch: ring attention's K/V (and dK/dV) exchange, cp - 1 hops per pass."""
     if cp == 1:
@@ -695,19 +711,23 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                              a.lat_intra if ring_intra else a.lat_inter, base.terms.get("attention_per_micro_batch_s"))
     cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
-    tp_exposed = tp_s
+    tp_exposed, tp_reduce = tp_s, 0.0
     if async_tp and "gemm_per_micro_batch_s" in base.terms:
         tp_exposed = async_tp_exposed_seconds(tp_s, base.terms["gemm_per_micro_batch_s"], tp=tp, ac=ac, float8=f8)
+        tp_reduce = async_tp_reduce_seconds(tokens=tokens, layer=stage_layer, tp=tp, ac=ac,
+                                            hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
     elif async_tp:
         tp_exposed = max(0.0, tp_s - a.overlap * compute_mb)
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
-    compute = base.compute_time_s + cp_merge * shape.grad_accum  # the merges run on the compute stream
+    on_stream = (cp_merge + tp_reduce) * shape.grad_accum  # the merges and reductions run on the compute stream
+    compute = base.compute_time_s + on_stream
     bubble = pipeline.bubble() * (compute + tp_exposed * shape.grad_accum) if pipeline else 0.0
-    step = base.step_time_s + cp_merge * shape.grad_accum + extra + bubble
+    step = base.step_time_s + on_stream + extra + bubble
     exposed = base.exposed_comm_s + extra
     terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, tp_exposed_per_micro_batch_s=tp_exposed,
                  cp_ring_per_micro_batch_s=cp_s,
                  cp_exposed_per_micro_batch_s=cp_exposed, cp_merge_per_micro_batch_s=cp_merge,
+                 async_tp_reduce_per_micro_batch_s=tp_reduce,
                  pipeline_bubble_s=bubble)
     return StepEstimate(
         step_time_s=step, compute_time_s=compute, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
