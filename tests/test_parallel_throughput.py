@@ -174,8 +174,9 @@ def test_float8_gathers_under_tp_and_pp_shrink_with_the_rank_shard() -> None:
 def test_async_tp_leaves_the_summed_backward_reduce_scatters_exposed() -> None:
     """Inductor's micro-pipeline TP fuses a reduce-scatter only with the one matmul producing its input; the backward
     reduce-scatters of the attention and MLP inputs' gradients (sums of the q/k/v and w1/w3 input gradients) stay
-    plain collectives, so however long the matmuls, async TP leaves that share of the TP traffic on the critical path."""
-    from gpuprov.sizing.throughput import async_tp_exposed_seconds
+    plain collectives, so however long the matmuls, async TP leaves that share of the TP traffic on the critical
+    path."""
+    from gpuprov.sizing.async_tp import async_tp_exposed_seconds
 
     mp = assumptions().raw["model_parallel"]
     calls = mp["tp_allreduces_forward_per_layer"] * 2 + mp["tp_allreduces_backward_per_layer"]  # with recompute
@@ -196,7 +197,7 @@ def test_async_tp_pays_its_local_reductions_on_the_compute_stream() -> None:
     """torch's fused matmul-reduce-scatter stacks every rank's partial products (tokens x hidden) and sums its own
     rows in a separate kernel: HBM traffic on the compute stream that grows with the tokens and recompute, and that
     a vanilla (NCCL) TP step does not have."""
-    from gpuprov.sizing.throughput import async_tp_reduce_seconds
+    from gpuprov.sizing.async_tp import async_tp_reduce_seconds
 
     kw = dict(tokens=8192.0, layer=LAYER, tp=8, hbm_gbytes_per_s=3350.0)
     plain = async_tp_reduce_seconds(ac="none", **kw)

@@ -27,15 +27,17 @@ STEP_TERMS = ("gemm", "attention", "memory_bound", "launch", "exposed_comm", "op
 
 def step_breakdown(est: Any) -> dict[str, float]:
     """The step's seconds by kind (STEP_TERMS), summing to its step time: the operation model's compute terms
-    over the step's micro-batches (ring attention's merges and async TP's local reductions count as memory-bound), the communication compute
-    could not hide, the optimizer step and the pipeline bubble. {} for a step timed without the operation model."""
+    over the step's micro-batches (ring attention's merges and async TP's local reductions count as memory-bound),
+    the communication compute could not hide, the optimizer step and the pipeline bubble. {} for a step timed
+    without the operation model."""
     t = est.terms
     if "gemm_per_micro_batch_s" not in t:
         return {}
     ga = float(t.get("micro_batches", 1))
     r = 1.0 / float(t.get("calibration_speed_ratio", 1.0))  # an older whole-step calibration scales every term
     out = {k: t[f"{k}_per_micro_batch_s"] * ga * r for k in ("gemm", "attention", "memory_bound", "launch")}
-    out["memory_bound"] += (t.get("cp_merge_per_micro_batch_s", 0.0) + t.get("async_tp_reduce_per_micro_batch_s", 0.0)) * ga * r
+    on_stream = t.get("cp_merge_per_micro_batch_s", 0.0) + t.get("async_tp_reduce_per_micro_batch_s", 0.0)
+    out["memory_bound"] += on_stream * ga * r
     out.update(exposed_comm=est.exposed_comm_s, optimizer=est.optimizer_time_s,
                pipeline_bubble=t.get("pipeline_bubble_s", 0.0) * r)
     return out

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from gpuprov.catalog import load_data
+from gpuprov.sizing.async_tp import async_tp_seconds
 from gpuprov.sizing.pipeline import stages_per_rank
 from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
@@ -529,42 +530,6 @@ def tp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, gbyte
     return float(mp["tp_exposed_fraction"]) * per_layer * layer.num_layers
 
 
-def async_tp_exposed_seconds(tp_s: float, gemm_s: float, *, tp: int, ac: str, float8: bool = False) -> float:
-    """Per micro-batch: what async TP leaves of the TP collectives `tp_s` (tp_comm_seconds) on the critical path.
-
-    Inductor's micro-pipeline TP pass fuses each all-gather with the matmuls that read its result and each
-    reduce-scatter with the one matmul that produces its input; those hide under their matmul's shards, all but
-    the last reduce-scatter shard (torch fused_matmul_reduce_scatter has no matmul after it). The backward
-    reduce-scatters of the attention and MLP inputs' gradients sum several linears' gradients first, so they
-    stay plain collectives (catalog/data/throughput.yaml model_parallel.async_tp_unfused_reduce_scatters_per_layer)."""
-    if tp <= 1 or tp_s <= 0.0:
-        return 0.0
-    mp = assumptions().raw["model_parallel"]
-    calls = mp["tp_allreduces_forward_per_layer"] + mp["tp_allreduces_backward_per_layer"]
-    if ac in ("selective", "full"):
-        calls += mp["tp_allreduces_forward_per_layer"]
-    gather_bytes = float(assumptions().f8_gather_bytes) if float8 else 2.0
-    unfused = float(mp["async_tp_unfused_reduce_scatters_per_layer"]) * 2.0 / (calls * (gather_bytes + 2.0))
-    fused_s = tp_s * (1.0 - unfused)
-    return tp_s * unfused + max(0.0, fused_s - gemm_s) + fused_s / (2.0 * tp)
-
-
-def async_tp_reduce_seconds(*, tokens: float, layer: LayerShape, tp: int, ac: str, hbm_gbytes_per_s: float) -> float:
-    """Per micro-batch: the local reductions async TP's fused matmul-reduce-scatters run on the compute stream.
-
-    torch's _fused_matmul_reduce_scatter_impl (and its scaled-mm twin) has every rank compute its partial product
-    for every rank's rows into a stacked buffer (tokens x hidden, bf16), which _pipelined_produce_and_all2all fills
-    across the ranks, then sums the tp partials of its own rows in one reduction kernel: it reads the whole stacked
-    buffer and writes 1/tp of it. NCCL's reduce-scatter reduces inside its own kernel instead. The fused ones are the
-    forward's (attention output and MLP down projections), again in a recomputed forward."""
-    if tp <= 1:
-        return 0.0
-    mp = assumptions().raw["model_parallel"]
-    fused = mp["tp_allreduces_forward_per_layer"] * (2 if ac in ("selective", "full") else 1)
-    moved = tokens * layer.hidden * 2.0 * (1.0 + 1.0 / tp)
-    return layer.num_layers * fused * moved / (hbm_gbytes_per_s * 1e9)
-
-
 def cp_comm_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, gbytes: float, latency: float) -> float:
     """Per micro-batch: ring attention's K/V (and dK/dV) exchange, cp - 1 hops per pass."""
     if cp == 1:
@@ -690,8 +655,7 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     virtual = Shape(nodes=shape.nodes, gpus_per_node=max(1, shape.gpus_per_node // tp), sharding=shape.sharding,
                     shard_group=max(1, shape.shard_group // (tp * pp)), micro_batch=shape.micro_batch,
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
-    # the rank gathers its TP shard of its stage: the float8 linears' parameters shrink with the rest
-    kw_rank = dict(kw, float8_params=int(kw.get("float8_params", 0)) // (tp * pp))
+    kw_rank = dict(kw, float8_params=int(kw.get("float8_params", 0)) // (tp * pp))  # the rank's float8 shard
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
                          inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
                          mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1,
@@ -713,9 +677,8 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
     tp_exposed, tp_reduce = tp_s, 0.0
     if async_tp and "gemm_per_micro_batch_s" in base.terms:
-        tp_exposed = async_tp_exposed_seconds(tp_s, base.terms["gemm_per_micro_batch_s"], tp=tp, ac=ac, float8=f8)
-        tp_reduce = async_tp_reduce_seconds(tokens=tokens, layer=stage_layer, tp=tp, ac=ac,
-                                            hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
+        tp_exposed, tp_reduce = async_tp_seconds(tp_s, base.terms["gemm_per_micro_batch_s"], tokens=tokens,
+                                                 layer=stage_layer, tp=tp, ac=ac, float8=f8, hbm=kw["hbm_gbytes_per_s"])
     elif async_tp:
         tp_exposed = max(0.0, tp_s - a.overlap * compute_mb)
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
@@ -725,10 +688,8 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     step = base.step_time_s + on_stream + extra + bubble
     exposed = base.exposed_comm_s + extra
     terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, tp_exposed_per_micro_batch_s=tp_exposed,
-                 cp_ring_per_micro_batch_s=cp_s,
-                 cp_exposed_per_micro_batch_s=cp_exposed, cp_merge_per_micro_batch_s=cp_merge,
-                 async_tp_reduce_per_micro_batch_s=tp_reduce,
-                 pipeline_bubble_s=bubble)
+                 cp_ring_per_micro_batch_s=cp_s, cp_exposed_per_micro_batch_s=cp_exposed, pipeline_bubble_s=bubble,
+                 cp_merge_per_micro_batch_s=cp_merge, async_tp_reduce_per_micro_batch_s=tp_reduce)
     return StepEstimate(
         step_time_s=step, compute_time_s=compute, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
         exposed_comm_s=exposed, optimizer_time_s=base.optimizer_time_s,
