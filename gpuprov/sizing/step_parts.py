@@ -1,7 +1,9 @@
-"""Pieces of a step: what FSDP2's layer-by-layer prefetch leaves exposed, and a step estimate by kind of work."""
+"""Pieces of a step: what FSDP2's layer-by-layer prefetch leaves exposed, a step estimate by kind of work, and a
+step as a calibration says it runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -41,3 +43,15 @@ def step_breakdown(est: Any) -> dict[str, float]:
     out.update(exposed_comm=est.exposed_comm_s, optimizer=est.optimizer_time_s,
                pipeline_bubble=t.get("pipeline_bubble_s", 0.0) * r)
     return out
+
+
+def calibrated(est: Any, speed_ratio: float) -> Any:
+    """The step as a measured run on this GPU type says it goes (gpuprov/calibration.py RULE): every
+    time term divided by measured/predicted tokens/s, tokens/s and MFU multiplied by it."""
+    if speed_ratio == 1.0:
+        return est
+    r = float(speed_ratio)
+    return dataclasses.replace(est, step_time_s=est.step_time_s / r, compute_time_s=est.compute_time_s / r,
+                               comm_time_s=est.comm_time_s / r, exposed_comm_s=est.exposed_comm_s / r,
+                               optimizer_time_s=est.optimizer_time_s / r, tokens_per_s=est.tokens_per_s * r,
+                               mfu=est.mfu * r, terms=dict(est.terms, calibration_speed_ratio=r))

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuprov.catalog import load_data
 from gpuprov.sizing.async_tp import async_tp_seconds
+from gpuprov.sizing.nccl import fsdp_ring_seconds
 from gpuprov.sizing.pipeline import stages_per_rank
 from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
@@ -303,7 +304,8 @@ def _collective_bw(group: int, gpus_per_node: int, intra: float, inter: float) -
     channel its own NIC, so a ring that spans nodes crosses every node boundary on all the NICs of the
     node's ranks at once: the bus bandwidth is channels x one NIC (NVIDIA/nccl src/graph/tuning.cc
     `busBw = nChannels * bw`, bw = bwInter beyond two nodes), i.e. the node's aggregate for the ranks it
-    has in the group, never more than NVLink inside the node."""
+    has in the group, never more than NVLink inside the node. FSDP's per-layer collectives are timed from it
+    message by message as NCCL's tuning model does (gpuprov/sizing/nccl.py); the latency is the others'."""
     a = assumptions()
     if group <= gpus_per_node:
         return intra, a.lat_intra
@@ -338,10 +340,10 @@ def _data_parallel_comm(shape: Shape, gather_buf: float, grad_buf: float, traina
     n, s = shape.total_gpus, shape.sharding
     if s in ("fsdp", "hsdp") and shape.shard_group > 1:
         g = shape.shard_group
-        bw, lat = _collective_bw(g, shape.gpus_per_node, intra, inter)
-        # forward all-gather + backward re-gather (reshard_after_forward) + grad reduce-scatter
-        b = (g - 1) / g * (2 * gather_buf + grad_buf)
-        out = _Comm(per_micro_batch=b / (bw * 1e9) + 3 * num_layers * lat, volume=b * shape.grad_accum)
+        bw, gpn = _collective_bw(g, shape.gpus_per_node, intra, inter)[0], shape.gpus_per_node
+        b = (g - 1) / g * (2 * gather_buf + grad_buf)  # all-gather, re-gather (reshard_after_forward), reduce-scatter
+        ring = fsdp_ring_seconds(gather_buf, grad_buf, num_layers, g, gpn, bw, intra)
+        out = _Comm(per_micro_batch=ring, volume=b * shape.grad_accum)
         if s == "hsdp" and n > g:
             r = n // g
             bw_r, lat_r = _collective_bw(n, shape.gpus_per_node, intra, inter)
@@ -478,18 +480,6 @@ def step_estimate(
         optimizer_time_s=opt, tokens_per_s=tps, mfu=tps * flops.model / (peak_tflops * 1e12 * n), utilisation=speed,
         comm_bytes_per_gpu=comm.volume, bound="communication" if exposed > 0.25 * compute else "compute", terms=terms,
     )
-
-
-def calibrated(est: StepEstimate, speed_ratio: float) -> StepEstimate:
-    """The step as a measured run on this GPU type says it goes (gpuprov/calibration.py RULE): every
-    time term divided by measured/predicted tokens/s, tokens/s and MFU multiplied by it."""
-    if speed_ratio == 1.0:
-        return est
-    r = float(speed_ratio)
-    return replace(est, step_time_s=est.step_time_s / r, compute_time_s=est.compute_time_s / r,
-                   comm_time_s=est.comm_time_s / r, exposed_comm_s=est.exposed_comm_s / r,
-                   optimizer_time_s=est.optimizer_time_s / r, tokens_per_s=est.tokens_per_s * r, mfu=est.mfu * r,
-                   terms=dict(est.terms, calibration_speed_ratio=r))
 
 
 # --------------------------------------------------------------------------- tensor / context parallel
