@@ -125,3 +125,20 @@ def test_the_plan_ranks_and_reports_with_the_operation_model():
                                     seq_len=32768))
     share = [p.throughput.step_terms_s["attention"] / p.throughput.step_time_s for p in (plan, longer)]
     assert share[1] > share[0]
+
+
+def test_the_gpu_waits_for_the_host_when_kernels_are_shorter_than_their_launches():
+    """Each kernel costs the host a launch (catalog launch.host_seconds_per_kernel); the host runs ahead of long
+    kernels, so only a micro-batch whose work is shorter than its launches is paced by the host."""
+    c = operators.constants()["launch"]
+    small = get_model("llama-3.2-1b")
+    host_s, kernel_s = float(c["host_seconds_per_kernel"]), float(c["seconds_per_kernel"])
+    for compiled, mode in ((False, "eager"), (True, "compiled")):
+        kernels = small.num_layers * float(c["kernels_per_layer"][mode])
+        tiny = operators.op_model(small, H100, ac="none", compiled=compiled).terms(micro_batch=1, seq_len=16)
+        assert sum(tiny.values()) == pytest.approx(kernels * host_s)  # host-bound: the step is the launches
+        big = operators.op_model(small, H100, ac="none", compiled=compiled).terms(micro_batch=8, seq_len=8192)
+        assert big["launch_s"] == pytest.approx(kernels * kernel_s)  # the host ran ahead: launches hide
+    eager = operators.op_model(small, H100, ac="none", compiled=False).terms(micro_batch=1, seq_len=16)
+    comp = operators.op_model(small, H100, ac="none", compiled=True).terms(micro_batch=1, seq_len=16)
+    assert sum(eager.values()) > sum(comp.values())  # compile leaves fewer kernels to launch

@@ -154,3 +154,58 @@ def test_cp_merge_lengthens_the_step() -> None:
     assert st.exposed_comm_s == pytest.approx(2 * st.terms["cp_exposed_per_micro_batch_s"] + st.terms["exposed_sync_s"]
                                               + 2 * st.terms["exposed_per_micro_batch_s"] + st.terms["tail_s"])
     assert st.compute_time_s == pytest.approx(2 * (st.terms["compute_per_micro_batch_s"] + merge))
+
+
+def test_float8_gathers_under_tp_and_pp_shrink_with_the_rank_shard() -> None:
+    """Each rank all-gathers its TP shard of its stage: the float8 linears' bytes saved are that shard's, so FSDP's
+    traffic stays positive and is a fixed share of the bf16 layout's, whatever tp x pp is."""
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=1, seq_len=8192)
+    f8_params = L70.num_layers * L70.layer_linear_params()
+    ratios = []
+    for tp in (1, 2, 8):
+        plain = layout_step_estimate(shape=shape, tp=tp, cp=1, layer=LAYER, ac="full", **_kw("full", 8192))
+        f8 = layout_step_estimate(shape=shape, tp=tp, cp=1, layer=LAYER, ac="full", float8_gain=1.5,
+                                  float8_params=f8_params, **_kw("full", 8192))
+        assert 0.0 < f8.terms["comm_per_micro_batch_s"] < plain.terms["comm_per_micro_batch_s"]
+        ratios.append(f8.comm_bytes_per_gpu / plain.comm_bytes_per_gpu)
+    assert ratios[1] == pytest.approx(ratios[0], rel=0.02) and ratios[2] == pytest.approx(ratios[0], rel=0.02)
+
+
+def test_async_tp_leaves_the_summed_backward_reduce_scatters_exposed() -> None:
+    """Inductor's micro-pipeline TP fuses a reduce-scatter only with the one matmul producing its input; the backward
+    reduce-scatters of the attention and MLP inputs' gradients (sums of the q/k/v and w1/w3 input gradients) stay
+    plain collectives, so however long the matmuls, async TP leaves that share of the TP traffic on the critical
+    path."""
+    from gpuprov.sizing.async_tp import async_tp_exposed_seconds
+
+    mp = assumptions().raw["model_parallel"]
+    calls = mp["tp_allreduces_forward_per_layer"] * 2 + mp["tp_allreduces_backward_per_layer"]  # with recompute
+    unfused = mp["async_tp_unfused_reduce_scatters_per_layer"]
+    tp_s = 1.0
+    long_gemms = async_tp_exposed_seconds(tp_s, 1e6, tp=8, ac="full")
+    # each call is an all-gather plus a reduce-scatter of the same bf16 bytes: `unfused` halves of calls stay
+    assert long_gemms == pytest.approx(unfused / (2 * calls) + (1 - unfused / (2 * calls)) / 16)
+    # float8 gathers move half the bytes; the unfused reduce-scatters stay bf16, so their share of the traffic grows
+    assert async_tp_exposed_seconds(tp_s, 1e6, tp=8, ac="full", float8=True) > long_gemms
+    # matmuls shorter than the fused collectives leave the rest exposed too; no TP, nothing
+    assert async_tp_exposed_seconds(tp_s, 0.1, tp=8, ac="full") > long_gemms
+    assert async_tp_exposed_seconds(tp_s, 1e6, tp=1, ac="full") == 0.0
+    assert 0.0 < long_gemms < tp_s
+
+
+def test_async_tp_pays_its_local_reductions_on_the_compute_stream() -> None:
+    """torch's fused matmul-reduce-scatter stacks every rank's partial products (tokens x hidden) and sums its own
+    rows in a separate kernel: HBM traffic on the compute stream that grows with the tokens and recompute, and that
+    a vanilla (NCCL) TP step does not have."""
+    from gpuprov.sizing.async_tp import async_tp_reduce_seconds
+
+    kw = dict(tokens=8192.0, layer=LAYER, tp=8, hbm_gbytes_per_s=3350.0)
+    plain = async_tp_reduce_seconds(ac="none", **kw)
+    assert plain > 0.0
+    assert async_tp_reduce_seconds(ac="full", **kw) == pytest.approx(2 * plain)  # the recomputed forward again
+    assert async_tp_reduce_seconds(ac="none", **{**kw, "tokens": 16384.0}) == pytest.approx(2 * plain)
+    assert async_tp_reduce_seconds(ac="none", **{**kw, "hbm_gbytes_per_s": 1675.0}) == pytest.approx(2 * plain)
+    assert async_tp_reduce_seconds(ac="none", **{**kw, "tp": 1}) == 0.0
+    shape = Shape(nodes=4, gpus_per_node=8, sharding="fsdp", shard_group=32, micro_batch=2, grad_accum=1, seq_len=8192)
+    vanilla = layout_step_estimate(shape=shape, tp=8, cp=1, layer=LAYER, ac="full", **_kw("full", 8192))
+    assert vanilla.terms["async_tp_reduce_per_micro_batch_s"] == 0.0

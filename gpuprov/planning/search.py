@@ -21,9 +21,10 @@ from gpuprov.planning.space import (
 )
 from gpuprov.sizing.operators import OpModel, op_model
 from gpuprov.sizing.setup import make_setup
+from gpuprov.sizing.step_parts import calibrated
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, StepEstimate, assumptions, attention_executed, float8_refusal, float8_step_kw, flops_per_token, inter_node_gbytes,
-    calibrated, intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
+    intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
     utilisation,
 )
 from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate

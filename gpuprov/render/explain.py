@@ -107,8 +107,11 @@ def _compute(x: _Inputs) -> list[str]:
     out.append(f"   memory-bound ({mode}): norms, RoPE, SwiGLU, residual adds, the loss"
                + (", FSDP's copy-in/out" if c.sharding in ("fsdp", "hsdp") else "")
                + f" at {x.gpu.hbm_gbytes_per_s:,.0f} GB/s HBM = {terms['memory_bound_per_micro_batch_s']:,.3f} s")
-    out.append(f"   kernel launches ({mode}): {oc['launch']['kernels_per_layer'][mode]} kernels per layer x "
-               f"{float(oc['launch']['seconds_per_kernel']) * 1e6:g} us = {terms['launch_per_micro_batch_s']:,.3f} s")
+    lc = oc["launch"]
+    out.append(f"   kernel launches ({mode}): {lc['kernels_per_layer'][mode]} kernels per layer x "
+               f"{float(lc['seconds_per_kernel']) * 1e6:g} us, and the GPU waiting for the host where issuing "
+               f"them ({float(lc['host_seconds_per_kernel']) * 1e6:g} us each) takes longer than running them "
+               f"= {terms['launch_per_micro_batch_s']:,.3f} s")
     out.append(f"   = {terms['compute_per_micro_batch_s']:,.3f} s: the executed FLOPs ({x.fl.executed:.4g} per token) run at "
                f"{st.utilisation:.1%} of the {peak:g} TFLOPS peak on average")
     return out

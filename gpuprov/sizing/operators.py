@@ -6,7 +6,8 @@
     attention    FlashAttention-2 forward + backward FLOPs (causal: half) at its published TFLOP/s for
                  the sequence length
     memory-bound norms, RoPE, SwiGLU, residual adds, the loss and FSDP's copy-in/out: bytes / HBM
-    launch       kernels per layer x what each kernel costs beyond its work (compile fuses most away)
+    launch       kernels per layer x what each kernel costs beyond its work (compile fuses most away), and the
+                 time the GPU waits for the host to issue them when the kernels are shorter than their launches
 
 Activation checkpointing adds the recomputed forward operations; float8 divides the blocks' GEMMs by
 the linears' own speed-up; tensor parallelism splits N (column-wise) or K (row-wise) of each linear and
@@ -204,9 +205,12 @@ def compute_terms(s: OpShape, lay: Layout, g: GpuOps) -> dict[str, float]:
     moved += tokens * s.vocab / lay.tp * float(mem["loss_bytes_per_vocab"][mode]) / lay.pp
     kernels = layers * float(c["launch"]["kernels_per_layer"][mode])
     r = lay.repeats
-    return {"gemm_s": gemm * r, "attention_s": attn * r,
-            "memory_bound_s": (moved * r + lay.fsdp_params * float(mem["fsdp_copy_bytes_per_param"])) / g.hbm_bytes,
-            "launch_s": kernels * g.kernel_s * r}
+    memory_bound = (moved * r + lay.fsdp_params * float(mem["fsdp_copy_bytes_per_param"])) / g.hbm_bytes
+    launch = kernels * g.kernel_s * r
+    # the GPU waits for the host where issuing the kernels takes longer than running them
+    host = kernels * r * float(c["launch"]["host_seconds_per_kernel"])
+    launch += max(0.0, host - (gemm * r + attn * r + memory_bound + launch))
+    return {"gemm_s": gemm * r, "attention_s": attn * r, "memory_bound_s": memory_bound, "launch_s": launch}
 
 
 @dataclass(frozen=True)

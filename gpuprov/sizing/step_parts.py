@@ -1,7 +1,9 @@
-"""Pieces of a step: what FSDP2's layer-by-layer prefetch leaves exposed, and a step estimate by kind of work."""
+"""Pieces of a step: what FSDP2's layer-by-layer prefetch leaves exposed, a step estimate by kind of work, and a
+step as a calibration says it runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -27,15 +29,29 @@ STEP_TERMS = ("gemm", "attention", "memory_bound", "launch", "exposed_comm", "op
 
 def step_breakdown(est: Any) -> dict[str, float]:
     """The step's seconds by kind (STEP_TERMS), summing to its step time: the operation model's compute terms
-    over the step's micro-batches (ring attention's merges count as memory-bound), the communication compute
-    could not hide, the optimizer step and the pipeline bubble. {} for a step timed without the operation model."""
+    over the step's micro-batches (ring attention's merges and async TP's local reductions count as memory-bound),
+    the communication compute could not hide, the optimizer step and the pipeline bubble. {} for a step timed
+    without the operation model."""
     t = est.terms
     if "gemm_per_micro_batch_s" not in t:
         return {}
     ga = float(t.get("micro_batches", 1))
     r = 1.0 / float(t.get("calibration_speed_ratio", 1.0))  # an older whole-step calibration scales every term
     out = {k: t[f"{k}_per_micro_batch_s"] * ga * r for k in ("gemm", "attention", "memory_bound", "launch")}
-    out["memory_bound"] += t.get("cp_merge_per_micro_batch_s", 0.0) * ga * r
+    on_stream = t.get("cp_merge_per_micro_batch_s", 0.0) + t.get("async_tp_reduce_per_micro_batch_s", 0.0)
+    out["memory_bound"] += on_stream * ga * r
     out.update(exposed_comm=est.exposed_comm_s, optimizer=est.optimizer_time_s,
                pipeline_bubble=t.get("pipeline_bubble_s", 0.0) * r)
     return out
+
+
+def calibrated(est: Any, speed_ratio: float) -> Any:
+    """The step as a measured run on this GPU type says it goes (gpuprov/calibration.py RULE): every
+    time term divided by measured/predicted tokens/s, tokens/s and MFU multiplied by it."""
+    if speed_ratio == 1.0:
+        return est
+    r = float(speed_ratio)
+    return dataclasses.replace(est, step_time_s=est.step_time_s / r, compute_time_s=est.compute_time_s / r,
+                               comm_time_s=est.comm_time_s / r, exposed_comm_s=est.exposed_comm_s / r,
+                               optimizer_time_s=est.optimizer_time_s / r, tokens_per_s=est.tokens_per_s * r,
+                               mfu=est.mfu * r, terms=dict(est.terms, calibration_speed_ratio=r))

@@ -19,6 +19,8 @@ from functools import lru_cache
 from typing import Any
 
 from gpuprov.catalog import load_data
+from gpuprov.sizing.async_tp import async_tp_seconds
+from gpuprov.sizing.nccl import fsdp_ring_seconds
 from gpuprov.sizing.pipeline import stages_per_rank
 from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
@@ -302,7 +304,8 @@ def _collective_bw(group: int, gpus_per_node: int, intra: float, inter: float) -
     channel its own NIC, so a ring that spans nodes crosses every node boundary on all the NICs of the
     node's ranks at once: the bus bandwidth is channels x one NIC (NVIDIA/nccl src/graph/tuning.cc
     `busBw = nChannels * bw`, bw = bwInter beyond two nodes), i.e. the node's aggregate for the ranks it
-    has in the group, never more than NVLink inside the node."""
+    has in the group, never more than NVLink inside the node. FSDP's per-layer collectives are timed from it
+    message by message as NCCL's tuning model does (gpuprov/sizing/nccl.py); the latency is the others'."""
     a = assumptions()
     if group <= gpus_per_node:
         return intra, a.lat_intra
@@ -337,10 +340,10 @@ def _data_parallel_comm(shape: Shape, gather_buf: float, grad_buf: float, traina
     n, s = shape.total_gpus, shape.sharding
     if s in ("fsdp", "hsdp") and shape.shard_group > 1:
         g = shape.shard_group
-        bw, lat = _collective_bw(g, shape.gpus_per_node, intra, inter)
-        # forward all-gather + backward re-gather (reshard_after_forward) + grad reduce-scatter
-        b = (g - 1) / g * (2 * gather_buf + grad_buf)
-        out = _Comm(per_micro_batch=b / (bw * 1e9) + 3 * num_layers * lat, volume=b * shape.grad_accum)
+        bw, gpn = _collective_bw(g, shape.gpus_per_node, intra, inter)[0], shape.gpus_per_node
+        b = (g - 1) / g * (2 * gather_buf + grad_buf)  # all-gather, re-gather (reshard_after_forward), reduce-scatter
+        ring = fsdp_ring_seconds(gather_buf, grad_buf, num_layers, g, gpn, bw, intra)
+        out = _Comm(per_micro_batch=ring, volume=b * shape.grad_accum)
         if s == "hsdp" and n > g:
             r = n // g
             bw_r, lat_r = _collective_bw(n, shape.gpus_per_node, intra, inter)
@@ -477,18 +480,6 @@ def step_estimate(
         optimizer_time_s=opt, tokens_per_s=tps, mfu=tps * flops.model / (peak_tflops * 1e12 * n), utilisation=speed,
         comm_bytes_per_gpu=comm.volume, bound="communication" if exposed > 0.25 * compute else "compute", terms=terms,
     )
-
-
-def calibrated(est: StepEstimate, speed_ratio: float) -> StepEstimate:
-    """The step as a measured run on this GPU type says it goes (gpuprov/calibration.py RULE): every
-    time term divided by measured/predicted tokens/s, tokens/s and MFU multiplied by it."""
-    if speed_ratio == 1.0:
-        return est
-    r = float(speed_ratio)
-    return replace(est, step_time_s=est.step_time_s / r, compute_time_s=est.compute_time_s / r,
-                   comm_time_s=est.comm_time_s / r, exposed_comm_s=est.exposed_comm_s / r,
-                   optimizer_time_s=est.optimizer_time_s / r, tokens_per_s=est.tokens_per_s * r, mfu=est.mfu * r,
-                   terms=dict(est.terms, calibration_speed_ratio=r))
 
 
 # --------------------------------------------------------------------------- tensor / context parallel
@@ -654,10 +645,11 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     virtual = Shape(nodes=shape.nodes, gpus_per_node=max(1, shape.gpus_per_node // tp), sharding=shape.sharding,
                     shard_group=max(1, shape.shard_group // (tp * pp)), micro_batch=shape.micro_batch,
                     grad_accum=shape.grad_accum, seq_len=shape.seq_len // cp)
+    kw_rank = dict(kw, float8_params=int(kw.get("float8_params", 0)) // (tp * pp))  # the rank's float8 shard
     base = step_estimate(shape=virtual, peak_tflops=peak_tflops * tp * pp, intra_gbytes=intra_gbytes,
                          inter_gbytes=inter_gbytes, params=params // (tp * pp), trainable=trainable // (tp * pp),
                          mp=(tp, cp, pp), gemm_chunks=tp if async_tp else 1,
-                         pp_micro_batches=pipeline.micro_batches if pipeline else 1, **kw)
+                         pp_micro_batches=pipeline.micro_batches if pipeline else 1, **kw_rank)
     tokens = shape.micro_batch * shape.seq_len / cp
     stage_layer = replace(layer, num_layers=-(-layer.num_layers // pp))
     # float8 linears (a float8 gain) run torchao's Float8Colwise/RowwiseParallel: float8 all-gathers
@@ -673,22 +665,21 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                              a.lat_intra if ring_intra else a.lat_inter, base.terms.get("attention_per_micro_batch_s"))
     cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
                                 hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
-    tp_exposed = tp_s
+    tp_exposed, tp_reduce = tp_s, 0.0
     if async_tp and "gemm_per_micro_batch_s" in base.terms:
-        # each collective hides under its own matmul's shards; the reduce-scatters' (half the bytes) last shard
-        # has no matmul after it (torch fused_matmul_reduce_scatter)
-        tp_exposed = max(0.0, tp_s - base.terms["gemm_per_micro_batch_s"]) + tp_s / (2.0 * tp)
+        tp_exposed, tp_reduce = async_tp_seconds(tp_s, base.terms["gemm_per_micro_batch_s"], tokens=tokens,
+                                                 layer=stage_layer, tp=tp, ac=ac, float8=f8, hbm=kw["hbm_gbytes_per_s"])
     elif async_tp:
         tp_exposed = max(0.0, tp_s - a.overlap * compute_mb)
     extra = (tp_exposed + cp_exposed) * shape.grad_accum
-    compute = base.compute_time_s + cp_merge * shape.grad_accum  # the merges run on the compute stream
+    on_stream = (cp_merge + tp_reduce) * shape.grad_accum  # the merges and reductions run on the compute stream
+    compute = base.compute_time_s + on_stream
     bubble = pipeline.bubble() * (compute + tp_exposed * shape.grad_accum) if pipeline else 0.0
-    step = base.step_time_s + cp_merge * shape.grad_accum + extra + bubble
+    step = base.step_time_s + on_stream + extra + bubble
     exposed = base.exposed_comm_s + extra
     terms = dict(base.terms, tp_comm_per_micro_batch_s=tp_s, tp_exposed_per_micro_batch_s=tp_exposed,
-                 cp_ring_per_micro_batch_s=cp_s,
-                 cp_exposed_per_micro_batch_s=cp_exposed, cp_merge_per_micro_batch_s=cp_merge,
-                 pipeline_bubble_s=bubble)
+                 cp_ring_per_micro_batch_s=cp_s, cp_exposed_per_micro_batch_s=cp_exposed, pipeline_bubble_s=bubble,
+                 cp_merge_per_micro_batch_s=cp_merge, async_tp_reduce_per_micro_batch_s=tp_reduce)
     return StepEstimate(
         step_time_s=step, compute_time_s=compute, comm_time_s=base.comm_time_s + (tp_s + cp_s) * shape.grad_accum,
         exposed_comm_s=exposed, optimizer_time_s=base.optimizer_time_s,
