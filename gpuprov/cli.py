@@ -127,6 +127,8 @@ def _json_error(argv: list[str] | None, message: str, code: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     if sys.stdout is None:  # started with stdout closed (`gpuprov schema >&-`): Python gives None
         _stdout_closed()
+    if argv is None:  # a command run as a process (not a library caller's, nor a test's in-process call)
+        _as_a_process()
     try:
         rc = cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints "Exception ignored"
@@ -153,6 +155,24 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never exit 1
         _unexpected(exc)
     sys.exit(_exit_code(rc))
+
+
+def _as_a_process() -> None:
+    """What only a whole `gpuprov` process does: its searches may come from the user's cache (search_memo.py),
+    and pydantic runs no plugin. Pydantic looks for plugins at the first model class by importing
+    importlib.metadata (the email package, zipfile, csv) and reading every installed distribution's entry
+    points: about 25 ms of every run, for plugins no gpuprov command uses. Its loader's answer when plugins are
+    disabled (PYDANTIC_DISABLE_PLUGINS=__all__) is installed in its place before any model is built."""
+    from gpuprov.planning import search_memo
+
+    search_memo.enable()
+    name = "pydantic.plugin._loader"
+    if name not in sys.modules:
+        import types
+
+        loader = types.ModuleType(name, "gpuprov: no pydantic plugins in a gpuprov process")
+        loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
+        sys.modules[name] = loader
 
 
 def _stdout_closed() -> None:
