@@ -374,14 +374,19 @@ class WriteResult:
 
 
 def _write_tree(root: Path, files: dict[str, str]) -> None:
+    """Every file into the fresh folder `root`: each folder made once, parents first, and every mode set
+    explicitly (the umask must not change the bundle)."""
+    base = str(root)
+    folders = {path[:i] for path in files for i, ch in enumerate(path) if ch == "/"}
+    for folder in sorted(folders):
+        target = os.path.join(base, folder)
+        os.mkdir(target)
+        os.chmod(target, 0o755)
     for path, text in files.items():
-        target = root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "wb") as handle:
+        fd = os.open(os.path.join(base, path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as handle:
             handle.write(text.encode("utf-8"))
-        os.chmod(target, file_mode(path))  # explicit: the umask must not change the bundle
-    for directory in sorted({p for path in files for p in PurePosixPath(path).parents if str(p) != "."}):
-        os.chmod(root / directory, 0o755)
+            os.fchmod(fd, file_mode(path))
     os.chmod(root, 0o755)
 
 
