@@ -13,7 +13,6 @@ gpuprov wrote and the user edited since (hash differs from the lock) stop the wr
 from __future__ import annotations
 
 import contextlib
-import difflib
 import fnmatch
 import hashlib
 import importlib
@@ -24,7 +23,6 @@ import re
 import shlex
 import shutil
 import stat
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -601,6 +599,8 @@ def tar_bytes(files: dict[str, str], prefix: str = TAR_PREFIX) -> bytes:
 
 
 def write_tar(files: dict[str, str], stream: Any, prefix: str = TAR_PREFIX) -> None:
+    import tarfile  # lazy, with difflib below: a bundle written to a folder needs neither
+
     directories = {prefix} | {f"{prefix}/{p}" for path in files for p in PurePosixPath(path).parents if str(p) != "."}
     entries = sorted([(d, None) for d in directories] + [(f"{prefix}/{p}", t) for p, t in files.items()])
     with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -631,6 +631,8 @@ class Difference:
 
 
 def _short_diff(path: str, old: str, new: str, limit: int) -> str:
+    import difflib
+
     lines = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                       fromfile=f"a/{path} (on disk)", tofile=f"b/{path} (regenerated)", n=1))
     if len(lines) > limit:

@@ -177,12 +177,12 @@ def _as_a_process() -> None:
     Loading a command's modules allocates tens of thousands of objects that live until exit, which the
     collector would traverse again and again (10-25 ms of `plan`); they are frozen once loaded (get_command) and
     the collector resumes for what the command itself allocates (`up` runs for an hour)."""
-    from gpuprov.planning import search_memo
-
-    search_memo.enable()
     if gc.isenabled():
         gc.disable()
         _PROCESS["gc_paused"] = True
+    from gpuprov.planning import search_memo
+
+    search_memo.enable()
     name = "pydantic.plugin._loader"
     if name not in sys.modules:
         import types
