@@ -372,14 +372,11 @@ class WriteResult:
 
 
 def _write_tree(root: Path, files: dict[str, str]) -> None:
-    """Every file into the fresh folder `root`: each folder made once, parents first, and every mode set
-    explicitly (the umask must not change the bundle)."""
+    """Every file into the fresh folder `root`, each folder made once (parents first); modes set explicitly."""
     base = str(root)
-    folders = {path[:i] for path in files for i, ch in enumerate(path) if ch == "/"}
-    for folder in sorted(folders):
-        target = os.path.join(base, folder)
-        os.mkdir(target)
-        os.chmod(target, 0o755)
+    for folder in sorted({path[:i] for path in files for i, ch in enumerate(path) if ch == "/"}):
+        os.mkdir(os.path.join(base, folder))
+        os.chmod(os.path.join(base, folder), 0o755)  # the umask must not change the bundle
     for path, text in files.items():
         fd = os.open(os.path.join(base, path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "wb") as handle:
@@ -599,8 +596,7 @@ def tar_bytes(files: dict[str, str], prefix: str = TAR_PREFIX) -> bytes:
 
 
 def write_tar(files: dict[str, str], stream: Any, prefix: str = TAR_PREFIX) -> None:
-    import tarfile  # lazy, with difflib below: a bundle written to a folder needs neither
-
+    import tarfile  # here, as difflib below: a bundle written to a folder needs neither
     directories = {prefix} | {f"{prefix}/{p}" for path in files for p in PurePosixPath(path).parents if str(p) != "."}
     entries = sorted([(d, None) for d in directories] + [(f"{prefix}/{p}", t) for p, t in files.items()])
     with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -632,7 +628,6 @@ class Difference:
 
 def _short_diff(path: str, old: str, new: str, limit: int) -> str:
     import difflib
-
     lines = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                       fromfile=f"a/{path} (on disk)", tofile=f"b/{path} (regenerated)", n=1))
     if len(lines) > limit:
