@@ -1,7 +1,8 @@
-"""A search answered from the user's cache is the search: any changed input, source file or catalog file is a
-new walk, a damaged entry is walked again, and the memo serves only whole processes (search_memo.py).
+"""A search or a bundle answered from the user's cache is what the run would compute: any changed input, source,
+catalog, template or role file is a new walk or render, a damaged entry is computed again, and the memos serve
+only whole processes (planning/search_memo.py, render/memo.py).
 
-The end-to-end tests run a copy of the package, edit it as a developer or a catalog update would, and compare
+The end-to-end tests run a copy of the checkout, edit it as a developer or a catalog update would, and compare
 the warm answer with a run without any cache."""
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def _plan(copy: Path, env: dict, *args: str) -> dict:
 @pytest.fixture
 def copy(tmp_path: Path) -> tuple[Path, dict]:
     root = tmp_path / "checkout"
-    shutil.copytree(PACKAGE, root / "gpuprov", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("gpuprov", "templates", "ansible"):
+        shutil.copytree(PACKAGE.parent / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(root), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop("GPUPROV_NO_CACHE", None)
     return root, env
@@ -176,3 +178,54 @@ def test_an_edited_catalog_price_is_never_answered_from_the_cache(copy):
     assert edited != cold
     assert edited == _plan(root, {**env, "GPUPROV_NO_CACHE": "1"})
 
+
+
+def _generate(copy: Path, env: dict, out: Path) -> dict[str, bytes]:
+    r = subprocess.run([sys.executable, "-m", "gpuprov", "generate", "--model", "8b", "--task", "lora", "--tokens",
+                        "100M", "--cloud", "gcp", "-o", str(out)], cwd=copy, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_an_edited_template_or_role_is_rendered_again_not_served_from_the_cache(copy, tmp_path: Path):
+    root, env = copy
+    cold = _generate(root, env, tmp_path / "cold")
+    assert list((Path(env["XDG_CACHE_HOME"]) / "gpuprov" / "bundle").glob("*.marshal"))
+    assert _generate(root, env, tmp_path / "warm") == cold
+    template = root / "templates" / "terraform" / "gcp" / "variables.tf.j2"  # rendered with Jinja
+    role = root / "ansible" / "roles" / "nccl" / "defaults" / "main.yml"  # copied as it is
+    for path, name in ((template, "terraform/variables.tf"), (role, "ansible/roles/nccl/defaults/main.yml")):
+        path.write_text(path.read_text() + "# edited\n")
+        out = tmp_path / f"edited-{path.name}"
+        edited = _generate(root, env, out)
+        assert edited[name].endswith(b"# edited\n"), name
+        assert edited == _generate(root, {**env, "GPUPROV_NO_CACHE": "1"}, out.with_name(out.name + "-off"))
+
+
+def test_the_render_key_covers_templates_roles_and_the_template_engine(tmp_path: Path, monkeypatch):
+    import gpuprov.resources
+    from gpuprov.render import memo
+
+    for folder in ("templates/launch", "ansible/roles/x"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "templates" / "launch" / "t.j2").write_text("a\n")
+    (tmp_path / "ansible" / "roles" / "x" / "main.yml").write_text("b\n")
+    monkeypatch.setattr(gpuprov.resources, "_PACKAGE_DIR", tmp_path / "gpuprov")  # a checkout: folders beside it
+
+    def tag() -> bytes:
+        memo.data_tag.cache_clear()
+        return memo.data_tag()
+
+    for path in (tmp_path / "templates" / "launch" / "t.j2", tmp_path / "ansible" / "roles" / "x" / "main.yml"):
+        before = tag()
+        path.write_text("changed\n")
+        assert tag() != before, path
+    jinja = tmp_path / "jinja2"
+    shutil.copytree(Path(__import__("jinja2").__file__).parent, jinja, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.syspath_prepend(str(tmp_path))  # find_spec("jinja2") now finds the copy
+    monkeypatch.delitem(sys.modules, "jinja2", raising=False)
+    before = tag()
+    (jinja / "__init__.py").write_text((jinja / "__init__.py").read_text().replace("__version__ = ", "__version__ = '9' or "))
+    assert tag() != before
+    memo.data_tag.cache_clear()

@@ -17,7 +17,7 @@ import pickle
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ENABLED = False  # cli.main turns it on for a command run as a process
 KEEP = 64  # entries kept; a store beyond that removes the oldest (a plan's few searches each take one)
@@ -34,20 +34,36 @@ def code_tag() -> bytes:
     import gpuprov
     from gpuprov.resources import _PACKAGE_DIR
 
-    root = str(_PACKAGE_DIR)
-    data = os.path.join(root, "catalog", "data")
-    files = []
+    data = os.path.join(str(_PACKAGE_DIR), "catalog", "data")
+    digest = hashlib.sha256(f"{gpuprov.__version__}|{sys.version}|{pickle.HIGHEST_PROTOCOL}".encode())
+    hash_tree(digest, str(_PACKAGE_DIR), lambda folder, name: name.endswith(".py") or folder == data
+              or folder.startswith(data + os.sep))
+    return digest.digest()
+
+
+def hash_tree(digest: Any, root: str, wanted: Callable[[str, str], bool]) -> None:
+    """Add to `digest` every file under `root` that `wanted(folder, name)` keeps: its relative path, length and
+    bytes, in a fixed order (compiled-code folders skipped)."""
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
-        files += [os.path.join(folder, n) for n in sorted(names)
-                  if n.endswith(".py") or folder == data or folder.startswith(data + os.sep)]
-    digest = hashlib.sha256(f"{gpuprov.__version__}|{sys.version}|{pickle.HIGHEST_PROTOCOL}".encode())
-    for path in files:
-        with open(path, "rb") as handle:
-            text = handle.read()
-        digest.update(f"\0{os.path.relpath(path, root)}\0{len(text)}\0".encode())
-        digest.update(text)
-    return digest.digest()
+        for name in sorted(names):
+            if not wanted(folder, name):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, "rb") as handle:
+                text = handle.read()
+            digest.update(f"\0{os.path.relpath(path, root)}\0{len(text)}\0".encode())
+            digest.update(text)
+
+
+def trim(folder: Path, pattern: str, keep: int) -> None:
+    """Keep the newest `keep` - 1 entries matching `pattern` before a new one is written."""
+    try:
+        entries = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime_ns)
+        for old in entries[: max(0, len(entries) - (keep - 1))]:
+            old.unlink()
+    except OSError:
+        pass
 
 
 def _named(fn: Any) -> str | None:
@@ -86,18 +102,8 @@ class Entry:
             data = pickle.dumps((self.digest, result), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a value pickle cannot write: nothing kept
             return
-        _trim(self.path.parent)
+        trim(self.path.parent, "*.pickle", KEEP)
         write_atomic(self.path, data)
-
-
-def _trim(folder: Path) -> None:
-    """Keep the newest KEEP - 1 entries before a new one is written."""
-    try:
-        entries = sorted(folder.glob("*.pickle"), key=lambda p: p.stat().st_mtime_ns)
-        for old in entries[: max(0, len(entries) - (KEEP - 1))]:
-            old.unlink()
-    except OSError:
-        pass
 
 
 def entry(spec: Any, arch: Any, estimator: Any, instances: list[Any], gpus: dict[str, Any], exhaustive: bool,
