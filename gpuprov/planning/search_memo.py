@@ -11,13 +11,15 @@ cli.main: code patched in memory by a library caller or a test is what no file h
 
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
 import sys
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# hashlib and pickle are imported where used: `gpuprov --help` switches the memo on and needs neither
 
 ENABLED = False  # cli.main turns it on for a command run as a process
 KEEP = 64  # entries kept; a store beyond that removes the oldest (a plan's few searches each take one)
@@ -31,6 +33,9 @@ def enable(on: bool = True) -> None:
 @lru_cache(maxsize=None)
 def code_tag() -> bytes:
     """A hash of the code and data any search runs on: every .py file of the package and every catalog file."""
+    import hashlib
+    import pickle
+
     import gpuprov
     from gpuprov.resources import _PACKAGE_DIR
 
@@ -84,6 +89,8 @@ class Entry:
         self.path, self.digest = path, digest
 
     def load(self) -> Any:
+        import pickle
+
         from gpuprov.planning.space import SearchResult
 
         try:
@@ -96,6 +103,8 @@ class Entry:
         return None
 
     def save(self, result: Any) -> None:
+        import pickle
+
         from gpuprov.usercache import write_atomic
 
         try:
@@ -115,6 +124,9 @@ def entry(spec: Any, arch: Any, estimator: Any, instances: list[Any], gpus: dict
     name = _named(estimator)
     if name is None or not hasattr(spec, "model_dump_json"):
         return None
+    import hashlib
+    import pickle
+
     try:
         key = pickle.dumps((type(spec).__module__, type(spec).__qualname__, spec.model_dump_json(),
                             sorted(spec.model_fields_set), arch, instances, sorted(gpus.items()), name, exhaustive,
