@@ -13,18 +13,15 @@ gpuprov wrote and the user edited since (hash differs from the lock) stop the wr
 from __future__ import annotations
 
 import contextlib
-import difflib
 import fnmatch
 import hashlib
 import importlib
-import io
 import json
 import os
 import re
 import shlex
 import shutil
 import stat
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -120,9 +117,19 @@ def parse_plan(text: str) -> Any:
 
 
 def render_files(plan: Any, renderers: Iterable[tuple[str, Renderer]] | None = None) -> dict[str, str]:
-    """Every generated file except the lock, keyed by bundle path, sorted."""
-    files: dict[str, str] = {PLAN_NAME: plan_json(plan)}
-    for folder, function in (default_renderers() if renderers is None else renderers):
+    """Every generated file except the lock, keyed by bundle path, sorted (the default renderers' files from the
+    user's cache where this plan was rendered before by the same code and templates: render/memo.py)."""
+    text = plan_json(plan)
+    if renderers is not None:
+        return _render(plan, text, renderers)
+    from gpuprov.render.memo import rendered
+
+    return rendered(text, lambda: _render(plan, text, default_renderers()))
+
+
+def _render(plan: Any, text: str, renderers: Iterable[tuple[str, Renderer]]) -> dict[str, str]:
+    files: dict[str, str] = {PLAN_NAME: text}
+    for folder, function in renderers:
         name = getattr(function, "__qualname__", repr(function))
         rendered = function(plan)
         if not isinstance(rendered, dict):
@@ -374,14 +381,16 @@ class WriteResult:
 
 
 def _write_tree(root: Path, files: dict[str, str]) -> None:
+    """Every file into the fresh folder `root`, each folder made once (parents first); modes set explicitly."""
+    base = str(root)
+    for folder in sorted({path[:i] for path in files for i, ch in enumerate(path) if ch == "/"}):
+        os.mkdir(os.path.join(base, folder))
+        os.chmod(os.path.join(base, folder), 0o755)  # the umask must not change the bundle
     for path, text in files.items():
-        target = root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "wb") as handle:
+        fd = os.open(os.path.join(base, path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as handle:
             handle.write(text.encode("utf-8"))
-        os.chmod(target, file_mode(path))  # explicit: the umask must not change the bundle
-    for directory in sorted({p for path in files for p in PurePosixPath(path).parents if str(p) != "."}):
-        os.chmod(root / directory, 0o755)
+            os.fchmod(fd, file_mode(path))
     os.chmod(root, 0o755)
 
 
@@ -588,33 +597,6 @@ def _with_keep(lock_json: str, keep: list[str]) -> str:
     return json.dumps(lock, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def tar_bytes(files: dict[str, str], prefix: str = TAR_PREFIX) -> bytes:
-    """The bundle as a deterministic tar: sorted entries, mtime 0, uid/gid 0, fixed modes."""
-    buffer = io.BytesIO()
-    write_tar(files, buffer, prefix)
-    return buffer.getvalue()
-
-
-def write_tar(files: dict[str, str], stream: Any, prefix: str = TAR_PREFIX) -> None:
-    directories = {prefix} | {f"{prefix}/{p}" for path in files for p in PurePosixPath(path).parents if str(p) != "."}
-    entries = sorted([(d, None) for d in directories] + [(f"{prefix}/{p}", t) for p, t in files.items()])
-    with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name, text in entries:
-            info = tarfile.TarInfo(name)
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            if text is None:
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                tar.addfile(info)
-            else:
-                data = text.encode("utf-8")
-                info.size = len(data)
-                info.mode = file_mode(name)
-                tar.addfile(info, io.BytesIO(data))
-
-
 # ---------------------------------------------------------------- comparing (gpuprov check)
 
 
@@ -626,6 +608,8 @@ class Difference:
 
 
 def _short_diff(path: str, old: str, new: str, limit: int) -> str:
+    import difflib  # here: a bundle written to a folder shows no diff
+
     lines = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                       fromfile=f"a/{path} (on disk)", tofile=f"b/{path} (regenerated)", n=1))
     if len(lines) > limit:

@@ -11,6 +11,7 @@ reserved for drift and failed health checks. GPUPROV_TRACEBACK=1 shows the trace
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -77,7 +78,12 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module_name, attr, _ = COMMANDS[cmd_name]
-        return getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        if _PROCESS["gc_paused"]:  # the command's modules are loaded: they live as long as the process
+            _PROCESS["gc_paused"] = False
+            gc.freeze()
+            gc.enable()
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]
@@ -127,6 +133,8 @@ def _json_error(argv: list[str] | None, message: str, code: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     if sys.stdout is None:  # started with stdout closed (`gpuprov schema >&-`): Python gives None
         _stdout_closed()
+    if argv is None:  # a command run as a process (not a library caller's, nor a test's in-process call)
+        _as_a_process()
     try:
         rc = cli.main(args=argv, prog_name="gpuprov", standalone_mode=False)
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints "Exception ignored"
@@ -153,6 +161,35 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never exit 1
         _unexpected(exc)
     sys.exit(_exit_code(rc))
+
+
+_PROCESS = {"gc_paused": False}
+
+
+def _as_a_process() -> None:
+    """What only a whole `gpuprov` process does: its searches may come from the user's cache (search_memo.py),
+    pydantic runs no plugin, and the cyclic garbage collector waits while the command's modules load.
+
+    Pydantic looks for plugins at the first model class by importing importlib.metadata (the email package,
+    zipfile, csv) and reading every installed distribution's entry points: about 25 ms of every run, for
+    plugins no gpuprov command uses. Its loader's answer when plugins are disabled
+    (PYDANTIC_DISABLE_PLUGINS=__all__) is installed in its place before any model is built.
+    Loading a command's modules allocates tens of thousands of objects that live until exit, which the
+    collector would traverse again and again (10-25 ms of `plan`); they are frozen once loaded (get_command) and
+    the collector resumes for what the command itself allocates (`up` runs for an hour)."""
+    if gc.isenabled():
+        gc.disable()
+        _PROCESS["gc_paused"] = True
+    from gpuprov.planning import search_memo
+
+    search_memo.enable()
+    name = "pydantic.plugin._loader"
+    if name not in sys.modules:
+        import types
+
+        loader = types.ModuleType(name, "gpuprov: no pydantic plugins in a gpuprov process")
+        loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
+        sys.modules[name] = loader
 
 
 def _stdout_closed() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from bundle_fixtures import standin_renderers
 from gpuprov import bundle
+from gpuprov.bundle_tar import tar_bytes
 from gpuprov.errors import GpuprovError
 from gpuprov.plan import Plan
 from plan_fixtures import sample_plan
@@ -235,8 +236,8 @@ def test_renderer_paths_stay_inside_their_folder() -> None:
 
 def test_tar_is_deterministic_and_complete() -> None:
     files = _files()
-    data = bundle.tar_bytes(files)
-    assert data == bundle.tar_bytes(_files())
+    data = tar_bytes(files)
+    assert data == tar_bytes(_files())
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         members = tar.getmembers()
         names = [m.name for m in members]
@@ -253,7 +254,7 @@ def test_tar_is_deterministic_and_complete() -> None:
 
 def test_extracted_tar_is_a_bundle_in_sync(tmp_path: Path) -> None:
     files = _files()
-    with tarfile.open(fileobj=io.BytesIO(bundle.tar_bytes(files))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes(files))) as tar:
         tar.extractall(tmp_path, filter="data")
     assert bundle.compare_bundle(tmp_path / "infra", files) == []
 

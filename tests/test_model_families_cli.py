@@ -179,3 +179,23 @@ def test_a_multimodal_gemma3_config_json_lists_only_what_differs(tmp_path):
     arch = get_model(str(tmp_path / "config.json"))
     assert arch.params == get_model("gemma-3-4b").params and arch.model_type == "gemma3_text"
     assert arch.language_of == "gemma3" and "vision tower" in arch.excluded
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3"])
+def test_moe_plans_state_how_the_experts_are_held_and_counted(model):
+    """The plan says what its MoE memory and FLOPs come from: every expert held and sharded by FSDP (no expert
+    parallelism), the routed experts per token, DeepSeek's shared expert, dense blocks and latent attention."""
+    arch = get_model(model)
+    r = cli("plan", "--model", model, "--task", "lora", "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.output)["memory"]["assumptions"]
+    (moe,) = [n for n in notes if n.startswith("MoE:")]
+    assert f"all {arch.num_experts} experts" in moe and "sharded by FSDP" in moe and "no expert parallelism" in moe
+    assert f"from the {arch.experts_per_token} routed experts per token" in moe
+    latent = [n for n in notes if n.startswith("multi-head latent attention")]
+    if arch.mla:
+        assert f"a shared expert of width {arch.shared_intermediate_size}" in moe
+        assert f"{arch.dense_layers} of {arch.num_layers} blocks dense" in moe
+        assert len(latent) == 1 and f"latents of {arch.mla[0]} (q)" in latent[0]
+    else:
+        assert "shared expert" not in moe and not latent

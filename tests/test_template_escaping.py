@@ -166,3 +166,14 @@ def test_user_values_list_is_complete(cloud: str) -> None:
                 assert re.fullmatch(r"[a-z0-9-]+", str(text)), f"{name} is not a slug: {text!r}"
         else:
             assert _listed(name), f"context value {name} holds user input but is not in escape.USER_VALUES"
+
+
+def test_the_printable_fast_path_never_passes_an_unsafe_character() -> None:
+    """comment() and svg() skip their per-character scan for a printable text: no code point is both."""
+    both = [cp for cp in range(0x110000) if chr(cp).isprintable() and escape._unsafe_char(chr(cp))]
+    assert both == []
+    # and the scan still runs where it must: a control, a format character, a line separator
+    for bad in ("\x07", "\u202e", "\ue000"):  # a control, a format character, a private-use one
+        assert escape.comment(f"a{bad}b") == escape.svg(f"a{bad}b") == "a?b"
+    assert escape.svg("a\u2028b") == "a?b"
+    assert escape.comment("a\u2028b") == "a b"  # a line separator is whitespace there: one space

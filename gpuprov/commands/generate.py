@@ -112,8 +112,10 @@ def generate(spec, output: str | None, force: bool, as_json: bool) -> None:
 
     assumed = tokens_assumed(spec)
     if output == "-":
+        from gpuprov.bundle_tar import write_tar
+
         stream = sys.stdout.buffer
-        bundle.write_tar(files, stream)
+        write_tar(files, stream)
         stream.flush()
         click.echo(_summary(plan, "tar to stdout", len(files), assumed), err=True)
         return

@@ -14,6 +14,7 @@ from gpuprov.storage_cost import (
     StorageTerms, boot_disk_gib, checkpoint_bytes_of, checkpoint_every, checkpoint_hours, dataset_bytes_of,
     storage_terms, storage_usd_per_hour,
 )
+from gpuprov.planning import search_memo
 from gpuprov.planning.space import (
     AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
     _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degrees, pipeline_micro_batches,
@@ -592,13 +593,23 @@ def search(
     """Enumerate the space, keep what fits and meets the constraints, rank by spec.objective.
 
     `only_nodes` searches that one node count (make_plan asks what all the on-prem hosts would do)."""
-    insts, searched, unpriced, excluded = _pool(spec, instances, exhaustive)
+    offered = list(instances)
+    insts, searched, unpriced, excluded = _pool(spec, offered, exhaustive)
     limit = plan_power_limit(spec)  # GPUs under a power limit are timed at the clocks it holds
-    s = _Search(spec, arch, estimator, {i.gpu: power_capped(gpu_lookup(i.gpu), limit) for i in insts}, exhaustive)
+    gpus = {i.gpu: power_capped(gpu_lookup(i.gpu), limit) for i in insts}
+    # the same question asked again (a later run): the walk's answer from the user's cache (search_memo.py)
+    memo = search_memo.entry(spec, arch, estimator, offered, gpus, exhaustive, only_nodes)
+    found = memo.load() if memo is not None else None
+    if found is not None:
+        return found
+    s = _Search(spec, arch, estimator, gpus, exhaustive)
     if not exhaustive and spec.objective == "cost":
         insts.sort(key=s.lower_bound_cost)
     hosts = len(spec.hosts) if spec.hosts else None
     for inst in insts:
         # the target's limit (Azure's scale set, on-prem's host count; also under cloud 'any')
         s.walk_instance(inst, get_target(inst.cloud).node_cap(spec.max_nodes, hosts), only_nodes)
-    return s.result(searched, unpriced, excluded)
+    result = s.result(searched, unpriced, excluded)
+    if memo is not None:
+        memo.save(result)
+    return result

@@ -8,6 +8,7 @@ every version and threshold comes from plan.software / plan.fabric / plan.storag
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -115,17 +116,30 @@ def copy_roles(roots: Path | None = None) -> RenderedFiles:
     """Every file of every role under ansible/roles/, keyed roles/<role>/<path> (text only)."""
     root = (roots or ansible_dir()) / "roles"
     files: RenderedFiles = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if not path.is_file() or _SKIP_PARTS & set(rel.parts) or path.name.endswith(_SKIP_SUFFIXES):
-            continue
+    for rel in _role_files(str(root)):
         try:
-            files[f"roles/{rel.as_posix()}"] = path.read_text(encoding="utf-8")
+            with open(os.path.join(root, rel), encoding="utf-8") as handle:
+                files[f"roles/{rel}"] = handle.read()
         except UnicodeDecodeError as exc:
             raise GpuprovError(f"role file {rel} is not UTF-8 text; roles must ship text only") from exc
     if not files:
         raise GpuprovError(f"no Ansible roles found under {root}")
     return files
+
+
+def _role_files(root: str) -> list[str]:
+    """The regular files under `root` (links followed, as Path.is_file does), relative, in the order of their
+    path parts; os.walk rather than Path.rglob: a tenth of the time over the roles' hundred files."""
+    out: list[tuple[list[str], str]] = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in _SKIP_PARTS]
+        base = os.path.relpath(folder, root)
+        for name in names:
+            rel = name if base == "." else f"{base}/{name}"
+            if name not in _SKIP_PARTS and not name.endswith(_SKIP_SUFFIXES) \
+                    and os.path.isfile(os.path.join(folder, name)):
+                out.append((rel.split("/"), rel))
+    return [rel for _, rel in sorted(out)]
 
 
 def render_ansible(plan: Plan) -> RenderedFiles:

@@ -53,6 +53,13 @@ def _unsafe_char(ch: str) -> bool:
     return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
 
 
+def _all_safe(text: str) -> bool:
+    """True when no character of `text` is unsafe, in one C-speed pass: str.isprintable() is False for every
+    character of the "Other" and "Separator" categories but the space, so a printable text holds none of the
+    unsafe ones (tests/test_template_escaping.py checks every code point); others are looked at one by one."""
+    return text.isprintable()
+
+
 # ---------------------------------------------------------------- HCL
 
 def hcl_string(text: str) -> str:
@@ -152,7 +159,9 @@ def shell_word(value: object) -> str:
 
 def comment(value: object, limit: int = COMMENT_LIMIT) -> str:
     """Text safe after `#`: one line, unsafe characters as '?', whitespace runs as one space."""
-    text = "".join("?" if _unsafe_char(ch) and not ch.isspace() else ch for ch in str(value))
+    text = str(value)
+    if not _all_safe(text):
+        text = "".join("?" if _unsafe_char(ch) and not ch.isspace() else ch for ch in text)
     return clip(" ".join(text.split()), limit)
 
 
@@ -179,7 +188,9 @@ def md_code(value: object) -> str:
 
 def svg(value: object) -> str:
     """XML character data / attribute value: &, <, >, quotes escaped; characters XML forbids as '?'."""
-    text = "".join("?" if _unsafe_char(ch) and ch not in "\t" else ch for ch in str(value))
+    text = str(value)
+    if not _all_safe(text):
+        text = "".join("?" if _unsafe_char(ch) and ch not in "\t" else ch for ch in text)
     return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace('"', "&quot;").replace("'", "&#39;"))
 
