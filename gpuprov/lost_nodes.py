@@ -63,11 +63,15 @@ def _ask(argv: list[str]) -> tuple[str, str | None]:
 def find_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     """Names of the recorded nodes whose instances the cloud no longer runs ([]: none, or it could
     not be asked: a note says why and `up` goes on with the nodes it has)."""
-    from gpuprov.bringup import Step, run_terraform
+    from gpuprov.bringup import Step, StepFailed, run_terraform
     from gpuprov.preflight import settings
 
     step = Step("recorded-nodes", "the nodes Terraform recorded", OUTPUT_ARGV, root / "terraform", "", "inventory")
-    code, recorded = run_terraform(step, echo)
+    try:
+        code, recorded = run_terraform(step, echo)
+    except StepFailed as exc:  # no terraform here: the steps still to run say so if they need it
+        echo(f"note: nodes the cloud lost are not looked for this time ({exc})")
+        return []
     nodes = recorded_nodes(recorded) if code == 0 else {}
     if code != 0:
         echo("note: `terraform output -json` failed (above): nodes the cloud lost are not looked for this time")

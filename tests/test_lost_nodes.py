@@ -185,6 +185,17 @@ def test_a_cloud_that_cannot_be_asked_is_a_note_and_nothing_is_replaced(cluster,
     assert not any(c.startswith(("terraform plan", "ansible")) for c in _calls(cluster))
 
 
+def test_no_terraform_here_is_a_note_and_the_later_steps_still_run(cluster):
+    """A cluster whose Terraform steps are done, `up` run where no terraform is installed (the
+    staging steps need none): the look for lost nodes is a note, not the end of `up`."""
+    (cluster["bin"] / "terraform").unlink()
+    result = _up(cluster["root"], cluster["env"], FAKE_AWS=_states("running", "terminated"))
+    assert "terraform not found on PATH" not in result.stderr
+    assert any(line.startswith("note: nodes the cloud lost are not looked for") for line in result.stdout.splitlines())
+    assert not (cluster["root"] / "terraform" / REPLACED_VARS).exists()
+    assert not any(c.startswith("aws") for c in _calls(cluster))
+
+
 def test_a_bundle_never_applied_asks_nothing(tmp_path: Path, cluster):
     fresh = tmp_path / "fresh"
     bundle.write_bundle(fresh, bundle.build_bundle(sample_plan("aws", nodes=2), standin_renderers()), force=True)
