@@ -208,6 +208,9 @@ class TrainingSpec(BaseModel):
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 
+    export_merged: bool = Field(False, description="LoRA/QLoRA: the export also writes the base with the adapter "
+                                "merged in (sharded safetensors transformers loads), beside the peft adapter")
+
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
                             "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
@@ -227,6 +230,13 @@ class TrainingSpec(BaseModel):
         why = compile_refusal(self.task) if self.compile else None
         if why:
             raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
+    def _merged_adapter(self) -> "TrainingSpec":
+        if self.export_merged and self.task == "full":
+            raise ValueError("export_merged (--export-merged) folds a LoRA adapter into its base; a full fine-tune "
+                             "exports the whole model already: leave it out")
         return self
 
     @model_validator(mode="after")
