@@ -138,6 +138,9 @@ class TrainingSpec(BaseModel):
                                                           "or meta.json from launch/prepare_data.py, or a text/JSONL file")
     dataset_tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
                                                description="Tokens in one pass over `dataset` (gpuprov fills it)")
+    dataset_tokens_how: Literal["given", "meta.json", "measured", "estimated", "remote"] | None = Field(
+        None, description="How dataset_tokens was counted (gpuprov fills it with the count): measured with the "
+                          "model's tokenizer, estimated from the file's bytes, meta.json, or given")
     sample_tokens: float | None = Field(None, gt=0, le=v.MAX_SEQ_LEN,
                                         description="Mean tokens per sample of `dataset` (gpuprov fills it from "
                                                     "a local JSONL file)")
