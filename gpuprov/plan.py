@@ -150,6 +150,7 @@ class Training(_Strict):
     grad_clip: float
     checkpoint_every_steps: int
     log_every_steps: int
+    export_merged: bool = False  # LoRA/QLoRA: the export also writes the merged model (spec export_merged)
 
 
 class Throughput(_Strict):

@@ -247,7 +247,9 @@ def notes(spec: Any, steps: int, batch_tokens: int, dp: int = 1) -> list[str]:
                    "--dataset or --tokens: give --dataset FILE|TOKENS [--epochs N] to size the run from your data")
     elif getattr(spec, "dataset_tokens", None):
         epochs = spec.tokens / spec.dataset_tokens
-        if _dataset_how(spec.dataset, spec.model) == "estimated":  # never printed as if it were counted
+        # how generate counted it (the lock keeps it); a spec from before it was kept: counted again here
+        how = getattr(spec, "dataset_tokens_how", None) or _dataset_how(spec.dataset, spec.model)
+        if how == "estimated":  # never printed as if it were counted
             per = int(_data()["bytes_per_token"])
             out.append(f"Dataset: ~{spec.dataset_tokens:,} tokens per pass (an estimate: the file's bytes / {per}, "
                        f"not tokenized) x {epochs:g} epoch(s) = ~{spec.tokens:,} tokens in ~{steps:,} optimizer "

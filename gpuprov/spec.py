@@ -138,6 +138,9 @@ class TrainingSpec(BaseModel):
                                                           "or meta.json from launch/prepare_data.py, or a text/JSONL file")
     dataset_tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
                                                description="Tokens in one pass over `dataset` (gpuprov fills it)")
+    dataset_tokens_how: Literal["given", "meta.json", "measured", "estimated", "remote"] | None = Field(
+        None, description="How dataset_tokens was counted (gpuprov fills it with the count): measured with the "
+                          "model's tokenizer, estimated from the file's bytes, meta.json, or given")
     sample_tokens: float | None = Field(None, gt=0, le=v.MAX_SEQ_LEN,
                                         description="Mean tokens per sample of `dataset` (gpuprov fills it from "
                                                     "a local JSONL file)")
@@ -208,6 +211,9 @@ class TrainingSpec(BaseModel):
     float8: bool = Field(False, description="Allow torchao float8 training where it has a measured speed-up "
                          "(Hopper; full bf16-mixed training, TP up to 8); the planner counts its gain and memory")
 
+    export_merged: bool = Field(False, description="LoRA/QLoRA: the export also writes the base with the adapter "
+                                "merged in (sharded safetensors transformers loads), beside the peft adapter")
+
     slurm: Literal["auto", "install", "existing", "none"] = Field(
         "auto", description="Batch scheduler: auto (Slurm on multi-node clusters), install (also on one node), "
                             "existing (on-prem: the site's Slurm; jobs only) or none (torchrun on every node)")
@@ -227,6 +233,13 @@ class TrainingSpec(BaseModel):
         why = compile_refusal(self.task) if self.compile else None
         if why:
             raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
+    def _merged_adapter(self) -> "TrainingSpec":
+        if self.export_merged and self.task == "full":
+            raise ValueError("export_merged (--export-merged) folds a LoRA adapter into its base; a full fine-tune "
+                             "exports the whole model already: leave it out")
         return self
 
     @model_validator(mode="after")

@@ -295,6 +295,8 @@ def build_spec(file_data: dict[str, Any] | None = None, overrides: dict[str, Any
         base = Path.cwd() if "dataset" in overrides or not source else Path(source).absolute().parent
         size = _dataset_size(data["dataset"], base, data.get("model"))
         data["dataset_tokens"] = size.tokens if size else None
+        if size is not None and size.tokens is not None and data.get("dataset_tokens_how") is None:
+            data["dataset_tokens_how"] = size.how  # kept in the lock: a regeneration reads no file for it
         if size is not None and size.sample is not None and data.get("sample_tokens") is None:
             data["sample_tokens"], data["sample_tokens_how"] = round(size.sample.mean_tokens, 1), size.sample.how
         data["dataset"] = _absolute_dataset(data["dataset"], base)

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from finetune_inputs import CHATML, make_base, sample_tokens, trainer_model, write_chat
 from ports import free_port
 from sandbox_fs import available, sandboxed
 
@@ -30,50 +31,6 @@ pytest.importorskip("peft")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-# a ChatML-like template whose end-of-turn token is the tokenizer's EOS (as Qwen's <|im_end|>)
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
-WORDS = [f"w{i}" for i in range(24)]
-
-
-def make_base(folder: Path) -> Path:
-    """A 2-layer Llama (hidden 64) and its word-level tokenizer with a chat template, as
-    save_pretrained writes them (safetensors)."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    special = ["<unk>", "<s>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(["system", "user", "assistant", "copy", *WORDS])],
-                            trainers.WordLevelTrainer(special_tokens=special))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="<|im_end|>",
-                                   additional_special_tokens=["<|im_start|>"])
-    fast.chat_template = CHATML
-    fast.save_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)  # safetensors
-    return folder
-
-
-def write_chat(path: Path, count: int = 48) -> Path:
-    """Conversations whose answer copies the question's words: learnable in a few steps."""
-    import random
-
-    rng = random.Random(0)
-    with path.open("w") as f:
-        for _ in range(count):
-            words = " ".join(rng.choice(WORDS) for _ in range(6))
-            f.write(json.dumps({"messages": [{"role": "system", "content": "copy"},
-                                             {"role": "user", "content": words},
-                                             {"role": "assistant", "content": words}]}) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("user")
@@ -136,37 +93,6 @@ def losses(cluster: Path, cfg: dict) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if "loss" in r]
 
 
-def trainer_model(bundle: Path, cluster: Path, st: dict, cfg: dict):
-    """The trainer's own final weights: one process loads the last checkpoint of the 2-rank run."""
-    import importlib.util
-
-    launch = bundle / "launch"
-    spec = importlib.util.spec_from_file_location("journey_train", launch / "train.py")
-    train = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = train
-    spec.loader.exec_module(train)
-    ckpt_dir = on_cluster(cluster, cfg["checkpoint"]["dir"])
-    overrides = ["parallel.sharding=none", "parallel.replicate=1", "parallel.shard=1", "runtime.device=cpu",
-                 f"model.pretrained_path={on_cluster(cluster, st['weights_dir'])}",
-                 f"data.path={on_cluster(cluster, st['data_dir'])}", f"checkpoint.dir={ckpt_dir}"]
-    tcfg = train.load_config(str(launch / "train.yaml"), overrides)
-    rt = train.init_runtime(tcfg)
-    model, _ = train.prepare_model(tcfg, rt, from_checkpoint=True)
-    last = sorted(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
-    state = train.TrainState(model, train.build_optimizer(model, tcfg, rt), frozen_ok=tcfg.task.kind != "full")
-    train.load_checkpoint(state, last)
-    return model.float().eval(), ckpt_dir / "export" / last.name
-
-
-def sample_tokens(inputs: Path):
-    import torch
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(inputs / "tiny-llama")
-    first = json.loads((inputs / "chat.jsonl").read_text().splitlines()[0])["messages"]
-    return torch.tensor([tok.apply_chat_template(first, tokenize=True, return_dict=True)["input_ids"]])
-
-
 def test_lora_from_a_local_folder_to_a_peft_adapter_and_a_merged_model(tmp_path, inputs):
     import torch
     from peft import PeftModel
@@ -175,9 +101,9 @@ def test_lora_from_a_local_folder_to_a_peft_adapter_and_a_merged_model(tmp_path,
     cluster, st, cfg = journey(tmp_path, inputs, "lora", 24, "--set", "export.merged=true")
     loss = losses(cluster, cfg)
     assert len(loss) >= 30 and sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.1, loss
-    model, export = trainer_model(tmp_path / "bundle", cluster, st, cfg)
+    model, export = trainer_model(tmp_path / "bundle" / "launch", lambda p: on_cluster(cluster, p), st, cfg)
     assert (export / "adapter_config.json").is_file() and (export / "merged" / "config.json").is_file()
-    tokens = sample_tokens(inputs)
+    tokens = sample_tokens(inputs / "tiny-llama", inputs / "chat.jsonl")
     # the trainer keeps the frozen base in bf16 (task.frozen_dtype): peft's base is that base
     base = AutoModelForCausalLM.from_pretrained(inputs / "tiny-llama", dtype=torch.bfloat16).float()
     with torch.no_grad():
@@ -200,8 +126,8 @@ def test_full_fine_tune_from_a_local_folder_to_a_transformers_model(tmp_path, in
     cluster, st, cfg = journey(tmp_path, inputs, "full", 12)
     loss = losses(cluster, cfg)
     assert len(loss) >= 30 and sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.1, loss
-    model, export = trainer_model(tmp_path / "bundle", cluster, st, cfg)
-    tokens = sample_tokens(inputs)
+    model, export = trainer_model(tmp_path / "bundle" / "launch", lambda p: on_cluster(cluster, p), st, cfg)
+    tokens = sample_tokens(inputs / "tiny-llama", inputs / "chat.jsonl")
     with torch.no_grad():
         for p in model.parameters():  # the export's dtype (bf16), as the reference
             p.copy_(p.to(torch.bfloat16).float())

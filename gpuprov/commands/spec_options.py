@@ -32,6 +32,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
              "of fine-tuning the pretrained ones"),
     "recipe": (("--recipe",), click.Choice(("torchtune", "axolotl", "trl")),
                "Published fine-tuning recipe for batch, learning rate, warmup, epochs  [default: torchtune]"),
+    "export_merged": (("--export-merged",), "switch", "LoRA/QLoRA: also export the base with the adapter merged "
+                      "in (a plain transformers model), beside the peft adapter"),
     "seq_len": (("--seq-len",), click.IntRange(min=1), "Tokens per sample"),
     "dataset": (("--dataset",), str, "Training data: a token count (100M), a prepared data dir / meta.json, or a "
                 "text/JSONL file; sizes the run with --epochs"),
@@ -118,6 +120,10 @@ def spec_from_flags(spec_file: str | None, hosts_file: str | None, values: dict[
             continue
         if field == "init":  # --from-scratch: a switch for init: random
             overrides["init"] = "random" if value else "pretrained"
+            continue
+        if field == "export_merged":  # a switch: only turned on, never off over a spec file's value
+            if value:
+                overrides[field] = True
             continue
         if field == "calibration":
             from gpuprov.calibration import load_calibration

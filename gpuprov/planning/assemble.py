@@ -214,6 +214,7 @@ def _training(spec: Any, arch: Any, best: Candidate) -> Training:
                     lora_rank=None if spec.task == "full" else spec.lora_rank,
                     lora_alpha=None if spec.task == "full" else 2 * spec.lora_rank,
                     lora_targets=targets, tokens=spec.tokens, steps=best.steps,
+                    export_merged=spec.export_merged and spec.task != "full",
                     **_training_defaults(spec, arch, best.steps, best.step.step_time_s))
 
 

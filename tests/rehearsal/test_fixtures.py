@@ -9,6 +9,7 @@ import ipaddress
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -47,3 +48,48 @@ def test_standin_facts_agree_with_the_recorded_output_and_the_bundle(tmp_path, n
     assert (recorded["vcpus"], recorded["memory_mib"] * 2**20) == (instance.vcpus, instance.ram_bytes)
     assert recorded["gpus_per_node"] == instance.gpus
     assert images.profile(group_vars["gpuprov_image_profile"])["driver"]["version"] == recorded["image"]["driver_version"]
+
+
+def _without_bundle_id(folder: Path, bundle_id: str) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text().replace(bundle_id, "<bundle id>")
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_fine_tune_bundle_fits_the_same_recorded_instances(tmp_path):
+    """The rehearsal's second bundle (a LoRA fine-tune of a model folder on chat data) plans the same
+    instances as the first, and its Terraform differs only by the bundle id in names and tags: the
+    recorded output that tests/test_journey.py holds to the first bundle's module holds for it too."""
+    pytest.importorskip("transformers")
+    from finetune_inputs import make_base, write_chat
+
+    recorded = cluster.fixture("aws-g5")
+    make_base(tmp_path / "tiny-llama")
+    write_chat(tmp_path / "chat.jsonl")
+    bundles = {}
+    for kind, args in {"scratch": recorded["generate"],
+                       "fine_tune": ["--model", str(tmp_path / "tiny-llama"), "--dataset", str(tmp_path / "chat.jsonl"),
+                                     *recorded["fine_tune"]["generate"]]}.items():
+        out = tmp_path / kind
+        subprocess.run([sys.executable, "-m", "gpuprov", "generate", *args, "-o", str(out)], check=True,
+                       capture_output=True, timeout=120, cwd=cluster.REPO)
+        bundles[kind] = (out, json.loads((out / "plan.json").read_text()))
+    (scratch, first), (fine_tune, plan) = bundles["scratch"], bundles["fine_tune"]
+    assert plan["task"] == "lora" and plan["staging"]["weights_local"] and plan["staging"]["data_dir"]
+    assert plan["instance"]["name"] == recorded["instance_type"] and plan["cluster"]["nodes"] == 2
+    assert plan["cluster"]["gpus_per_node"] == recorded["gpus_per_node"]
+    group_vars = yaml.safe_load((fine_tune / "ansible" / "group_vars" / "all.yml").read_text())
+    assert group_vars["gpuprov_image_profile"] == recorded["image"]["profile"]
+    assert plan["bundle_id"] != first["bundle_id"]  # a deployment of its own (names), on the same shape
+    assert _terraform_differences(scratch, fine_tune, first, plan) == []
+
+
+def _terraform_differences(scratch: Path, fine_tune: Path, first: dict, plan: dict) -> list[str]:
+    """Lines of the fine-tune bundle's Terraform that differ from the first bundle's other than by the
+    bundle id and in comments (the plan's description: task and model)."""
+    a = _without_bundle_id(scratch / "terraform", first["bundle_id"])
+    b = _without_bundle_id(fine_tune / "terraform", plan["bundle_id"])
+    if set(a) != set(b):
+        return [f"files: {sorted(set(a) ^ set(b))}"]
+    return [f"{name}: {x!r} != {y!r}" for name in a for x, y in zip(a[name].splitlines(), b[name].splitlines())
+            if x != y and not x.lstrip().startswith("#")] + \
+        [f"{name}: line count" for name in a if len(a[name].splitlines()) != len(b[name].splitlines())]

@@ -13,9 +13,15 @@ The inventory, hostvars, group_vars, roles and launch files stay as generate and
 The nodes: two qemu guests with the instance's vCPUs and memory (systemd, cgroup v2, munge, Debian 12's
 Slurm 22.05) with the recorded private addresses on a segment of their own, the image's OS release,
 the instance's GPUs and nvidia-smi as the roles look at them (standin_image.sh), /shared from the host
-over virtio-9p (FSx's stand-in). The bundle is a 2-layer Llama from scratch on 2 x g5.xlarge
+over virtio-9p (FSx's stand-in). The first bundle is a 2-layer Llama from scratch on 2 x g5.xlarge
 (fixtures/aws-g5.json); its job runs the CPU trainer (gloo) to the first checkpoint, which
-`gpuprov status` reads.
+`gpuprov status` reads. The other is a LoRA fine-tune of a Hugging Face model folder on a chat JSONL
+(fixtures/aws-g5.json "fine_tune"), planned on the same 2 x g5.xlarge: `up` copies the base and the
+dataset to the cluster, prepares the data there, and the job trains and exports a peft adapter,
+loaded here with peft. Both bundles are brought up on the same booted guests (booting costs
+minutes), the fine-tune first: the next deployment's instances are the previous one's, with what its
+own new filesystem would not hold removed (the previous deployment's slurmctld state, which names
+its cluster); the bundles are brought down at the end, the last first.
 """
 
 from __future__ import annotations
@@ -100,6 +106,49 @@ def _gpuprov(cloud: cluster.Cloud, *args: str, timeout: float = 120) -> subproce
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = None) -> tuple[int, str, list]:
+    """`gpuprov up` as the user runs it; (exit code, its output, (seconds, step line) per step line)."""
+    env = cloud.env()
+    env.update(TF_VAR_key_name="rehearsal", ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    env["PATH"] += os.pathsep + os.path.dirname(sys.executable)
+    began = time.monotonic()
+    up = subprocess.Popen([sys.executable, "-m", "gpuprov", "up", str(bundle)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    output: list[str] = []
+    steps: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in up.stdout:
+            output.append(line)
+            if re.match(r"\[\d+/\d+\] ", line):
+                steps.append((time.monotonic() - began, line.strip()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while up.poll() is None and not (watch and watch.found) and time.monotonic() - began < UP_TIMEOUT:
+        time.sleep(2)
+    if up.poll() is None:
+        up.kill()
+    up.wait()
+    reader.join(10)
+    took = time.monotonic() - began
+    print(f"rehearsal: gpuprov up {bundle.name} ran {took:.0f}s (exit {up.returncode})")
+    ends = [t for t, _ in steps[1:]] + [took]
+    for (start, line), end in zip(steps, ends):
+        print(f"rehearsal:   {end - start:5.0f}s  {line[:110]}")
+    return up.returncode, "".join(output), steps
+
+
+def _terraform_calls(cloud: cluster.Cloud) -> list[str]:
+    log = cloud.state / "terraform.log"  # written by the first call
+    return [json.loads(line)["argv"][0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+# the bundles brought up on the booted guests, in order (brought down at the end, the last first)
+WALKED: list[Path] = []
+
+
 class SlurmConfWatch(threading.Thread):
     """Reads slurm.conf on the controller while `up` runs: once the role has written it, a NodeAddr
     that is not the node's private address is a fault the rest of `up` can only time out on."""
@@ -121,6 +170,106 @@ class SlurmConfWatch(threading.Thread):
                 return
 
 
+def _as_new_instances(cloud: cluster.Cloud, controller: cluster.Node, previous: Path) -> None:
+    """The booted guests stand for the next deployment's instances: the previous bundle's job has
+    ended and its controller state (on its shared filesystem, naming its cluster) is gone, as a new
+    deployment's own filesystem would not hold it. Nothing of either bundle is touched."""
+    began = time.monotonic()
+    while _ssh_root(controller, "squeue --noheader --all --format=%i", check=False).split():
+        assert time.monotonic() - began < 600, _ssh_root(controller, "squeue --all", check=False)
+        time.sleep(5)
+    group_vars = yaml.safe_load((previous / "ansible" / "group_vars" / "all.yml").read_text())
+    state = Path(group_vars["slurm_state_save_location"])
+    for node in cloud.nodes.values():
+        node.ssh("systemctl stop slurmctld slurmd", check=False)
+    controller.ssh(f"rm -rf {state}")
+
+
+def test_up_fine_tunes_a_model_folder_on_chat_data_to_an_adapter_peft_loads(aws, tmp_path):
+    """generate --model <a Hugging Face model folder> --task lora --export-merged --dataset chat.jsonl,
+    then `up`: the base and the dataset copied to the cluster, the data prepared there with the model's
+    chat template, the job trains and exports; the adapter gives the trainer's logits in peft, the
+    merged model in transformers."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from finetune_inputs import make_base, sample_tokens, trainer_model, write_chat
+
+    user = tmp_path  # the user's folder: the model mirror, the data and the bundle side by side
+    base, chat = make_base(user / "tiny-llama"), write_chat(user / "chat.jsonl")
+    bundle = user / "bundle"
+    made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", "--model", str(base), "--dataset", str(chat),
+                           *aws.recorded["fine_tune"]["generate"], "-o", str(bundle)],
+                          capture_output=True, text=True, timeout=120, cwd=user)
+    assert made.returncode == 0, made.stderr
+    plan = json.loads((bundle / "plan.json").read_text())
+    st, train = plan["staging"], yaml.safe_load((bundle / "launch" / "train.yaml").read_text())
+    assert plan["instance"]["name"] == aws.recorded["instance_type"] and plan["cluster"]["nodes"] == len(aws.hosts())
+    names = list(aws.hosts())
+    controller = aws.node(names[0])
+    if WALKED:
+        _as_new_instances(aws, controller, WALKED[-1])
+    calls_before = len(_terraform_calls(aws))
+
+    returncode, log, steps = _up(aws, bundle)
+    WALKED.append(bundle)
+    assert returncode == 0, log[-6000:]
+    assert _terraform_calls(aws)[calls_before:] == ["init", "plan", "apply", "output"]
+    checked = subprocess.run([sys.executable, "-m", "gpuprov", "check", str(bundle)], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # no generated file was edited
+    ran = [line for _, line in steps]
+    for title in ("the base weights", "the dataset", "tokenize"):  # fetch-weights, stage-data, prepare-data
+        assert any(title in line and "skipped" not in line for line in ran), ran
+
+    # staged on the shared filesystem: the base whole, the chat data tokenized with its loss mask
+    on_host = lambda path: aws.shared / Path(path).relative_to(SHARED)  # noqa: E731
+    assert train["model"]["pretrained_path"] == st["weights_dir"] and train["data"]["path"] == st["data_dir"]
+    assert {p.name for p in base.iterdir()} <= {p.name for p in on_host(st["weights_dir"]).iterdir()}
+    meta = json.loads((on_host(st["data_dir"]) / "meta.json").read_text())
+    assert meta["loss_mask"] and meta["train_samples"] > 0, meta
+
+    # the job trains to its last step and exports the adapter; `status` reads it COMPLETED
+    job_id = json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"]
+    last = int(train["schedule"]["steps"])
+    export = on_host(train["checkpoint"]["dir"]) / "export" / f"step-{last:08d}"
+    trained = _wait_for(export / "adapter_config.json", controller, job_id, aws.shared, timeout=TRAIN_TIMEOUT)
+    print(f"rehearsal: the fine-tune job exported step {last}'s adapter {trained:.0f}s after `up` submitted it")
+    began = time.monotonic()
+    while True:
+        status = _gpuprov(aws, "status", str(bundle), "--json", timeout=300)
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        if report["job"]["state"] not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            break
+        assert time.monotonic() - began < 300, report
+        time.sleep(10)
+    print("rehearsal: gpuprov status --json:", json.dumps(report)[:2000])
+    assert report["job"]["id"] == job_id and report["job"]["state"] == "COMPLETED", report
+    assert report["step"] == last and report["steps"] == last, report
+
+    # here, as the user loads it: peft's adapter on the base gives the trainer's own logits
+    model, exported = trainer_model(bundle / "launch", on_host, st, train)
+    assert exported == export
+    tokens = sample_tokens(base, chat)
+    with torch.no_grad():
+        want = model(input_ids=tokens).logits
+        # the trainer keeps the frozen base in bf16 (task.frozen_dtype): peft's base is that base
+        frozen = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).float()
+        adapter = PeftModel.from_pretrained(frozen, export).eval()(input_ids=tokens).logits
+        merged = AutoModelForCausalLM.from_pretrained(export / "merged", dtype=torch.float32).eval()(
+            input_ids=tokens).logits
+        untrained = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)(input_ids=tokens).logits
+    changed = (untrained - want).abs().max().item()
+    print(f"rehearsal: the adapter moved the logits by up to {changed:.3g}; peft's differ from the trainer's by "
+          f"{(adapter - want).abs().max().item():.3g}, the merged model's by {(merged - want).abs().max().item():.3g}")
+    assert changed > 1e-3  # the job trained the adapter
+    torch.testing.assert_close(adapter, want, rtol=0, atol=1e-4)
+    # the merged weights are W + BA rounded once to bf16 (export.dtype), as in tests/test_finetune_journey.py
+    torch.testing.assert_close(merged, want, rtol=0, atol=5e-3)
+
+
 def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
     recorded = aws.recorded
     bundle = tmp_path / "bundle"
@@ -130,37 +279,23 @@ def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
     names = list(aws.hosts())
     controller = aws.node(names[0])
     private = {name: aws.private_ip(name) for name in names}
+    if WALKED:
+        _as_new_instances(aws, controller, WALKED[-1])
+    calls_before = len(_terraform_calls(aws))
 
     watch = SlurmConfWatch(controller, private)
     watch.start()
-    env = aws.env()
-    env.update(TF_VAR_key_name="rehearsal", ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
-               PYTHONPATH=os.pathsep.join(sys.path))
-    env["PATH"] += os.pathsep + os.path.dirname(sys.executable)
-    began = time.monotonic()
-    up = subprocess.Popen([sys.executable, "-m", "gpuprov", "up", str(bundle)], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(up.stdout), daemon=True)
-    reader.start()
-    while up.poll() is None and not watch.found and time.monotonic() - began < UP_TIMEOUT:
-        time.sleep(2)
-    if up.poll() is None:
-        up.kill()
-    up.wait()
-    reader.join(10)
+    returncode, log, _ = _up(aws, bundle, watch)
     watch.done.set()
-    log = "".join(output)
-    print(f"rehearsal: gpuprov up ran {time.monotonic() - began:.0f}s (exit {up.returncode})")
+    WALKED.append(bundle)
     # issue 40 item 1: slurm.conf must address each node by the private address the inventory carries
     assert not watch.found, (f"slurm.conf addresses nodes by what Ansible reaches them by, not their private "
                              f"addresses {private}: {watch.found}; slurmd cannot resolve the controller\n"
                              f"{watch.text}")
-    assert up.returncode == 0, log[-6000:]
+    assert returncode == 0, log[-6000:]
 
     # Terraform was asked exactly what `up` asks a real one; the inventory is the recorded output
-    calls = [json.loads(line)["argv"][0] for line in (aws.state / "terraform.log").read_text().splitlines()]
-    assert calls == ["init", "plan", "apply", "output"]
+    assert _terraform_calls(aws)[calls_before:] == ["init", "plan", "apply", "output"]
     inventory = yaml.safe_load((bundle / "ansible" / "inventory.yml").read_text())
     assert inventory == recorded["outputs"]["ansible_inventory"]["value"]
     checked = subprocess.run([sys.executable, "-m", "gpuprov", "check", str(bundle)], capture_output=True, text=True,
@@ -208,9 +343,15 @@ def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
     assert steps and steps[-1]["step"] == last and all(0 < s["loss"] < 100 for s in steps)  # finite, not NaN
     assert report["job"]["id"] == job_id and report["step"] >= first_checkpoint and report["steps"] == last, report
 
-    # `down` destroys what `up` created: here every stand-in node is powered off
-    down = _gpuprov(aws, "down", str(bundle), "--yes", timeout=600)
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert aws.running() == [] and not (aws.state / "applied").exists()
-    assert json.loads((aws.state / "terraform.log").read_text().splitlines()[-1])["argv"][0] == "destroy"
-    assert not (bundle / ".gpuprov-up.json").exists()
+
+
+def test_down_leaves_nothing(aws):
+    """`down` destroys what `up` created: each bundle brought up here, the last first; here every
+    stand-in node is powered off."""
+    assert WALKED, "no bundle was brought up"
+    for bundle in reversed(WALKED):
+        down = _gpuprov(aws, "down", str(bundle), "--yes", timeout=600)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not (bundle / ".gpuprov-up.json").exists()
+        assert aws.running() == [] and not (aws.state / "applied").exists()
+        assert json.loads((aws.state / "terraform.log").read_text().splitlines()[-1])["argv"][0] == "destroy"
