@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from gpuprov.catalog import load_data
 from gpuprov.catalog.models import get_model
 from gpuprov.cli import cli as main
+from gpuprov.sizing.memory_notes import family_notes
 from gpuprov.errors import GpuprovError
 from gpuprov.sizing.activations import sliding_mask_bytes
 from gpuprov.sizing.arch import resolve_lora_targets
@@ -192,6 +193,10 @@ def test_moe_plans_state_how_the_experts_are_held_and_counted(model):
     (moe,) = [n for n in notes if n.startswith("MoE:")]
     assert f"all {arch.num_experts} experts" in moe and "sharded by FSDP" in moe and "no expert parallelism" in moe
     assert f"from the {arch.experts_per_token} routed experts per token" in moe
+    # LoRA freezes the experts: the plan does not claim their gradients and optimizer states
+    assert "frozen weights" in moe and "gradients and optimizer states are held" not in moe
+    (full,) = [n for n in family_notes(arch, "full") if n.startswith("MoE:")]
+    assert "weights, gradients and optimizer states are held" in full
     latent = [n for n in notes if n.startswith("multi-head latent attention")]
     if arch.mla:
         assert f"a shared expert of width {arch.shared_intermediate_size}" in moe

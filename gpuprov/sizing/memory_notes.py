@@ -40,7 +40,7 @@ def assumptions(
     if arch.model_type == "gemma2":
         attn += "; gemma2 attention soft-capping needs flash-attn >= 2.6 for this (eager attention would store s^2 scores)"
     out.append(attn)
-    out.extend(family_notes(arch))
+    out.extend(family_notes(arch, s.task))
     ac = {
         "none": "no activation checkpointing: every block's saved tensors live until its backward",
         "selective": "selective AC = torchtitan op-level SAC (keep block input, every other matmul output, SDPA output; recompute the rest)",
@@ -184,13 +184,15 @@ def _states_note(s: TrainSetup, fsdp: bool) -> str:
     return f"{s.precision}: params, grads and AdamW states in {s.precision.replace('-mixed', '')}"
 
 
-def family_notes(arch: ModelArch) -> list[str]:
+def family_notes(arch: ModelArch, task: str = "full") -> list[str]:
     """What the model's family changes in the sizing: experts, latent attention, windows, what is left out."""
     out = []
     if arch.is_moe:
         shared = f" + a shared expert of width {arch.shared_intermediate_size}" if arch.shared_intermediate_size else ""
         dense = f"; {arch.dense_layers} of {arch.num_layers} blocks dense" if arch.dense_layers else ""
-        out.append(f"MoE: all {arch.num_experts} experts' weights, gradients and optimizer states are held, sharded by "
+        # under LoRA the experts are frozen base weights: no gradients, no optimizer states
+        held = "weights, gradients and optimizer states are" if task == "full" else f"frozen weights are ({task}: no gradients or optimizer states)"
+        out.append(f"MoE: all {arch.num_experts} experts' {held} held, sharded by "
                    "FSDP with the rest of each block and gathered whole per block (no expert parallelism); activations "
                    f"and FLOPs from the {arch.experts_per_token} routed experts per token{shared}{dense}")
     if arch.mla:
