@@ -37,7 +37,7 @@ OPT_IN = "GPUPROV_REHEARSAL"  # opt-in while it takes longer than CI can give it
 
 def why_not_runnable() -> str | None:
     if os.environ.get(OPT_IN) != "1":
-        return (f"the rehearsal is opt-in ({OPT_IN}=1): it reaches the first checkpoint in 20 to 26 minutes on a "
+        return (f"the rehearsal is opt-in ({OPT_IN}=1): its two bundles (a LoRA fine-tune, a from-scratch run) take about 40 minutes on a "
                 "2-core host (README), more than CI's budget")
     reason = harness.why_not_runnable()
     if reason and "no guest image" not in reason:
