@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -51,3 +52,12 @@ def test_prints_every_row_and_the_targets(capsys) -> None:
     assert f.main(["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["summary"]["rows"] == len(rows) and len(data["rows"]) == len(rows)
+
+
+def test_readme_quotes_the_fresh_hold_out() -> None:
+    f = _load("gpuprov_fresh_bench_r", "fresh_holdout.py")
+    s = f.throughput.summary(f.throughput.evaluate(f.throughput.load_rows(f.FRESH)))
+    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    m = re.search(r"fresh-holdout-throughput.yaml.*? reads MAPE ([\d.]+)%, worst over-prediction ([+-][\d.]+)%", text)
+    assert m, "README's fresh hold-out sentence is missing"
+    assert (float(m.group(1)), float(m.group(2))) == (s["mape_pct"], s["worst_over_pct"])
