@@ -61,3 +61,21 @@ def test_readme_quotes_the_fresh_hold_out() -> None:
     m = re.search(r"fresh-holdout-throughput.yaml.*? reads MAPE ([\d.]+)%, worst over-prediction ([+-][\d.]+)%", text)
     assert m, "README's fresh hold-out sentence is missing"
     assert (float(m.group(1)), float(m.group(2))) == (s["mape_pct"], s["worst_over_pct"])
+
+
+def test_fresh_peaks_are_sourced_apart_and_estimated() -> None:
+    acc = _load("gpuprov_accuracy_bench_f", "accuracy.py")
+    fresh = acc.load_rows(REPO / "benchmarks" / "fresh-holdout-peaks.yaml")
+    others = [r for name in ("measured-peaks.yaml", "more-measured-peaks.yaml", "torchtitan-parallel-peaks.yaml")
+              for r in acc.load_rows(REPO / "benchmarks" / name)]
+    assert len(fresh) >= 5
+    assert not {r["id"] for r in fresh} & {r["id"] for r in others}
+    # the same published figure is not in another file (its table row, without the commit the others may omit)
+    def cell(r):
+        return r["source"].split("@")[0].split(",")[0], r["source"].split(",", 1)[-1].strip(), r["measured"]
+    assert not {cell(r) for r in fresh} & {cell(r) for r in others}
+    for row in fresh:
+        assert "@" in row["source"] and row["measured"] > 0, row["id"]
+    results = acc.evaluate(fresh)
+    assert [r["id"] for r in results] == [r["id"] for r in fresh]
+    assert all(r["estimated_bytes"] > 0 and r["metric"] == "reserved" for r in results)
