@@ -488,7 +488,7 @@ def _print_dry_run(root: Path, plan, steps: list[Step], problems: list, echo: Ca
         echo(f"note: `up` stops before it starts: {no_data}")
     if _looks_for_lost(root, plan):
         echo(f"note: this cluster exists: `up` first asks {plan.cluster.cloud} which recorded nodes still run "
-             "(terraform output -json, then its CLI) and replaces lost ones under their names, from terraform "
+             "(terraform output -json, then its CLI) and replaces lost ones, from terraform "
              "plan on")
     for number, step in enumerate(steps, start=1):
         suffix = (f"  > ansible/{INVENTORY}" if step.kind == "inventory"
