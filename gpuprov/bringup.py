@@ -333,6 +333,10 @@ def write_inventory(root: Path, output_json: str) -> int:
         raise StepFailed("terraform output ansible_inventory lacks all.children.gpu_nodes.hosts") from None
     if not isinstance(hosts, dict) or not hosts:
         raise StepFailed("terraform output ansible_inventory lists no hosts")
+    from gpuprov import joining
+
+    # replaced nodes (a new name or address) join drained until their health check passes
+    joining.mark(inventory, joining.joining_nodes(joining.read_inventory(root / "ansible" / INVENTORY), inventory))
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     buffer = io.StringIO()
@@ -444,6 +448,25 @@ def _looks_for_lost(root: Path, plan) -> bool:
     return (root / "ansible" / INVENTORY).is_file() and looks_for_lost(plan)
 
 
+def _still_drained(root: Path, step: Step) -> str:
+    """What a failed health step leaves: nodes that joined stay drained in Slurm ("" when none)."""
+    from gpuprov import joining
+
+    names = joining.listed(joining.read_inventory(root / "ansible" / INVENTORY)) if step.name == "health" else []
+    if not names:
+        return ""
+    return (f". Node(s) {', '.join(names)} joined the cluster and stay drained in Slurm until they pass "
+            f"(scontrol show node {names[0]} gives the reason); a passing node is resumed by the health step")
+
+
+def _resumed(root: Path, echo: Callable[[str], None]) -> None:
+    from gpuprov import joining
+
+    names = joining.clear(root / "ansible" / INVENTORY)
+    if names:
+        echo(f"  node(s) {', '.join(names)} passed the health check and take jobs (resumed in Slurm)")
+
+
 def display(step: Step, root: Path) -> str:
     where = step.cwd.relative_to(root).as_posix() if step.cwd.is_relative_to(root) else str(step.cwd)
     return f"(cd {shlex.quote(where)} && {shlex.join(step.argv)})"
@@ -553,10 +576,12 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         code = run_step(root, step, echo)
         if code != 0:
             write_state(root, {**state, "completed": done, "failed": step.name})
-            why = step.extra.get("reason") or f"failed (exit {code}). Next: {step.hint}"
+            why = step.extra.get("reason") or f"failed (exit {code}). Next: {step.hint}{_still_drained(root, step)}"
             raise StepFailed(f"step {number}/{total} '{step.name}' {why}; "
                              f"then re-run `gpuprov up {shlex.quote(str(root))}` to continue from this step")
         done.append(step.name)
+        if step.name == "health":
+            _resumed(root, echo)
         if step.extra.get("job_id"):
             state["job"] = {"id": step.extra["job_id"], "kind": step.kind}
         write_state(root, {"lock_sha256": digest, "completed": done, **({"job": state["job"]} if "job" in state else {})})
