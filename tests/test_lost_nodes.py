@@ -16,9 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bundle_fixtures import standin_renderers
-from gpuprov import bundle
+from gpuprov import bundle, joining
 from gpuprov.errors import GpuprovError
 from gpuprov.lost_nodes import REPLACED_VARS, recorded_nodes
 from gpuprov.targets import get_target
@@ -34,6 +35,7 @@ INVENTORY = RECORDED["ansible_inventory"]["value"]
 FAKE = textwrap.dedent("""\
     #!{python}
     import json, os, sys
+    import yaml
     name = os.path.basename(sys.argv[0])
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps([name] + sys.argv[1:]) + "\\n")
@@ -55,6 +57,13 @@ FAKE = textwrap.dedent("""\
                   "You are not authorized to perform this operation.", file=sys.stderr)
             sys.exit(254)
         print(os.environ["FAKE_AWS"])
+    elif name == "ansible-playbook":
+        with open("inventory.yml") as inv, open(os.environ["FAKE_LOG"], "a") as log:
+            log.write(json.dumps(["joining", *(yaml.safe_load(inv)["all"].get("vars") or {{}}).get(
+                "slurm_joining_nodes", [])]) + "\\n")
+        if ("health.yml" in sys.argv or sys.argv[-2:] == ["--tags", "health"]) and os.environ.get("FAKE_HEALTH_FAIL"):
+            print("fatal: [%s]: FAILED! => 1 of 8 GPUs" % os.environ["FAKE_HEALTH_FAIL"])
+            sys.exit(2)
     elif name == "ansible" and "sbatch --parsable" in key:
         print("node-0 | CHANGED | rc=0 >>\\n4242")
     elif name == "ansible" and "scontrol show job" in key:
@@ -450,3 +459,63 @@ def test_terraform_output_failing_is_a_note_and_the_list_stays(cluster):
     assert result.returncode == 0, result.stderr
     assert "note: `terraform output -json` failed (above)" in result.stdout
     assert listed.exists() and not any(c.startswith("aws") for c in _calls(cluster))
+
+
+# ---------------------------------------------------------------- a replaced node joins drained
+
+
+def _moved(recorded: dict, index: int, address: str) -> dict:
+    """The outputs after Terraform replaced node `index`: its new instance's address in the inventory."""
+    moved = json.loads(json.dumps(recorded))
+    hosts = moved["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]
+    name = sorted(hosts)[index]
+    hosts[name] = {"ansible_host": "i-0feedfacefeedface", "private_ip": address}
+    return moved
+
+
+def test_a_replaced_node_joins_drained_and_a_failed_health_check_keeps_it_so(cluster):
+    """The play drains a joining node before its slurmd starts and the health play resumes it only
+    when it passed (the role: tests/test_slurm_role.py); `up` lists it while the check has not passed."""
+    root, inventory = cluster["root"], cluster["root"] / "ansible" / "inventory.yml"
+    after = json.dumps(_moved(RECORDED, 1, "10.60.16.99"))
+    failed = _up(root, cluster["env"], FAKE_AWS=_states("running", "terminated"), FAKE_OUTPUTS=after,
+                 FAKE_HEALTH_FAIL=NAMES[1], FAKE_JOB_STATE="REQUEUED")
+    assert failed.returncode == 1
+    assert (f"Node(s) {NAMES[1]} joined the cluster and stay drained in Slurm until they pass (scontrol show node "
+            f"{NAMES[1]} gives the reason)") in failed.stderr
+    calls = _calls(cluster)
+    assert calls.count(f"joining {NAMES[1]}") == 2  # site.yml (drained there) and health.yml
+    assert not any("sbatch" in c or "scontrol show job" in c for c in calls)  # stopped before the job step
+    assert yaml.safe_load(inventory.read_text())["all"]["vars"]["slurm_joining_nodes"] == [NAMES[1]]
+    # the node repaired: `up` goes on from the health step; the node is resumed, the job asked about
+    passed = _up(root, cluster["env"], FAKE_OUTPUTS=after, FAKE_JOB_STATE="REQUEUED")
+    assert passed.returncode == 0, passed.stderr
+    assert f"node(s) {NAMES[1]} passed the health check and take jobs (resumed in Slurm)" in passed.stdout
+    assert "job 4242 of an earlier run is REQUEUED; not submitted again" in passed.stdout
+    calls = _calls(cluster)
+    plays = [c for c in calls if c.startswith(("joining", "ansible-playbook"))]
+    assert plays[:2] == ["ansible-playbook -i inventory.yml site.yml --tags health", f"joining {NAMES[1]}"]
+    assert "site.yml --skip-tags health" not in " ".join(calls)  # configured in the run before
+    assert not any("sbatch" in c for c in calls)
+    listed = yaml.safe_load(inventory.read_text())["all"]
+    assert "slurm_joining_nodes" not in listed["vars"] and sorted(listed["children"]["gpu_nodes"]["hosts"]) == NAMES
+    assert inventory.read_text().startswith("# written by `gpuprov up`")
+
+
+def test_joining_rules():
+    before = {"all": {"vars": {}, "children": {"gpu_nodes": {"hosts": {
+        "a": {"ansible_host": "i-1", "private_ip": "10.0.0.1"}, "b": {"ansible_host": "i-2", "private_ip": "10.0.0.2"}}}}}}
+
+    def after(**hosts):
+        return {"all": {"vars": {}, "children": {"gpu_nodes": {"hosts": hosts}}}}
+
+    same = after(**before["all"]["children"]["gpu_nodes"]["hosts"])
+    assert joining.joining_nodes(None, same) == []  # a first bring-up: nothing runs yet
+    assert joining.joining_nodes(before, same) == []
+    moved = after(a=before["all"]["children"]["gpu_nodes"]["hosts"]["a"], b={"ansible_host": "i-9", "private_ip": "10.0.0.9"})
+    assert joining.joining_nodes(before, moved) == ["b"]  # replaced under its name (AWS, GCP)
+    renamed = after(a=before["all"]["children"]["gpu_nodes"]["hosts"]["a"], c={"ansible_host": "x", "private_ip": "10.0.0.3"})
+    assert joining.joining_nodes(before, renamed) == ["c"]  # a scale set's new VM (Azure)
+    joining.mark(moved, ["b"])
+    assert joining.joining_nodes(moved, same) == ["b"]  # not passed yet: still joining
+    assert joining.joining_nodes(moved, renamed) == ["c"]  # gone again: no longer listed
