@@ -203,6 +203,9 @@ def tear_down(root: Path, plan, *, dry_run: bool = False, echo: Callable[[str], 
     from gpuprov.lost_nodes import forget_replaced
 
     forget_replaced(root)
+    # the inventory described the nodes just destroyed: kept, a new cluster's every node would look
+    # like a replacement joining this one (gpuprov/joining.py)
+    (root / "ansible" / INVENTORY).unlink(missing_ok=True)
     echo("destroyed: no resource of this bundle is left running")
 
 

@@ -437,6 +437,8 @@ def test_down_and_a_cluster_gone_forget_the_replaced_nodes(cluster):
                           text=True, env=cluster["env"], timeout=60)
     assert down.returncode == 0, down.stderr
     assert not listed.exists()
+    # nor the inventory of the destroyed nodes: the next cluster's nodes are no replacements joining it
+    assert not (root / "ansible" / "inventory.yml").exists()
 
 
 def _replaced_example() -> dict:
