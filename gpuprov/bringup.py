@@ -440,9 +440,12 @@ def active_job_state(root: Path, plan, job_id: str) -> str | None:
 def _replaced_lost_nodes(root: Path, plan, echo: Callable[[str], None]) -> bool:
     """On a cluster an earlier run created (its inventory written), whether nodes the cloud no longer
     runs were found and listed for Terraform to replace (gpuprov/lost_nodes.py)."""
+    from gpuprov import joining
     from gpuprov.lost_nodes import replace_lost
 
-    return _looks_for_lost(root, plan) and bool(replace_lost(root, plan, echo))
+    lost = replace_lost(root, plan, echo) if _looks_for_lost(root, plan) else []
+    joining.expect(root / "ansible" / INVENTORY, lost)  # they join drained, even at the same address
+    return bool(lost)
 
 
 def _looks_for_lost(root: Path, plan) -> bool:

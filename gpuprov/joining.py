@@ -2,10 +2,11 @@
 not give them the requeued job before their health check passes.
 
 When `up` writes ansible/inventory.yml over an earlier one, a host whose name is new or whose
-address changed is a node that joins. Their names go into the inventory as `slurm_joining_nodes`:
-the slurm role drains them on the controller before their slurmd starts, the health playbook
-resumes those that pass (`scontrol update nodename=... state=resume`), and a failing one stays
-drained with the reason. Once the health step passes, `up` drops the list from the inventory.
+address changed, or one `up` found lost and had replaced under its name, is a node that joins.
+Their names go into the inventory as `slurm_joining_nodes`: the slurm role drains them on the
+controller before their slurmd starts, the health playbook resumes those that pass (`scontrol
+update nodename=... state=resume`), and a failing one stays drained with the reason. Once the
+health step passes, `up` drops the list from the inventory.
 """
 
 from __future__ import annotations
@@ -72,23 +73,38 @@ def mark(inventory: dict[str, Any], names: list[str]) -> None:
         inventory["all"].setdefault("vars", {})[JOINING_VAR] = list(names)
 
 
-def clear(path: Path) -> list[str]:
-    """Drop the joining list from the inventory once the health step passed; the names it held."""
+def _rewrite(path: Path, inventory: dict[str, Any]) -> None:
+    """The inventory back in its file, under the comment line `up` wrote first."""
     import io
 
     from ruamel.yaml import YAML
 
     from gpuprov.safefile import read_text, write_atomic
 
-    inventory = read_inventory(path)
-    names = listed(inventory)
-    if not names or inventory is None:
-        return []
-    del inventory["all"]["vars"][JOINING_VAR]
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     buffer = io.StringIO()
     yaml.dump(inventory, buffer)
     head = read_text(path, limit=INVENTORY_LIMIT, what="inventory").split("\n", 1)[0]
     write_atomic(path, (head + "\n" if head.startswith("#") else "") + buffer.getvalue())
+
+
+def expect(path: Path, lost: list[str]) -> None:
+    """List the lost nodes as joining in the inventory of the cluster they were lost from: a node
+    replaced under its name may come back at the same address (a reused private IP), and still joins."""
+    inventory = read_inventory(path)
+    if inventory is None or not lost or not isinstance(inventory.get("all"), dict):
+        return
+    mark(inventory, sorted(set(listed(inventory)) | set(lost)))
+    _rewrite(path, inventory)
+
+
+def clear(path: Path) -> list[str]:
+    """Drop the joining list from the inventory once the health step passed; the names it held."""
+    inventory = read_inventory(path)
+    names = listed(inventory)
+    if not names or inventory is None:
+        return []
+    del inventory["all"]["vars"][JOINING_VAR]
+    _rewrite(path, inventory)
     return names

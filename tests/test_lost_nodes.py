@@ -521,3 +521,13 @@ def test_joining_rules():
     joining.mark(moved, ["b"])
     assert joining.joining_nodes(moved, same) == ["b"]  # not passed yet: still joining
     assert joining.joining_nodes(moved, renamed) == ["c"]  # gone again: no longer listed
+
+
+def test_a_node_replaced_at_the_same_address_still_joins_drained(cluster):
+    """GCP may give a recreated VM its old internal address: the lost name itself marks it joining."""
+    root = cluster["root"]
+    failed = _up(root, cluster["env"], FAKE_AWS=_states("terminated", "running"), FAKE_HEALTH_FAIL=NAMES[0])
+    assert failed.returncode == 1 and f"Node(s) {NAMES[0]} joined the cluster" in failed.stderr
+    assert f"joining {NAMES[0]}" in _calls(cluster)
+    listed = yaml.safe_load((root / "ansible" / "inventory.yml").read_text())["all"]["vars"]
+    assert listed["slurm_joining_nodes"] == [NAMES[0]]
