@@ -203,6 +203,9 @@ def tear_down(root: Path, plan, *, dry_run: bool = False, echo: Callable[[str], 
     from gpuprov.lost_nodes import forget_replaced
 
     forget_replaced(root)
+    # the inventory described the nodes just destroyed: kept, a new cluster's every node would look
+    # like a replacement joining this one (gpuprov/joining.py)
+    (root / "ansible" / INVENTORY).unlink(missing_ok=True)
     echo("destroyed: no resource of this bundle is left running")
 
 
@@ -333,6 +336,10 @@ def write_inventory(root: Path, output_json: str) -> int:
         raise StepFailed("terraform output ansible_inventory lacks all.children.gpu_nodes.hosts") from None
     if not isinstance(hosts, dict) or not hosts:
         raise StepFailed("terraform output ansible_inventory lists no hosts")
+    from gpuprov import joining
+
+    # replaced nodes (a new name or address) join drained until their health check passes
+    joining.mark(inventory, joining.joining_nodes(joining.read_inventory(root / "ansible" / INVENTORY), inventory))
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     buffer = io.StringIO()
@@ -433,15 +440,37 @@ def active_job_state(root: Path, plan, job_id: str) -> str | None:
 def _replaced_lost_nodes(root: Path, plan, echo: Callable[[str], None]) -> bool:
     """On a cluster an earlier run created (its inventory written), whether nodes the cloud no longer
     runs were found and listed for Terraform to replace (gpuprov/lost_nodes.py)."""
+    from gpuprov import joining
     from gpuprov.lost_nodes import replace_lost
 
-    return _looks_for_lost(root, plan) and bool(replace_lost(root, plan, echo))
+    lost = replace_lost(root, plan, echo) if _looks_for_lost(root, plan) else []
+    joining.expect(root / "ansible" / INVENTORY, lost)  # they join drained, even at the same address
+    return bool(lost)
 
 
 def _looks_for_lost(root: Path, plan) -> bool:
     from gpuprov.lost_nodes import looks_for_lost
 
     return (root / "ansible" / INVENTORY).is_file() and looks_for_lost(plan)
+
+
+def _still_drained(root: Path, step: Step) -> str:
+    """What a failed health step leaves: nodes that joined stay drained in Slurm ("" when none)."""
+    from gpuprov import joining
+
+    names = joining.listed(joining.read_inventory(root / "ansible" / INVENTORY)) if step.name == "health" else []
+    if not names:
+        return ""
+    return (f". Node(s) {', '.join(names)} joined the cluster and stay drained in Slurm until they pass "
+            f"(scontrol show node {names[0]} gives the reason); a passing node is resumed by the health step")
+
+
+def _resumed(root: Path, echo: Callable[[str], None]) -> None:
+    from gpuprov import joining
+
+    names = joining.clear(root / "ansible" / INVENTORY)
+    if names:
+        echo(f"  node(s) {', '.join(names)} passed the health check and take jobs (resumed in Slurm)")
 
 
 def display(step: Step, root: Path) -> str:
@@ -488,7 +517,7 @@ def _print_dry_run(root: Path, plan, steps: list[Step], problems: list, echo: Ca
         echo(f"note: `up` stops before it starts: {no_data}")
     if _looks_for_lost(root, plan):
         echo(f"note: this cluster exists: `up` first asks {plan.cluster.cloud} which recorded nodes still run "
-             "(terraform output -json, then its CLI) and replaces lost ones under their names, from terraform "
+             "(terraform output -json, then its CLI) and replaces lost ones, from terraform "
              "plan on")
     for number, step in enumerate(steps, start=1):
         suffix = (f"  > ansible/{INVENTORY}" if step.kind == "inventory"
@@ -553,10 +582,12 @@ def bring_up(root: Path, plan, *, dry_run: bool = False, restart: bool = False,
         code = run_step(root, step, echo)
         if code != 0:
             write_state(root, {**state, "completed": done, "failed": step.name})
-            why = step.extra.get("reason") or f"failed (exit {code}). Next: {step.hint}"
+            why = step.extra.get("reason") or f"failed (exit {code}). Next: {step.hint}{_still_drained(root, step)}"
             raise StepFailed(f"step {number}/{total} '{step.name}' {why}; "
                              f"then re-run `gpuprov up {shlex.quote(str(root))}` to continue from this step")
         done.append(step.name)
+        if step.name == "health":
+            _resumed(root, echo)
         if step.extra.get("job_id"):
             state["job"] = {"id": step.extra["job_id"], "kind": step.kind}
         write_state(root, {"lock_sha256": digest, "completed": done, **({"job": state["job"]} if "job" in state else {})})

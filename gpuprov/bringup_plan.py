@@ -175,7 +175,8 @@ def purchase_notes(spec: Any, plan_purchase: Any, inst: Any, time_hours: float, 
         notes.append(f"{plan_purchase.option}: {plan_purchase.risk}")
     if plan_purchase.preemptible and nodes > 1 and getattr(spec, "slurm", "auto") != "none":
         target = get_target(inst.cloud)
-        after = ("`gpuprov up` replaces it under its name and the job resumes from the newest checkpoint on the "
+        name = "under its name" if target.keeps_node_names else "with a node under a new name (a scale set)"
+        after = (f"`gpuprov up` replaces it {name} and the job resumes from the newest checkpoint on the "
                  "shared filesystem" if target.replaces_lost_nodes else
                  f"nothing replaces a reclaimed node on {target.title} yet: the job waits until the node is back")
         notes.append(f"{plan_purchase.option}: a reclaimed node fails the Slurm job, which is requeued "

@@ -29,6 +29,17 @@ OUTPUT_ARGV = ["terraform", "output", "-no-color", "-json"]
 CLI_TIMEOUT_S = 120
 
 
+def recorded_values(answer: str) -> dict[str, Any]:
+    """{output name: value} from `terraform output -json` ({}: not that shape)."""
+    try:
+        outputs = json.loads(answer)
+    except ValueError:
+        return {}
+    if not isinstance(outputs, dict):
+        return {}
+    return {k: v["value"] for k, v in outputs.items() if isinstance(v, dict) and "value" in v}
+
+
 def recorded_nodes(answer: str) -> dict[str, str]:
     """{node name: instance id} from `terraform output -json` ({}: it records no nodes)."""
     try:
@@ -78,7 +89,8 @@ def find_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     elif recorded.strip() == "{}":
         forget_replaced(root)  # Terraform records nothing (destroyed): the next apply launches every node
     target = get_target(plan.cluster.cloud)
-    argv = target.node_states_argv(settings(plan, root), nodes) if nodes else None
+    s = {**settings(plan, root), "outputs": recorded_values(recorded)} if nodes else {}
+    argv = target.node_states_argv(s, nodes) if nodes else None
     if argv is None:
         return []
     answer, why = _ask(argv)
@@ -130,7 +142,11 @@ def replace_lost(root: Path, plan, echo: Callable[[str], None]) -> list[str]:
     lost = find_lost(root, plan, echo)
     if lost:
         path = mark_replaced(root, plan, lost)
-        how = f"listed in {path.relative_to(root).as_posix()}" if path else "Terraform recreates them"
-        echo(f"lost {len(lost)} node(s) the cloud no longer runs: {', '.join(lost)}; replacing each under its "
-             f"name ({how}), then configuring them and resuming the job")
+        if get_target(plan.cluster.cloud).keeps_node_names:
+            how = f"listed in {path.relative_to(root).as_posix()}" if path else "Terraform recreates them"
+            what = f"replacing each under its name ({how})"
+        else:
+            what = "Terraform restores the node count, each new node under a new name"
+        echo(f"lost {len(lost)} node(s) the cloud no longer runs: {', '.join(lost)}; {what}, then configuring "
+             "them and resuming the job")
     return lost

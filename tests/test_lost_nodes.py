@@ -16,9 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bundle_fixtures import standin_renderers
-from gpuprov import bundle
+from gpuprov import bundle, joining
 from gpuprov.errors import GpuprovError
 from gpuprov.lost_nodes import REPLACED_VARS, recorded_nodes
 from gpuprov.targets import get_target
@@ -34,6 +35,7 @@ INVENTORY = RECORDED["ansible_inventory"]["value"]
 FAKE = textwrap.dedent("""\
     #!{python}
     import json, os, sys
+    import yaml
     name = os.path.basename(sys.argv[0])
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps([name] + sys.argv[1:]) + "\\n")
@@ -47,12 +49,21 @@ FAKE = textwrap.dedent("""\
         print(json.dumps(json.loads(os.environ["FAKE_OUTPUTS"])["ansible_inventory"]["value"]))
     elif name == "gcloud":
         print(os.environ["FAKE_GCLOUD"])
+    elif name == "az":
+        print(os.environ["FAKE_AZ"])
     elif name == "aws":
         if os.environ.get("FAKE_AWS_FAIL"):
             print("An error occurred (UnauthorizedOperation) when calling the DescribeInstances operation: "
                   "You are not authorized to perform this operation.", file=sys.stderr)
             sys.exit(254)
         print(os.environ["FAKE_AWS"])
+    elif name == "ansible-playbook":
+        with open("inventory.yml") as inv, open(os.environ["FAKE_LOG"], "a") as log:
+            log.write(json.dumps(["joining", *(yaml.safe_load(inv)["all"].get("vars") or {{}}).get(
+                "slurm_joining_nodes", [])]) + "\\n")
+        if ("health.yml" in sys.argv or sys.argv[-2:] == ["--tags", "health"]) and os.environ.get("FAKE_HEALTH_FAIL"):
+            print("fatal: [%s]: FAILED! => 1 of 8 GPUs" % os.environ["FAKE_HEALTH_FAIL"])
+            sys.exit(2)
     elif name == "ansible" and "sbatch --parsable" in key:
         print("node-0 | CHANGED | rc=0 >>\\n4242")
     elif name == "ansible" and "scontrol show job" in key:
@@ -69,18 +80,19 @@ def _cluster(tmp_path: Path, cloud: str = "aws") -> dict:
     """A bundle `up` brought up once (every node running), its fakes and their call log."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("terraform", "ansible", "ansible-playbook", "aws", "gcloud"):
+    for name in ("terraform", "ansible", "ansible-playbook", "aws", "gcloud", "az"):
         (bin_dir / name).write_text(FAKE.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     root = tmp_path / "infra"
     bundle.write_bundle(root, bundle.build_bundle(sample_plan(cloud, nodes=2), standin_renderers()), force=True)
-    if cloud == "gcp":  # the variables a GCP bundle asks for first
-        (root / "terraform" / "terraform.tfvars").write_text(
-            "".join(f'{k} = "{v}"\n' for k, v in REQUIRED_INPUTS["gcp"].items()))
+    if cloud in ("gcp", "azure"):  # the variables the bundle asks for first (Azure: who may reach the head)
+        given = {**REQUIRED_INPUTS[cloud], **({"bastion_cidr": "203.0.113.7/32"} if cloud == "azure" else {})}
+        (root / "terraform" / "terraform.tfvars").write_text("".join(f'{k} = "{v}"\n' for k, v in given.items()))
     recorded = json.loads((DATA / f"{cloud}-2.json").read_text())
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", FAKE_LOG=str(tmp_path / "calls.jsonl"),
                FAKE_OUTPUTS=json.dumps(recorded), FAKE_AWS=_states("running", "running"), FAKE_JOB_STATE="RUNNING",
-               FAKE_GCLOUD=json.dumps([{"name": n, "status": "RUNNING"} for n in recorded["node_names"]["value"]]))
+               FAKE_GCLOUD=json.dumps([{"name": n, "status": "RUNNING"} for n in recorded["node_names"]["value"]]),
+               FAKE_AZ=json.dumps([[i, "Succeeded"] for i in recorded["instance_ids"]["value"]]))
     first = _up(root, env)
     assert first.returncode == 0, first.stderr
     (tmp_path / "calls.jsonl").unlink()
@@ -242,8 +254,91 @@ def test_answer_rules():
             target.lost_nodes(nodes, answer)
     s = {"purchase": "flex-start", "region": "r", "project": "p", "zone": "z"}
     assert gcp.node_states_argv(s, nodes) is None  # a flex-start group replaces its own VMs
-    for cloud in ("azure", "oci", "onprem"):  # not looked for there yet
+    for cloud in ("oci", "onprem"):  # not looked for there yet
         assert not get_target(cloud).replaces_lost_nodes
+
+
+# ---------------------------------------------------------------- Azure: one VM scale set
+
+AZURE = json.loads((DATA / "azure-2.json").read_text())
+AZ_NAMES, AZ_IDS = AZURE["node_names"]["value"], AZURE["instance_ids"]["value"]
+
+
+def test_an_evicted_azure_vm_comes_back_through_the_scale_set_size_and_the_job_is_kept(tmp_path: Path):
+    cluster = _cluster(tmp_path, "azure")
+    root = cluster["root"]
+    # eviction policy Delete: the evicted VM is no longer listed by the scale set
+    result = _up(root, cluster["env"], FAKE_AZ=json.dumps([[AZ_IDS[0], "Succeeded"]]), FAKE_JOB_STATE="REQUEUED")
+    assert result.returncode == 0, result.stderr
+    assert (f"lost 1 node(s) the cloud no longer runs: {AZ_NAMES[1]}; Terraform restores the node count, each "
+            "new node under a new name, then configuring them and resuming the job") in result.stdout
+    calls = _calls(cluster)
+    group = "gpuprov-llama-3-1-8b-1a2b3c-rg"
+    assert calls[1] == ("az vmss list-instances --subscription 00000000-0000-0000-0000-000000000000 "
+                        f"--resource-group {group} --name gpuprov-llama-3-1-8b-1a2b3c-vmss "
+                        "--query [].[instanceId, provisioningState] --output json")
+    assert calls[2].startswith("terraform plan") and any("site.yml --skip-tags health" in c for c in calls)
+    assert not any("sbatch" in c for c in calls)
+    assert "job 4242 of an earlier run is REQUEUED; not submitted again" in result.stdout
+    assert not (root / "terraform" / REPLACED_VARS).exists()  # the scale set's size brings it back
+    again = _up(root, cluster["env"])
+    assert again.returncode == 0 and len(_calls(cluster)) == 2  # every VM listed: the look only
+
+
+@pytest.mark.parametrize("rows, lost", [
+    ([[AZ_IDS[0], "Succeeded"], [AZ_IDS[1], "Succeeded"]], []),
+    ([[AZ_IDS[0], "Succeeded"], [AZ_IDS[1], "Deleting"]], [AZ_NAMES[1]]),  # being deleted: gone
+    ([[AZ_IDS[0], "Updating"], [AZ_IDS[1], "Failed"]], []),  # still there: Terraform would add no VM
+    ([["7", "Succeeded"]], AZ_NAMES),  # a VM the scale set added later is none of the recorded ones
+    ([], AZ_NAMES),
+])
+def test_azure_answer_rules(rows, lost):
+    azure = get_target("azure")
+    assert azure.lost_nodes(dict(zip(AZ_NAMES, AZ_IDS)), json.dumps(rows)) == lost
+
+
+@pytest.mark.parametrize("answer", ["<html>", '{"value": []}', '[["0"]]', "[[0, \"Succeeded\"]]"])
+def test_an_azure_answer_that_is_not_the_list_is_refused(answer):
+    with pytest.raises(GpuprovError, match="az vmss list-instances answered no"):
+        get_target("azure").lost_nodes(dict(zip(AZ_NAMES, AZ_IDS)), answer)
+
+
+def test_azure_outputs_without_a_scale_set_id_ask_nothing():
+    azure, nodes = get_target("azure"), dict(zip(AZ_NAMES, AZ_IDS))
+    assert azure.node_states_argv({"outputs": {}}, nodes) is None
+    assert azure.node_states_argv({"outputs": {"scale_set_id": "/subscriptions/s/resourceGroups/g"}}, nodes) is None
+    assert azure.node_states_argv({"outputs": {"scale_set_id": AZURE["scale_set_id"]["value"]}}, nodes)[:3] == \
+        ["az", "vmss", "list-instances"]
+
+
+def test_no_az_here_is_a_note_and_nothing_is_replaced(tmp_path: Path):
+    cluster = _cluster(tmp_path, "azure")
+    (cluster["bin"] / "az").unlink()
+    result = _up(cluster["root"], cluster["env"])
+    assert result.returncode == 0, result.stderr
+    note = next(line for line in result.stdout.splitlines() if line.startswith("note: could not ask Azure"))
+    assert "az is not on PATH" in note
+    assert not any(c.startswith(("terraform plan", "ansible")) for c in _calls(cluster))
+
+
+def test_the_azure_scale_set_restores_node_count_and_the_outputs_read_it_again(tmp_path: Path):
+    """What the next apply does: `instances` is node_count, nothing ignores its drift and no Try &
+    Restore is configured, so Terraform plans the size back (the new VM a new instance id); the
+    outputs come from the data source, read again at every plan, so the inventory takes the new VM."""
+    directory = render_to(tmp_path / "azure", sample_plan("azure", nodes=2))
+    mod = load_module(directory)
+    vmss = mod["ManagedResources"]["azurerm_linux_virtual_machine_scale_set.nodes"]
+    attrs = vmss["Config"]["Attributes"]
+    assert source_text(directory, attrs["instances"]["Expr"]) == "var.node_count"
+    assert not vmss["Managed"]["IgnoreChanges"] and not vmss["Managed"]["IgnoreAllChanges"]
+    assert source_text(directory, attrs["eviction_policy"]["Expr"]) == 'var.purchase_option == "spot" ? "Delete" : null'
+    assert "spot_restore" not in {b["Type"] for b in vmss["Config"]["Blocks"]}
+    assert "spot_restore" in load_schema("azure")["resource"]["azurerm_linux_virtual_machine_scale_set"]["blocks"]
+    for name in ("node_names", "instance_ids"):
+        assert source_text(directory, mod["Outputs"][name]["Expr"]).startswith(
+            "data.azurerm_virtual_machine_scale_set.nodes.instances[*].")
+    assert source_text(directory, mod["Outputs"]["scale_set_id"]["Expr"]) == \
+        "azurerm_linux_virtual_machine_scale_set.nodes.id"
 
 
 # ---------------------------------------------------------------- the AWS module
@@ -314,7 +409,8 @@ def test_terraform_replaces_the_listed_names_of_the_current_fleet_request(module
     assert values["market"] == (["spot"] if option == "spot" else [])
 
 
-@pytest.mark.parametrize("cloud, replaced", [("aws", True), ("gcp", True), ("azure", False)])
+@pytest.mark.parametrize("cloud, replaced", [("aws", "under its name"), ("gcp", "under its name"),
+                                             ("azure", "with a node under a new name (a scale set)")])
 def test_the_spot_plan_says_what_happens_to_a_reclaimed_node(cloud, replaced):
     proc = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--model", "70b", "--cloud", cloud,
                            "--purchase", "spot", "--json"], capture_output=True, text=True, timeout=60)
@@ -322,8 +418,8 @@ def test_the_spot_plan_says_what_happens_to_a_reclaimed_node(cloud, replaced):
     plan = json.loads(proc.stdout)
     assert plan["cluster"]["nodes"] > 1 and plan["purchase"]["preemptible"]
     note = next(n for n in plan["notes"] if "reclaimed node fails the Slurm job" in n)
-    assert ("`gpuprov up` replaces it under its name" in note) is replaced
-    assert ("nothing replaces a reclaimed node" in note) is not replaced
+    assert f"`gpuprov up` replaces it {replaced} and the job resumes" in note
+    assert "nothing replaces a reclaimed node" not in note
 
 
 def test_down_and_a_cluster_gone_forget_the_replaced_nodes(cluster):
@@ -341,6 +437,8 @@ def test_down_and_a_cluster_gone_forget_the_replaced_nodes(cluster):
                           text=True, env=cluster["env"], timeout=60)
     assert down.returncode == 0, down.stderr
     assert not listed.exists()
+    # nor the inventory of the destroyed nodes: the next cluster's nodes are no replacements joining it
+    assert not (root / "ansible" / "inventory.yml").exists()
 
 
 def _replaced_example() -> dict:
@@ -363,3 +461,73 @@ def test_terraform_output_failing_is_a_note_and_the_list_stays(cluster):
     assert result.returncode == 0, result.stderr
     assert "note: `terraform output -json` failed (above)" in result.stdout
     assert listed.exists() and not any(c.startswith("aws") for c in _calls(cluster))
+
+
+# ---------------------------------------------------------------- a replaced node joins drained
+
+
+def _moved(recorded: dict, index: int, address: str) -> dict:
+    """The outputs after Terraform replaced node `index`: its new instance's address in the inventory."""
+    moved = json.loads(json.dumps(recorded))
+    hosts = moved["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]
+    name = sorted(hosts)[index]
+    hosts[name] = {"ansible_host": "i-0feedfacefeedface", "private_ip": address}
+    return moved
+
+
+def test_a_replaced_node_joins_drained_and_a_failed_health_check_keeps_it_so(cluster):
+    """The play drains a joining node before its slurmd starts and the health play resumes it only
+    when it passed (the role: tests/test_slurm_role.py); `up` lists it while the check has not passed."""
+    root, inventory = cluster["root"], cluster["root"] / "ansible" / "inventory.yml"
+    after = json.dumps(_moved(RECORDED, 1, "10.60.16.99"))
+    failed = _up(root, cluster["env"], FAKE_AWS=_states("running", "terminated"), FAKE_OUTPUTS=after,
+                 FAKE_HEALTH_FAIL=NAMES[1], FAKE_JOB_STATE="REQUEUED")
+    assert failed.returncode == 1
+    assert (f"Node(s) {NAMES[1]} joined the cluster and stay drained in Slurm until they pass (scontrol show node "
+            f"{NAMES[1]} gives the reason)") in failed.stderr
+    calls = _calls(cluster)
+    assert calls.count(f"joining {NAMES[1]}") == 2  # site.yml (drained there) and health.yml
+    assert not any("sbatch" in c or "scontrol show job" in c for c in calls)  # stopped before the job step
+    assert yaml.safe_load(inventory.read_text())["all"]["vars"]["slurm_joining_nodes"] == [NAMES[1]]
+    # the node repaired: `up` goes on from the health step; the node is resumed, the job asked about
+    passed = _up(root, cluster["env"], FAKE_OUTPUTS=after, FAKE_JOB_STATE="REQUEUED")
+    assert passed.returncode == 0, passed.stderr
+    assert f"node(s) {NAMES[1]} passed the health check and take jobs (resumed in Slurm)" in passed.stdout
+    assert "job 4242 of an earlier run is REQUEUED; not submitted again" in passed.stdout
+    calls = _calls(cluster)
+    plays = [c for c in calls if c.startswith(("joining", "ansible-playbook"))]
+    assert plays[:2] == ["ansible-playbook -i inventory.yml site.yml --tags health", f"joining {NAMES[1]}"]
+    assert "site.yml --skip-tags health" not in " ".join(calls)  # configured in the run before
+    assert not any("sbatch" in c for c in calls)
+    listed = yaml.safe_load(inventory.read_text())["all"]
+    assert "slurm_joining_nodes" not in listed["vars"] and sorted(listed["children"]["gpu_nodes"]["hosts"]) == NAMES
+    assert inventory.read_text().startswith("# written by `gpuprov up`")
+
+
+def test_joining_rules():
+    before = {"all": {"vars": {}, "children": {"gpu_nodes": {"hosts": {
+        "a": {"ansible_host": "i-1", "private_ip": "10.0.0.1"}, "b": {"ansible_host": "i-2", "private_ip": "10.0.0.2"}}}}}}
+
+    def after(**hosts):
+        return {"all": {"vars": {}, "children": {"gpu_nodes": {"hosts": hosts}}}}
+
+    same = after(**before["all"]["children"]["gpu_nodes"]["hosts"])
+    assert joining.joining_nodes(None, same) == []  # a first bring-up: nothing runs yet
+    assert joining.joining_nodes(before, same) == []
+    moved = after(a=before["all"]["children"]["gpu_nodes"]["hosts"]["a"], b={"ansible_host": "i-9", "private_ip": "10.0.0.9"})
+    assert joining.joining_nodes(before, moved) == ["b"]  # replaced under its name (AWS, GCP)
+    renamed = after(a=before["all"]["children"]["gpu_nodes"]["hosts"]["a"], c={"ansible_host": "x", "private_ip": "10.0.0.3"})
+    assert joining.joining_nodes(before, renamed) == ["c"]  # a scale set's new VM (Azure)
+    joining.mark(moved, ["b"])
+    assert joining.joining_nodes(moved, same) == ["b"]  # not passed yet: still joining
+    assert joining.joining_nodes(moved, renamed) == ["c"]  # gone again: no longer listed
+
+
+def test_a_node_replaced_at_the_same_address_still_joins_drained(cluster):
+    """GCP may give a recreated VM its old internal address: the lost name itself marks it joining."""
+    root = cluster["root"]
+    failed = _up(root, cluster["env"], FAKE_AWS=_states("terminated", "running"), FAKE_HEALTH_FAIL=NAMES[0])
+    assert failed.returncode == 1 and f"Node(s) {NAMES[0]} joined the cluster" in failed.stderr
+    assert f"joining {NAMES[0]}" in _calls(cluster)
+    listed = yaml.safe_load((root / "ansible" / "inventory.yml").read_text())["all"]["vars"]
+    assert listed["slurm_joining_nodes"] == [NAMES[0]]

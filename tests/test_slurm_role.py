@@ -130,11 +130,44 @@ def test_converges_idempotent_check_mode_and_real_daemons_take_the_node(scratch,
                        env=env, check=True)
         drained = playbook(scratch, "-i", "local-inventory.yml", "health.yml")
         assert drained.returncode != 0 and "not usable: " + fields["NodeName"] in drained.stdout
+        _joining_node_waits_for_its_health_check(scratch, v, env, fields["NodeName"])
     finally:
         for d in daemons:
             d.terminate()
             d.wait(timeout=30)
         os.kill(int((scratch / "munge" / "pid").read_text()), 15)
+
+
+def _node(env: dict, name: str) -> tuple[str, str]:
+    """(state, reason) of a node as scontrol shows it."""
+    shown = subprocess.run(["scontrol", "show", "node", "--oneliner", name], env=env, capture_output=True,
+                           text=True, check=True).stdout
+    fields = dict(f.split("=", 1) for f in shown.split(" Reason=")[0].split() if "=" in f)
+    return fields["State"], shown.split(" Reason=", 1)[1].split(" [")[0] if " Reason=" in shown else ""
+
+
+def _joining_node_waits_for_its_health_check(scratch: Path, v: dict, env: dict, name: str) -> None:
+    """A node `up` lists as joining (a replacement) is drained on the controller with the reason; the
+    health playbook resumes it when it passed the node health check, and a node that failed it (out
+    of the play, as Ansible drops a failed host from the plays after) stays drained."""
+    subprocess.run(["scontrol", "update", f"nodename={name}", "state=resume"], env=env, check=True)
+    joining = {**v, "slurm_joining_nodes": [name], "slurm_controller_host": name}
+    drain = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "join.yml", "joining.yml", **joining))
+    assert drain.returncode == 0, drain.stdout[-3000:]
+    state, reason = _node(env, name)
+    assert state.startswith("IDLE+DRAIN") and reason == "gpuprov: joined the cluster, health check pending", state
+    # the node health check failed on it: the Slurm health play runs without it, nothing resumes it
+    (scratch / "failing.yml").write_text(yaml.safe_dump([
+        {"name": "Node health check", "hosts": "gpu_nodes", "gather_facts": False,
+         "tasks": [{"name": "GPUs", "ansible.builtin.fail": {"msg": "1 of 8 GPUs"}}]},
+        {"name": "Slurm health check", "hosts": "gpu_nodes", "gather_facts": False,
+         "tasks": [{"name": "slurm", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "health.yml"},
+                    "vars": joining}]}], sort_keys=False))
+    failed = playbook(scratch, "-i", "local-inventory.yml", "failing.yml")
+    assert failed.returncode != 0 and _node(env, name)[0].startswith("IDLE+DRAIN")
+    passed = playbook(scratch, "-i", "local-inventory.yml", _play(scratch, "health2.yml", "health.yml", **joining))
+    assert passed.returncode == 0, passed.stdout[-3000:]
+    assert _node(env, name) == ("IDLE", "")
 
 
 @pytest.mark.parametrize("nvml", [True, False])

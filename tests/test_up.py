@@ -277,7 +277,7 @@ def test_required_terraform_variables_are_asked_for_before_plan(tmp_path: Path, 
     # the only note left: the cluster an earlier run created is looked at for lost nodes first
     assert [line for line in dry.splitlines() if line.startswith("note:")] == [
         "note: this cluster exists: `up` first asks aws which recorded nodes still run (terraform output -json, "
-        "then its CLI) and replaces lost ones under their names, from terraform plan on"]
+        "then its CLI) and replaces lost ones, from terraform plan on"]
 
 
 def test_hand_edits_are_noted_before_bring_up(tmp_path: Path, fakes: dict) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
+from gpuprov.errors import GpuprovError
 from gpuprov.targets.base import Limits, Target, TfvarsKeys, head_connection_problem
 
 if TYPE_CHECKING:
@@ -11,6 +13,9 @@ if TYPE_CHECKING:
 
 # One scale set with single_placement_group = true is one InfiniBand partition: at most 100 VMs.
 SINGLE_PLACEMENT_GROUP_MAX = 100
+# the module's scale_set_id output: the subscription, group and name `az vmss` takes
+SCALE_SET_ID = re.compile(r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<group>[^/]+)/providers/"
+                          r"Microsoft\.Compute/virtualMachineScaleSets/(?P<name>[^/]+)", re.IGNORECASE)
 
 
 class Azure(Target):
@@ -26,6 +31,38 @@ class Azure(Target):
 
     def connection_problem(self, plan: Plan, value: Any) -> str | None:
         return head_connection_problem(plan, value)
+
+    # An evicted Spot VM (eviction policy Delete) is deleted and the scale set's capacity drops; the
+    # next apply restores node_count and the scale set adds a VM under a new name (catalog
+    # node_launch.azure): `up` finds the lost ones and runs from terraform plan on; nothing is written.
+    replaces_lost_nodes = True
+    keeps_node_names = False
+
+    def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
+        match = SCALE_SET_ID.fullmatch(str((s.get("outputs") or {}).get("scale_set_id") or ""))
+        if match is None:  # an older bundle's outputs: the scale set cannot be named
+            return None
+        return ["az", "vmss", "list-instances", "--subscription", match["sub"], "--resource-group", match["group"],
+                "--name", match["name"], "--query", "[].[instanceId, provisioningState]", "--output", "json"]
+
+    def lost_nodes(self, nodes: dict[str, str], answer: str) -> list[str]:
+        import json
+
+        from gpuprov.catalog import bringup as cat
+
+        try:
+            rows = json.loads(answer)
+        except ValueError:
+            rows = None
+        if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], str)
+                                                 for r in rows):
+            raise GpuprovError("az vmss list-instances answered no [[instanceId, provisioningState], ...] list")
+        lost_states = set(cat.node_launch(self.name)["lost_states"])
+        listed = {i for i, state in rows if state not in lost_states}
+        return [name for name, i in nodes.items() if i not in listed]
+
+    def replacement_vars(self, names: list[str], settings: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def terraform_inputs(self, plan: Plan) -> dict[str, Any]:
         shared = plan.shared_storage

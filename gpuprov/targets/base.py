@@ -110,10 +110,12 @@ class Target:
         return None
 
     replaces_lost_nodes = False  # `up` finds nodes the cloud no longer runs and has Terraform replace them
+    keeps_node_names = True  # a replacement comes back under the lost node's name (False: a new name)
 
     def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
         """The CLI call that lists the states of the recorded nodes ({name: instance id}) for the
-        values the bundle applies with (`s`: preflight.settings); None: not looked for here."""
+        values the bundle applies with (`s`: preflight.settings, and under "outputs" the values of
+        the recorded `terraform output -json`); None: not looked for here."""
         return None
 
     def lost_nodes(self, nodes: dict[str, str], answer: str) -> list[str]:
