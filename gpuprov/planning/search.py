@@ -64,8 +64,10 @@ class _Slot:
 class _Search:
     """One walk of the space for one spec. Methods are the steps; the fields are what they share."""
 
-    def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
+    tp_cache: dict[tuple, float]  # -> _tp_seconds
+    f8_on: dict[tuple[str, int], bool]  # (GPU slug, tp) -> float8_on
 
+    def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
         self.spec, self.arch, self.estimator, self.gpus, self.exhaustive = spec, arch, estimator, gpus, exhaustive
         self.task = spec.task
         self.targets = _lora_targets(spec, arch) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
@@ -131,8 +133,7 @@ class _Search:
         self.walk_top: dict[str, int] = {}  # instance -> the most nodes an ascending walk reaches
         self.probe_cache: dict[tuple, int] = {}  # -> the farthest node count that misses (0: none)
         self.step_cache: dict[tuple, StepEstimate] = {}
-        self.tp_cache: dict[tuple, float] = {}  # -> _tp_seconds
-        self.f8_on: dict[tuple[str, int], bool] = {}  # (GPU slug, tp) -> float8_on
+        self.tp_cache, self.f8_on = {}, {}
         # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
         self.layer = LayerShape(arch.num_layers, arch.hidden_size,
                                 arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
