@@ -68,3 +68,79 @@ def test_the_estimate_floors_a_compiled_tp_rank_at_its_replayed_idle_cache() -> 
                                                                   "cuda_context"))
     frac = constants()["allocator"]["fragmentation_eager"]
     assert eager.breakdown["allocator_fragmentation"] == max(int(live * frac), int(floor / 8))
+
+
+class _ScanEveryBlock:
+    """The allocator's rules as first written (allocator.py's docstring): every block scanned on every request."""
+
+    def __init__(self) -> None:
+        self.segments: list[list[list]] = []
+        self.reserved = self.active = 0
+
+    def malloc(self, size: int):
+        size = (int(size) + 511) // 512 * 512
+        if size <= 2**20:
+            return None
+        best = None
+        for seg in self.segments:
+            for block in seg:
+                if block[1] and block[0] >= size and (best is None or block[0] < best[1][0]):
+                    best = (seg, block)
+        if best is None:
+            rounded = (size + 2 * 2**20 - 1) // (2 * 2**20) * (2 * 2**20) if size >= 10 * 2**20 else 20 * 2**20
+            seg = [[rounded, True]]
+            self.segments.append(seg)
+            self.reserved += rounded
+            best = (seg, seg[0])
+        seg, block = best
+        if block[0] - size > 2**20:
+            seg.insert(_position(seg, block) + 1, [block[0] - size, True])
+            block[0] = size
+        block[1] = False
+        self.active += block[0]
+        return best
+
+    def free(self, handle) -> None:
+        if handle is None:
+            return
+        seg, block = handle
+        block[1] = True
+        self.active -= block[0]
+        i = _position(seg, block)
+        if i + 1 < len(seg) and seg[i + 1][1]:
+            block[0] += seg.pop(i + 1)[0]
+        if i > 0 and seg[i - 1][1]:
+            seg[i - 1][0] += seg.pop(i)[0]
+
+
+def _position(items: list, item: object) -> int:
+    return next(i for i, x in enumerate(items) if x is item)
+
+
+def test_the_allocator_takes_the_block_a_scan_of_every_block_takes() -> None:
+    """Looking at the free blocks alone changes no choice: random mixes of requests (many of equal size, where the
+    first in segment and block order must win) and frees leave the same segments, block for block, and hand out
+    the same blocks."""
+    import random
+
+    MiB = 2**20
+    for seed in range(40):
+        rng = random.Random(seed)
+        fast, ref = CachingAllocator(), _ScanEveryBlock()
+        live: list[tuple] = []
+        sizes = [rng.choice([1, 3, 4, 8, 12, 24, 64]) * MiB + rng.choice([0, 0, 512, 7777]) for _ in range(6)]
+        for _ in range(400):
+            if live and rng.random() < 0.45:
+                a, b = live.pop(rng.randrange(len(live)))
+                fast.free(a)
+                ref.free(b)
+            else:
+                size = rng.choice(sizes) if rng.random() < 0.7 else rng.randrange(1, 80 * MiB)
+                live.append((fast.malloc(size), ref.malloc(size)))
+            assert [[b[:2] for b in seg] for seg in fast.segments] == ref.segments
+            assert (fast.reserved, fast.active) == (ref.reserved, ref.active)
+        for a, b in live:
+            assert (a is None) == (b is None)
+            if a is not None:
+                seg = fast.segments[a[2]]
+                assert _position(ref.segments, b[0]) == a[2] and _position(seg, a) == _position(b[0], b[1])

@@ -64,8 +64,10 @@ class _Slot:
 class _Search:
     """One walk of the space for one spec. Methods are the steps; the fields are what they share."""
 
-    def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
+    tp_cache: dict[tuple, float]  # -> _tp_seconds
+    f8_on: dict[tuple[str, int], bool]  # (GPU slug, tp) -> float8_on
 
+    def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
         self.spec, self.arch, self.estimator, self.gpus, self.exhaustive = spec, arch, estimator, gpus, exhaustive
         self.task = spec.task
         self.targets = _lora_targets(spec, arch) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
@@ -131,6 +133,7 @@ class _Search:
         self.walk_top: dict[str, int] = {}  # instance -> the most nodes an ascending walk reaches
         self.probe_cache: dict[tuple, int] = {}  # -> the farthest node count that misses (0: none)
         self.step_cache: dict[tuple, StepEstimate] = {}
+        self.tp_cache, self.f8_on = {}, {}
         # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
         self.layer = LayerShape(arch.num_layers, arch.hidden_size,
                                 arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
@@ -216,12 +219,18 @@ class _Search:
         return out
 
     def _tp_seconds(self, slot: _Slot, tp: int, ac: str) -> float:
-        """GPU-seconds per token of the TP collectives a TP layout cannot hide (0 without TP)."""
+        """GPU-seconds per token of the TP collectives a TP layout cannot hide (0 without TP); asked for every
+        layout and AC mode, it depends on the GPU, its NVLink bandwidth, the TP degree and the AC mode alone."""
         if tp == 1:
             return 0.0
-        # a bound: float8 linears (where allowed on this GPU) gather in float8, the least TP traffic
-        return tp_gpu_seconds_per_token(layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra,
-                                        float8=self.gain(slot.gpu) is not None) / self.speed.get(slot.inst.gpu, 1.0)
+        key = (slot.inst.gpu, slot.gpu.slug, slot.intra, tp, ac)
+        out = None if self.exhaustive else self.tp_cache.get(key)
+        if out is None:
+            # a bound: float8 linears (where allowed on this GPU) gather in float8, the least TP traffic
+            out = self.tp_cache[key] = tp_gpu_seconds_per_token(
+                layer=self.layer, tp=tp, ac=ac, gbytes=slot.intra,
+                float8=self.gain(slot.gpu) is not None) / self.speed.get(slot.inst.gpu, 1.0)
+        return out
 
     def lower_bound_cost(self, inst: Any, nodes: int = 1, ac: str = "none", tp_s: float = 0.0) -> float:
         """No candidate on `inst` with >= `nodes` nodes and this AC can cost less (compute only, plus
@@ -406,8 +415,13 @@ class _Search:
         return self.float8_kw(gpu).get("float8_gain")
 
     def float8_on(self, gpu: Any, tp: int) -> bool:
-        return self.gain(gpu) is not None and float8_refusal(
-            task=self.task, precision=self.spec.precision, compiled=self.stack.compile, moe=self.arch.is_moe, tp=tp) is None
+        key = (gpu.slug, tp)  # asked for every layout; the rest of what it reads is the spec's
+        out = self.f8_on.get(key)
+        if out is None:
+            out = self.f8_on[key] = self.gain(gpu) is not None and float8_refusal(
+                task=self.task, precision=self.spec.precision, compiled=self.stack.compile, moe=self.arch.is_moe,
+                tp=tp) is None
+        return out
 
     def timed(self, slot: _Slot, lay: _Layout, ac: str, mb: int, ga: int, batch: int) -> Candidate:
         gpu = slot.gpu
@@ -529,7 +543,9 @@ class _Search:
         """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
         missed: set[tuple[int, int, int]] = set()  # (tp, cp, pp) whose FSDP fits nothing on this slot
         for lay in self.layouts(slot, degrees):
-            lay = lay._replace(f8=self.float8_on(slot.gpu, lay.tp))
+            f8 = self.float8_on(slot.gpu, lay.tp)
+            if f8 != lay.f8:  # _layouts leave it False; a copy only where float8 runs
+                lay = lay._replace(f8=f8)
             if lay.sharding == "hsdp" and (lay.tp, lay.cp, lay.pp) in missed and not self.exhaustive:
                 continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
             if self.walk_layout(slot, lay) and lay.sharding == "fsdp":

@@ -19,47 +19,65 @@ def _index(seg: list[list], block: list) -> int:
 
 
 class CachingAllocator:
-    """One stream's large pool: segments of blocks [size, free]."""
+    """One stream's large pool: segments of blocks [size, free, segment index].
+
+    The free blocks are also kept by identity, so a request looks at them alone (a deep model's forward leaves a
+    few free among hundreds held); among equal sizes the first in segment and block order wins, as a scan of
+    every block in that order finds it (tests/test_idle_cache.py compares the two)."""
 
     def __init__(self) -> None:
         self.segments: list[list[list]] = []
+        self._free: dict[int, list] = {}  # id(block) -> block, for every free block
         self.reserved = 0
         self.active = 0
+
+    def _before(self, a: list, b: list) -> bool:
+        """Whether free block `a` comes before `b` in segment and block order."""
+        if a[2] != b[2]:
+            return a[2] < b[2]
+        seg = self.segments[a[2]]
+        return _index(seg, a) < _index(seg, b)
 
     def malloc(self, size: int):
         size = (int(size) + 511) // 512 * 512
         if size <= MiB:
             return None  # small pool
         best = None
-        for seg in self.segments:
-            for block in seg:
-                if block[1] and block[0] >= size and (best is None or block[0] < best[1][0]):
-                    best = (seg, block)
+        for block in self._free.values():
+            have = block[0]
+            if have >= size and (best is None or have < best[0] or (have == best[0] and self._before(block, best))):
+                best = block
         if best is None:
             rounded = (size + 2 * MiB - 1) // (2 * MiB) * (2 * MiB) if size >= 10 * MiB else 20 * MiB
-            seg = [[rounded, True]]
-            self.segments.append(seg)
+            best = [rounded, True, len(self.segments)]
+            self.segments.append([best])
             self.reserved += rounded
-            best = (seg, seg[0])
-        seg, block = best
-        if block[0] - size > MiB:
-            seg.insert(_index(seg, block) + 1, [block[0] - size, True])
-            block[0] = size
-        block[1] = False
-        self.active += block[0]
-        return (seg, block)
+        else:
+            del self._free[id(best)]
+        if best[0] - size > MiB:
+            seg = self.segments[best[2]]
+            rest = [best[0] - size, True, best[2]]
+            seg.insert(_index(seg, best) + 1, rest)
+            self._free[id(rest)] = rest
+            best[0] = size
+        best[1] = False
+        self.active += best[0]
+        return best
 
-    def free(self, handle) -> None:
-        if handle is None:
+    def free(self, block) -> None:
+        if block is None:
             return
-        seg, block = handle
+        seg = self.segments[block[2]]
         block[1] = True
         self.active -= block[0]
         i = _index(seg, block)
         if i + 1 < len(seg) and seg[i + 1][1]:
-            block[0] += seg.pop(i + 1)[0]
+            block[0] += seg[i + 1][0]
+            del self._free[id(seg.pop(i + 1))]
         if i > 0 and seg[i - 1][1]:
             seg[i - 1][0] += seg.pop(i)[0]
+        else:
+            self._free[id(block)] = block
 
     @property
     def idle(self) -> int:

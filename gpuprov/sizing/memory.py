@@ -396,21 +396,25 @@ def working_set_floor(arch: ModelArch, s: TrainSetup, tokens: int, a: int, final
 
 def _reserved(phase: _Phase, s: TrainSetup) -> int:
     """A phase's live tensors plus the allocator's idle cache (what decides which moment peaks)."""
-    frag = _outside_terms(phase.terms, s)["allocator_fragmentation"]
-    return phase.total() - phase.terms.get("allocator_fragmentation", 0) + frag
+    return phase.total() - phase.terms.get("allocator_fragmentation", 0) + _fragmentation(phase.terms, s)
+
+
+def _fragmentation(terms: dict[str, int], s: TrainSetup) -> int:
+    """Cached-but-unusable blocks: freed tensors whose blocks belong to another stream or do not fit the next
+    request (eager mode frees many odd-sized intermediates; compile fuses them away). Where a phase knows the
+    blocks it strands (_stranded_at_loss), those are the floor: both are the same idle cache."""
+    alloc = constants()["allocator"]
+    frac = alloc["fragmentation_compiled"] if s.compile else alloc["fragmentation_eager"]
+    live = sum(v for k, v in terms.items() if k != "allocator_fragmentation")
+    return int(max(int(live * frac), int(terms.get("allocator_fragmentation", 0))))
 
 
 def _outside_terms(terms: dict[str, int], s: TrainSetup) -> dict[str, int]:
     """Allocator fragmentation, NCCL buffers and the CUDA context on top of the live tensors."""
     c = constants()
     out = dict(terms)
-    # Cached-but-unusable blocks: freed tensors whose blocks belong to another stream or do not fit
-    # the next request (eager mode frees many odd-sized intermediates; compile fuses them away). Where a
-    # phase knows the blocks it strands (_stranded_at_loss), those are the floor: both are the same idle cache.
-    alloc = c["allocator"]
-    frac = alloc["fragmentation_compiled"] if s.compile else alloc["fragmentation_eager"]
-    stranded = out.pop("allocator_fragmentation", 0)
-    out["allocator_fragmentation"] = max(int(sum(out.values()) * frac), int(stranded))
+    out.pop("allocator_fragmentation", 0)
+    out["allocator_fragmentation"] = _fragmentation(terms, s)
     nc = c["nccl"]
     if s.gpus > 1:
         out["nccl_buffers"] = int(nc["buffsize_bytes"] * nc["channels"] * nc["connections_per_channel"] * nc["protocol_factor"])
