@@ -27,10 +27,12 @@ def test_best_fit_split_and_merge_within_a_segment() -> None:
     A.free(small)
     assert A.reserved == 560 * MiB and A.idle == 560 * MiB
     x = A.malloc(150 * MiB)  # best fit: the 160 MiB block, not the 400
-    assert A.reserved == 560 * MiB and x[1][0] == 150 * MiB and len(x[0]) == 2  # split: 10 MiB left
+    assert A.reserved == 560 * MiB and x[0] == 150 * MiB  # a block is [size, free, segment index]
+    assert [b[0] for b in A.segments[x[2]]] == [150 * MiB, 10 * MiB]  # split: 10 MiB left
     y = A.malloc(300 * MiB)  # carved from the 400 MiB segment
+    assert [b[0] for b in A.segments[y[2]]] == [300 * MiB, 100 * MiB]
     A.free(y)
-    assert [b[0] for b in y[0]] == [400 * MiB]  # the pieces merged back
+    assert [b[0] for b in A.segments[y[2]]] == [400 * MiB]  # the pieces merged back
     z = A.malloc(500 * MiB)  # two free segments of 400 and 10 MiB do not merge: a new one
     assert A.reserved == 1060 * MiB and z is not None
     assert A.malloc(MiB) is None  # small pool, left out
