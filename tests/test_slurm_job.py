@@ -19,7 +19,7 @@ import yaml
 import slurm_cluster
 from ports import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 if slurm_cluster.missing():
@@ -86,8 +86,13 @@ def _wait(predicate, what: str, timeout: float = 150, every: float = 0.2):
 
 def _submit(cluster, launch: Path, nodes: str, *args: str) -> str:
     """sbatch slurm.sbatch on these nodes (a requeued job waits for the same ones), train.py's *args."""
+    # Four slurmd and two jobs' processes on one loaded 2-core machine: a restarted start can time out
+    # or lose a peer before its first checkpoint more often than on a cluster: the job is allowed more
+    # starts without progress than the plan's 2 (raised as an operator would, through the
+    # environment); every start must still resume to the reference losses.
     env = dict(cluster.env, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-               GPUPROV_HEAD_PORT=str(free_port()), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"))
+               GPUPROV_HEAD_PORT=str(free_port()), GPUPROV_INVENTORY=str(launch / "no-inventory.yml"),
+               GPUPROV_MAX_REQUEUES_WITHOUT_PROGRESS="6")
     env.pop("TORCHRUN", None)
     proc = subprocess.run(["sbatch", "--parsable", f"--nodelist={nodes}", "slurm.sbatch", *ARGS, *args], cwd=launch,
                           env=env, capture_output=True, text=True, timeout=30)
@@ -130,7 +135,11 @@ def test_sbatch_two_nodes_killed_node_requeues_and_resumes(tmp_path_factory):
         _wait(lambda: cluster.job(job)["JobState"] == "PENDING" and cluster.job(job)["Restarts"] == "1",
               "the requeue", timeout=90)
         cluster.start_node("n2")  # the node comes back (a replaced VM registers the same way)
-        state = _wait(lambda: _finished(cluster, job), "the requeued job", timeout=200, every=0.5)
+        # _finished releases the requeued job from the hold Slurm gives it so nodes can clean up:
+        # only once n2's slurmd has registered and answers (released earlier, a start once ran
+        # with srun finding one node where the batch step was told two, both tasks node 0)
+        _wait(lambda: cluster.node_states().get("n2") in ("idle", "mix", "alloc"), "n2 to register", timeout=120)
+        state = _wait(lambda: _finished(cluster, job), "the requeued job", timeout=330, every=0.5)
         out = (log_dir / f"{cfg_name(launch)}-{job}.out").read_text()
         assert state["JobState"] == "COMPLETED", out[-4000:]
         # one requeue for the killed node; on a loaded machine a requeued start can fail again
