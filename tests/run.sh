@@ -26,11 +26,9 @@ if [ "$#" -gt 0 ]; then
     exec python -m pytest "$@"
 fi
 # The whole suite in two passes: the tests without guests on both cores (pytest-xdist, each file on
-# one worker: files that share a fixture or a daemon stay together), then the qemu guests, each VM
-# module on a worker of its own: the GPU roles' two guests and the NVMe test's one share both cores
-# (alone, the NVMe module left one core idle for its 9 minutes). Both passes run; the run fails if
-# either does.
+# one worker: files that share a fixture or a daemon stay together), then the qemu guests alone,
+# since each TCG guest needs a core of its own. Both passes run; the run fails if either does.
 status=0
 python -m pytest -m "not vm" -n 2 --dist loadfile || status=$?
-python -m pytest -m vm -n 2 --dist loadfile || status=$?
+python -m pytest -m vm || status=$?
 exit "$status"
