@@ -36,7 +36,6 @@ class Azure(Target):
     # next apply restores node_count and the scale set adds a VM under a new name (catalog
     # node_launch.azure): `up` finds the lost ones and runs from terraform plan on; nothing is written.
     replaces_lost_nodes = True
-    keeps_node_names = False
 
     def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
         match = SCALE_SET_ID.fullmatch(str((s.get("outputs") or {}).get("scale_set_id") or ""))

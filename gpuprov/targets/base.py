@@ -110,7 +110,14 @@ class Target:
         return None
 
     replaces_lost_nodes = False  # `up` finds nodes the cloud no longer runs and has Terraform replace them
-    keeps_node_names = True  # a replacement comes back under the lost node's name (False: a new name)
+
+    @property
+    def keeps_node_names(self) -> bool:
+        """Whether a replacement comes back under the lost node's name (catalog node_launch.<cloud>
+        same_names; true where the catalog states nothing else)."""
+        from gpuprov.catalog import bringup as cat
+
+        return bool(cat.node_launch(self.name).get("same_names", True))
 
     def node_states_argv(self, s: dict[str, Any], nodes: dict[str, str]) -> list[str] | None:
         """The CLI call that lists the states of the recorded nodes ({name: instance id}) for the
