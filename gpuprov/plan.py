@@ -384,9 +384,9 @@ class Scheduler(_Strict):
     """The batch scheduler (gpuprov/scheduler.py decides): installed Slurm, the site's, or none."""
 
     kind: Literal["slurm", "existing", "none"] = "none"
-    # first-node: slurmctld on the first GPU node; head-node: on a CPU node; site: not ours
-    controller: Literal["first-node", "head-node", "site"] | None = None
-    controller_host: str | None = None  # inventory name where known (on-prem, head node)
+    # first-node: slurmctld on the first GPU node (no CPU controller VM is rendered yet); site: not ours
+    controller: Literal["first-node", "site"] | None = None
+    controller_host: str | None = None  # inventory name where known (on-prem)
     partition: str | None = None
     # OS id ("ubuntu-22.04") -> the Slurm build that image gets: one entry on a cloud (its image
     # profile), one per supported OS on-prem (each host reads its own)

@@ -66,7 +66,7 @@ def records(shared_mount: str | None) -> dict[str, Any]:
             "health_check_interval": int(cat["health_check_interval"])}
 
 
-def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_node: str | None = None,
+def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None,
            instance: Any = None, shared_mount: str | None = None) -> Any:
     """Plan.scheduler for a cluster of `nodes` on `cloud` (spec.slurm: auto, install, existing, none).
 
@@ -93,9 +93,6 @@ def decide(spec: Any, cloud: str, nodes: int, hosts: list | None = None, head_no
     install = {"builds": builds(cloud, getattr(instance, "name", None)), "partition": partition,
                "max_requeues": requeues, "set_hostname": cloud != "onprem", "source": source,
                **node_size(instance), **records(shared_mount)}
-    if head_node:
-        return Scheduler(kind="slurm", controller="head-node", controller_host=head_node,
-                         reason=" ".join(cat["controller"]["head_node_reason"].split()), **install)
     # on-prem the first host of the list; on clouds the first node of terraform's inventory
     first = hosts[0].name if hosts else None
     return Scheduler(kind="slurm", controller="first-node", controller_host=first,
