@@ -90,7 +90,12 @@ def parse_yaml(text: str, *, fast: bool = True) -> Any:
     if loader is not None:
         import yaml
 
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a CSafeLoader subclass
+        from gpuprov.catalog import yaml_events
+
+        try:
+            return yaml_events.load(text, loader)  # the same tree, built from the parser's events in one pass
+        except yaml_events.Unbuilt:
+            return yaml.load(text, Loader=loader)  # noqa: S506 - a CSafeLoader subclass
     from ruamel.yaml import YAML
 
     return YAML(typ="safe", pure=True).load(text)
