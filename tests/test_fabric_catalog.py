@@ -208,3 +208,42 @@ def test_fabric_manager_only_for_nvswitch_boards_of_sxm_gpus():
     assert get_software("hopper", "infiniband", nvswitch=True, gpu="h100-pcie-80gb").fabric_manager is False
     with pytest.raises(GpuprovError, match="not classified for GPUDirect Storage"):
         get_software("hopper", "infiniband", nvswitch=True, gpu="h999-1gb")
+
+
+def test_catalog_trees_built_from_parser_events_are_the_loaders_trees():
+    """catalog/yaml_events.py builds each catalog exactly as the loader does (types, key order, shared aliases), and
+    hands every document it does not build to the loader, which then reads (or refuses) it as before."""
+    import yaml
+
+    from gpuprov.catalog import _fast_loader, parse_yaml, yaml_events
+    from gpuprov.resources import catalog_data_dir
+
+    loader = _fast_loader()
+    for path in sorted(catalog_data_dir().glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        assert _typed(yaml_events.load(text, loader)) == _typed(yaml.load(text, Loader=loader)), path.name
+    built = ["", "7", "a: 017\nb: 0x1F\nc: 1_000\nd: 1.0e9\ne: -.inf\nf: .nan\ng: yes\nh: True\ni: ~\nj:\nk: '1.0'\n"
+             "l: +12\nm: 0b101\nn: 1.\no: 1:20\np: null\nq: '<<'\n",
+             "base: &b {x: 1, y: 2}\nmerged: {<<: *b, y: 3, z: 4}\nagain: *b\n",
+             "s: &s text\nt: [*s, &l [1, 2], *l]\nu: {k: *l}\n", "- {a: 1}\n- [b, 'c', \"d\"]\n- !\n"]
+    for doc in built[:-1]:
+        tree = yaml_events.load(doc, loader)
+        assert _typed(tree) == _typed(yaml.load(doc, Loader=loader)), doc
+    tree = yaml_events.load(built[3], loader)
+    assert tree["merged"] == {"x": 1, "y": 3, "z": 4} and list(tree["merged"]) == ["x", "y", "z"]
+    assert tree["again"] is tree["base"]
+    unbuilt = [built[-1], "o: 2026-11-01\n", "a: !!str 1\n", "a: 1\na: 2\n", "? [1]\n: 2\n", "1: a\n01: b\n",
+               "a: &a {x: 1}\nb: &b {y: 2}\nc: {<<: [*a, *b]}\n", "a: &a {x: 1}\nb: &b {<<: *a, y: 2}\nc: {<<: *b}\n",
+               "a: 1\n---\nb: 2\n", "a: &x 1\nb: &x 2\n", "a: <<\n", "a: [1\n", "a: *nowhere\n"]
+    for doc in unbuilt:
+        with pytest.raises(yaml_events.Unbuilt):
+            yaml_events.load(doc, loader)
+        try:
+            expected: object = _typed(yaml.load(doc, Loader=loader))
+        except yaml.YAMLError as exc:
+            expected = type(exc)
+        try:
+            got: object = _typed(parse_yaml(doc))
+        except yaml.YAMLError as exc:
+            got = type(exc)
+        assert got == expected, doc

@@ -7,7 +7,9 @@ Parsing: libyaml through PyYAML's CSafeLoader (about ten times faster than a pur
 `gpuprov plan` parses every catalog on each run), taught the YAML 1.2 core schema the catalogs are
 written in (`1.0e9` is a float, `yes`/`on` are strings) and to refuse duplicate keys, so it reads
 exactly what ruamel.yaml's safe loader reads. Without libyaml (or PyYAML) ruamel.yaml parses.
-tests/test_fabric_catalog.py holds the two to the same result, type for type, on every file.
+tests/test_fabric_catalog.py holds the two to the same result, type for type, on every file. The tree
+itself is built from the loader's parser events (yaml_events.py: the loader's tree in one pass), the
+loader building what that pass leaves to it.
 """
 
 from __future__ import annotations
@@ -90,7 +92,12 @@ def parse_yaml(text: str, *, fast: bool = True) -> Any:
     if loader is not None:
         import yaml
 
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a CSafeLoader subclass
+        from gpuprov.catalog import yaml_events
+
+        try:
+            return yaml_events.load(text, loader)  # the same tree, built from the parser's events in one pass
+        except yaml_events.Unbuilt:
+            return yaml.load(text, Loader=loader)  # noqa: S506 - a CSafeLoader subclass
     from ruamel.yaml import YAML
 
     return YAML(typ="safe", pure=True).load(text)
@@ -133,11 +140,12 @@ def cached_parse(text: str) -> Any:
 
 @lru_cache(maxsize=None)
 def _parser_tag() -> str:
-    """What else a parsed tree depends on: this module's parsing rules (libyaml and ruamel.yaml read the same tree,
-    tests/test_fabric_catalog.py)."""
+    """What else a parsed tree depends on: this module's parsing rules and yaml_events.py, which builds the tree
+    (libyaml and ruamel.yaml read the same tree, tests/test_fabric_catalog.py)."""
     from pathlib import Path
 
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    here = Path(__file__)
+    return hashlib.sha256(here.read_bytes() + b"\0" + (here.parent / "yaml_events.py").read_bytes()).hexdigest()
 
 
 @lru_cache(maxsize=None)

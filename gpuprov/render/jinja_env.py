@@ -19,8 +19,11 @@ def environment(directory: Path, **options: Any):
     language), with the bytecode cache where the user's cache folder is usable."""
     import jinja2  # lazy: `gpuprov plan` renders nothing
 
+    # optimized=False: Jinja's optimizer folds constant expressions at compile time, which costs a first run more
+    # than it saves (a bundle renders each template once; a later run loads compiled code from the cache) and
+    # renders the same text either way
     options = {"undefined": jinja2.StrictUndefined, "keep_trailing_newline": True, "trim_blocks": True,
-               "lstrip_blocks": True, "autoescape": False, **options}
+               "lstrip_blocks": True, "autoescape": False, "optimized": False, **options}
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(directory)),
                               bytecode_cache=_bytecode_cache(options), **options)
 

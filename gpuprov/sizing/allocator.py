@@ -11,55 +11,77 @@ under 10 MiB) is reserved (get_allocation_size). Requests of 1 MiB or less go to
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 MiB = 2**20
 
 
 def _index(seg: list[list], block: list) -> int:
-    return next(i for i, b in enumerate(seg) if b is block)  # by identity: equal-sized blocks compare equal
+    for i, b in enumerate(seg):
+        if b is block:  # by identity: equal-sized blocks compare equal
+            return i
+    raise ValueError("block not in its segment")
 
 
 class CachingAllocator:
     """One stream's large pool: segments of blocks [size, free, segment index].
 
-    The free blocks are also kept by identity, so a request looks at them alone (a deep model's forward leaves a
-    few free among hundreds held); among equal sizes the first in segment and block order wins, as a scan of
-    every block in that order finds it (tests/test_idle_cache.py compares the two)."""
+    The free blocks are also kept sorted by size (and, among equal sizes, in segment and block order), so a
+    request finds its best fit by bisection instead of looking at every block; the first in that order wins, as
+    a scan of every block in segment and block order finds it (tests/test_idle_cache.py compares the two). That
+    order between two blocks never changes: a split puts the rest right after its block, a merge removes one."""
 
     def __init__(self) -> None:
         self.segments: list[list[list]] = []
-        self._free: dict[int, list] = {}  # id(block) -> block, for every free block
+        self._sizes: list[int] = []  # the free blocks' sizes, ascending
+        self._free: list[list] = []  # the free blocks, in the order of _sizes
         self.reserved = 0
         self.active = 0
 
     def _before(self, a: list, b: list) -> bool:
-        """Whether free block `a` comes before `b` in segment and block order."""
+        """Whether block `a` comes before `b` in segment and block order."""
         if a[2] != b[2]:
             return a[2] < b[2]
         seg = self.segments[a[2]]
         return _index(seg, a) < _index(seg, b)
 
+    def _add_free(self, block: list) -> None:
+        sizes, size = self._sizes, block[0]
+        i = bisect_left(sizes, size)
+        end, where = len(sizes), block[2]
+        while i < end and sizes[i] == size:  # after the equal-sized blocks that come before it
+            other = self._free[i]
+            if other[2] > where or (other[2] == where and not self._before(other, block)):
+                break
+            i += 1
+        sizes.insert(i, size)
+        self._free.insert(i, block)
+
+    def _drop_free(self, block: list) -> None:
+        i = bisect_left(self._sizes, block[0])
+        while self._free[i] is not block:
+            i += 1
+        del self._sizes[i], self._free[i]
+
     def malloc(self, size: int):
         size = (int(size) + 511) // 512 * 512
         if size <= MiB:
             return None  # small pool
-        best = None
-        for block in self._free.values():
-            have = block[0]
-            if have >= size and (best is None or have < best[0] or (have == best[0] and self._before(block, best))):
-                best = block
-        if best is None:
+        i = bisect_left(self._sizes, size)
+        if i == len(self._sizes):
             rounded = (size + 2 * MiB - 1) // (2 * MiB) * (2 * MiB) if size >= 10 * MiB else 20 * MiB
             best = [rounded, True, len(self.segments)]
             self.segments.append([best])
             self.reserved += rounded
         else:
-            del self._free[id(best)]
+            best = self._free[i]
+            del self._sizes[i], self._free[i]
         if best[0] - size > MiB:
             seg = self.segments[best[2]]
             rest = [best[0] - size, True, best[2]]
             seg.insert(_index(seg, best) + 1, rest)
-            self._free[id(rest)] = rest
             best[0] = size
+            self._add_free(rest)
         best[1] = False
         self.active += best[0]
         return best
@@ -72,12 +94,15 @@ class CachingAllocator:
         self.active -= block[0]
         i = _index(seg, block)
         if i + 1 < len(seg) and seg[i + 1][1]:
-            block[0] += seg[i + 1][0]
-            del self._free[id(seg.pop(i + 1))]
+            self._drop_free(seg[i + 1])
+            block[0] += seg.pop(i + 1)[0]
         if i > 0 and seg[i - 1][1]:
-            seg[i - 1][0] += seg.pop(i)[0]
+            prev = seg[i - 1]
+            self._drop_free(prev)
+            prev[0] += seg.pop(i)[0]
+            self._add_free(prev)
         else:
-            self._free[id(block)] = block
+            self._add_free(block)
 
     @property
     def idle(self) -> int:
