@@ -187,9 +187,8 @@ def cost_per_hour(plan) -> str:
 
 
 def tear_down(root: Path, plan, *, dry_run: bool = False, echo: Callable[[str], None] = print) -> None:
-    if plan.cluster.cloud == "onprem":
-        echo("on-prem bundle: nothing to destroy (the hosts are yours)")
-        return
+    if plan.cluster.cloud == "onprem":  # the hosts are the owner's: gpuprov/release.py stops what runs there
+        raise GpuprovError("internal: an on-prem bundle has nothing to destroy (gpuprov.release)")
     step = destroy_step(root)
     if dry_run:
         echo(f"1. {display(step, root)}")

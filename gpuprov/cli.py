@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "calibrate": ("gpuprov.commands.calibrate", "calibrate",
                   "A measured run's tokens/s, MFU and memory against its plan; writes a calibration file."),
     "status": ("gpuprov.commands.status", "status", "The training job `up` started: state, step, loss, tokens/s, MFU vs the plan."),
-    "down": ("gpuprov.commands.up", "down", "Destroy a bundle's cluster (terraform destroy; --dry-run prints it)."),
+    "down": ("gpuprov.commands.up", "down", "Destroy a bundle's cluster (terraform destroy; on-prem: stop its job and Slurm)."),
     "config": ("gpuprov.commands.habits", "config", "Show the user's defaults file (cloud, region, objective, purchase)."),
     "completion": ("gpuprov.commands.habits", "completion", "Print the shell completion script: bash, zsh or fish."),
 }

@@ -74,6 +74,27 @@ def query_argv(plan: Any, job_id: str) -> list[str]:
 _ID = re.compile(r"^\s*(\d+)(?:;[\w.-]+)?\s*$", re.M)
 
 
+def cancel_command(kind: str, job_id: str) -> str:
+    """Shell command that ends the job and returns once nothing of it runs (exit 1 after 3 minutes)."""
+    quoted = shlex.quote(job_id)
+    if kind == "slurm":  # scancel, then wait until slurmctld no longer holds it in an active state
+        active = "|".join(sorted(ACTIVE_STATES))
+        stop, running = f"scancel {quoted}", (f"scontrol show job --oneliner {quoted} 2>/dev/null "
+                                              f"| grep -qE 'JobState=({active}) '")
+    else:  # train.sh was started as the leader of its own session (setsid): the session is the job
+        stop, running = f"pkill --session {quoted}", f"pgrep --session {quoted} >/dev/null"
+    return (f"{stop} 2>&1; for i in $(seq 90); do {running} || exit 0; sleep 2; done; "
+            f"echo 'job {job_id} still runs after 180 s' >&2; exit 1")
+
+
+def cancel_argv(plan: Any, job_id: str) -> list[str] | None:
+    """The ad-hoc Ansible command that runs cancel_command on the first node, as the user that submitted it."""
+    kind = job_kind(plan)
+    if kind is None or not job_id.isdigit():
+        return None
+    return ["ansible", FIRST_NODE, "-i", INVENTORY, "-m", "ansible.builtin.shell", "-a", cancel_command(kind, job_id)]
+
+
 def parse_submission(output: str) -> str | None:
     """The job id (sbatch --parsable) or pid a submit step printed, from Ansible's ad-hoc output."""
     body = output.split(">>", 1)[1] if ">>" in output else output

@@ -33,7 +33,7 @@ SHAPES = {
 }
 
 
-def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04") -> tuple[str, dict]:
+def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04", etc_hosts: str = "") -> tuple[str, dict]:
     plan = sample_plan(cloud, nodes=len(hosts))
     files = render_ansible(plan)
     # this machine stands in for a node of the image's OS (the role picks the plan's build by it)
@@ -45,6 +45,8 @@ def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04") ->
     with private_dir("slurm-conf") as root:
         write_files(root, files)
         (root / "inventory.yml").write_text(json.dumps(inventory))
+        if etc_hosts:
+            (root / "hosts").write_text(etc_hosts)
         (root / "ansible.cfg").write_text("[defaults]\nroles_path = roles\n")
         (root / "play.yml").write_text(yaml.safe_dump([{
             "name": "render", "hosts": "gpu_nodes", "gather_facts": True,
@@ -93,6 +95,27 @@ def test_slurm_conf_addresses_are_private_and_render_under_limit(shape):
     # every node's size is the plan's, the same on every node whatever facts this host has
     assert {(n["CPUs"], n["RealMemory"]) for n in nodes} == {
         (str(group_vars["slurm_node_cpus"]), str(group_vars["slurm_node_real_memory_mb"]))}
+
+
+# /etc/hosts as Ubuntu's installer writes it (subiquity HOSTS_CONTENT), on the site's host n-01
+INSTALLED_HOSTS = "127.0.0.1 localhost\n127.0.1.1 n-01\n127.0.1.1 n-010 printer\n\n::1     ip6-localhost ip6-loopback\n"
+
+
+def test_a_site_hosts_own_name_resolves_to_its_address_not_the_installers_loopback():
+    """On-prem hosts keep their names and /etc/hosts: the installer's `127.0.1.1 NAME` came first, so
+    `hostname --ip-address` (the rendezvous) and gloo bound and advertised 127.0.1.1 to the other node.
+    The role drops that line (and only that one) and lists every node's private address on-prem too."""
+    hosts = {"n-00": {"ansible_host": "10.20.0.10", "private_ip": "10.20.0.10"},
+             "n-01": {"ansible_host": "10.20.0.11", "private_ip": "10.20.0.11"}}
+    conf, group_vars = _render("onprem", hosts, limit="n-01", etc_hosts=INSTALLED_HOSTS)
+    lines = [ln.split() for ln in conf.split("#HOSTS\n")[1].splitlines() if ln.strip() and not ln.startswith("#")]
+    resolves = next(ln[0] for ln in lines if "n-01" in ln[1:])  # the first match, as glibc's files lookup
+    assert resolves == "10.20.0.11", lines
+    assert ["127.0.1.1", "n-010", "printer"] in lines and ["127.0.0.1", "localhost"] in lines
+    # the nodes' entries are written on-prem too (the role's default; the bundle does not turn them off)
+    defaults = yaml.safe_load((REPO / "ansible/roles/slurm/defaults/main.yml").read_text())
+    assert defaults["slurm_hosts_entries"] is True and "slurm_hosts_entries" not in group_vars
+    assert group_vars["slurm_set_hostname"] is False
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "oci", "azure"])

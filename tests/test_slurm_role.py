@@ -61,7 +61,8 @@ def scratch():
 
 
 def _vars(root: Path, **extra) -> dict:
-    return {"slurm_manage_services": False, "slurm_config_dir": str(root / "etc"),
+    # the node list goes to a file of the test's, never this machine's /etc/hosts
+    return {"slurm_manage_services": False, "slurm_config_dir": str(root / "etc"), "slurm_hosts_file": str(root / "hosts"),
             "slurm_jobcomp_loc": str(root / "jobcomp" / "jobcomp.log"),
             "slurm_munge_key": str(root / "munge" / "munge.key"), "slurm_munge_socket": str(root / "munge" / "sock"),
             "slurm_gpus_per_node": 0, "slurm_cgroup": False, "slurm_plugin_dirs": [str(root / "plugins")], **extra}

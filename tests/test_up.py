@@ -332,11 +332,41 @@ def test_down_failure_is_exit_1_with_advice(tmp_path: Path, fakes: dict) -> None
     assert "'terraform-destroy' failed (exit 3)" in result.stderr
 
 
-def test_down_on_prem_has_nothing_to_destroy(tmp_path: Path, fakes: dict) -> None:
+def _release_calls(job_id: str | None) -> list[tuple[list[str], str]]:
+    from gpuprov.job import cancel_command
+    from gpuprov.release import STOP_SLURM
+
+    cancel = [(["ansible", "gpu_nodes[0]", "-i", "inventory.yml", "-m", "ansible.builtin.shell", "-a",
+                cancel_command("slurm", job_id)], "ansible")] if job_id else []
+    return cancel + [(["ansible", "gpu_nodes", "-i", "inventory.yml", "--become", "-m", "ansible.builtin.shell", "-a",
+                       STOP_SLURM], "ansible")]
+
+
+def test_down_on_prem_stops_the_job_and_the_bundles_slurm_and_keeps_the_hosts(tmp_path: Path, fakes: dict) -> None:
+    """The hosts are the owner's: nothing is destroyed, but the job `up` submitted is cancelled and the
+    Slurm daemons the bundle enabled are stopped and disabled (before, `down` said "nothing to destroy"
+    and left the job on the GPUs)."""
     root = _bundle(tmp_path, cloud="onprem")
+    assert _up(root, fakes["env"]).returncode == 0
+    fakes["log"].unlink()
+    refused = _down(root, fakes["env"])  # no --yes and no terminal to ask: one line, nothing stopped
+    assert refused.returncode == 2 and "--yes" in refused.stderr and _calls(fakes["log"], root) == []
+    dry = _down(root, fakes["env"], "--dry-run")
+    assert dry.returncode == 0 and len(dry.stdout.splitlines()) == 2 and _calls(fakes["log"], root) == []
     result = _down(root, fakes["env"], "--yes")
-    assert result.returncode == 0 and "nothing to destroy" in result.stdout
-    assert _calls(fakes["log"], root) == []
+    assert result.returncode == 0, result.stderr
+    assert _calls(fakes["log"], root) == _release_calls("4242")
+    assert not (root / bundle.UP_STATE_NAME).exists() and (root / "ansible" / "inventory.yml").is_file()
+    again = _down(root, fakes["env"], "--yes")  # no job recorded any more: the daemons only
+    assert again.returncode == 0 and _calls(fakes["log"], root)[2:] == _release_calls(None)
+
+
+def test_down_on_prem_failure_is_exit_1_and_keeps_the_job_record(tmp_path: Path, fakes: dict) -> None:
+    root = _bundle(tmp_path, cloud="onprem")
+    assert _up(root, fakes["env"]).returncode == 0
+    result = _down(root, fakes["env"], "--yes", fail="scancel")
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "'cancel-job' failed" in result.stderr
+    assert json.loads((root / bundle.UP_STATE_NAME).read_text())["job"]["id"] == "4242"
 
 
 def test_rerun_hint_quotes_the_bundle_path(tmp_path: Path, fakes: dict) -> None:

@@ -12,6 +12,7 @@ import click
 from gpuprov import bundle
 from gpuprov.bringup import bring_up, tear_down
 from gpuprov.errors import GpuprovError
+from gpuprov.release import release
 from gpuprov.safefile import check_bundle_tree, read_text
 
 
@@ -88,18 +89,26 @@ def _generated_ansible_cfg(root: Path, plan) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the destroy command and run nothing")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation")
 def down(directory: str, dry_run: bool, yes: bool) -> None:
-    """Destroy the cluster of a bundle: terraform destroy, with the arguments `up` used.
+    """Destroy the cluster of a bundle: terraform destroy, with the arguments `up` used. On-prem the
+    hosts stay: the training job is cancelled and the Slurm daemons the bundle started are stopped.
 
     \b
     gpuprov down infra/ --dry-run
     gpuprov down infra/ --yes
     """
     root, plan = _load(directory)
-    if not dry_run and not yes and plan.cluster.cloud != "onprem":
+    onprem = plan.cluster.cloud == "onprem"
+    if not dry_run and not yes:
         if not sys.stdin.isatty():  # a pipeline cannot answer: say what it needs instead of a dead prompt
-            raise GpuprovError(f"down asks before it destroys and stdin is not a terminal: pass --yes "
-                               f"(gpuprov down {shlex.quote(str(directory))} --yes)")
-        if not click.confirm(f"Destroy every resource of {root} ({plan.cluster.nodes} x {plan.cluster.instance_type})?"):
-            click.echo("nothing destroyed", err=True)
+            raise GpuprovError(f"down asks before it {'stops anything' if onprem else 'destroys'} and stdin is not a "
+                               f"terminal: pass --yes (gpuprov down {shlex.quote(str(directory))} --yes)")
+        question = (f"Stop the training job and the Slurm daemons of {root} on its {plan.cluster.nodes} hosts?"
+                    if onprem else
+                    f"Destroy every resource of {root} ({plan.cluster.nodes} x {plan.cluster.instance_type})?")
+        if not click.confirm(question):
+            click.echo("nothing stopped" if onprem else "nothing destroyed", err=True)
             raise SystemExit(1)
-    tear_down(root, plan, dry_run=dry_run, echo=lambda line: click.echo(line))
+    if onprem:
+        release(root, plan, dry_run=dry_run, echo=lambda line: click.echo(line))
+    else:
+        tear_down(root, plan, dry_run=dry_run, echo=lambda line: click.echo(line))

@@ -234,7 +234,8 @@ def _apply(plan) -> list[str]:
            "gpuprov up . --dry-run   # every command, in order",
            "gpuprov up .             # run them, ending with the job started; re-run resumes",
            "gpuprov status .         # job state, step, loss, tokens/s, MFU beside the plan",
-           "gpuprov down .           # terraform destroy when done (--dry-run prints it)", "```",
+           "gpuprov down .           # " + ("stop the job and the bundle's Slurm; the hosts stay" if onprem else
+                                             "terraform destroy when done") + " (--dry-run prints it)", "```",
            "", "By hand:", "", "```sh"]
     if not onprem:
         out += ["(cd terraform && terraform init && terraform plan -out=tfplan && terraform apply tfplan)",

@@ -22,6 +22,16 @@ loaded here with peft. Both bundles are brought up on the same booted guests (bo
 minutes), the fine-tune first: the next deployment's instances are the previous one's, with what its
 own new filesystem would not hold removed (the previous deployment's slurmctld state, which names
 its cluster); the bundles are brought down at the end, the last first.
+
+The on-prem bundle (`--cloud onprem --hosts HOSTS`) is brought up on the same guests after the AWS
+ones, as the site's own servers: the hosts file names each by its hostname and its address on the
+private segment and declares the GPU the stand-in presents, the spec names the site's NFS export.
+What differs from a real site: no Terraform runs (none is rendered); the operator's ssh reaches an
+address through a ProxyCommand given in ANSIBLE_SSH_EXTRA_ARGS (tests/rehearsal/bin/site-ssh-proxy,
+the site network's part) with the operator's key and known_hosts; the same tags are skipped, so the
+NFS export is not mounted by the role (the stand-in's /shared is the host folder over virtio-9p, as
+for FSx). The hosts' /etc/hosts is the installer's (the host's own name at 127.0.1.1). Its `down`
+runs there too: the hosts stay, the job and the bundle's Slurm daemons stop.
 """
 
 from __future__ import annotations
@@ -97,20 +107,22 @@ def _wait_for(path: Path, controller: cluster.Node, job_id: str, shared: Path, t
     return time.monotonic() - began
 
 
-def _gpuprov(cloud: cluster.Cloud, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _gpuprov(cloud: cluster.Cloud, *args: str, timeout: float = 120,
+             transport: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = cloud.env()
     env.update(TF_VAR_key_name="rehearsal", ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
-               PYTHONPATH=os.pathsep.join(sys.path))
+               PYTHONPATH=os.pathsep.join(sys.path), **(transport or {}))
     env["PATH"] += os.pathsep + os.path.dirname(sys.executable)  # ansible-playbook of this venv
     return subprocess.run([sys.executable, "-m", "gpuprov", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = None) -> tuple[int, str, list]:
+def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = None,
+        transport: dict[str, str] | None = None) -> tuple[int, str, list]:
     """`gpuprov up` as the user runs it; (exit code, its output, (seconds, step line) per step line)."""
     env = cloud.env()
     env.update(TF_VAR_key_name="rehearsal", ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
-               PYTHONPATH=os.pathsep.join(sys.path))
+               PYTHONPATH=os.pathsep.join(sys.path), **(transport or {}))
     env["PATH"] += os.pathsep + os.path.dirname(sys.executable)
     began = time.monotonic()
     up = subprocess.Popen([sys.executable, "-m", "gpuprov", "up", str(bundle)], env=env, stdout=subprocess.PIPE,
@@ -343,6 +355,110 @@ def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
     assert steps and steps[-1]["step"] == last and all(0 < s["loss"] < 100 for s in steps)  # finite, not NaN
     assert report["job"]["id"] == job_id and report["step"] >= first_checkpoint and report["steps"] == last, report
 
+
+
+# The on-prem bundle: the site's hosts file names the two stand-in nodes by their hostnames and their
+# addresses on the private segment; each declares the GPU the stand-in presents (standin_image.sh:
+# one NVIDIA A10G, catalog slug a10g-24gb) and the site's NFS export is the shared filesystem.
+ONPREM_GPU = "a10g-24gb"
+ONPREM_NFS = "nfs-server:/export/gpu"  # not served here: the storage tag is skipped (SKIPPED_TAGS)
+ONPREM_GENERATE = ["--model", "tests/rehearsal/fixtures/tiny-llama/config.json", "--from-scratch", "--cloud", "onprem",
+                   "--shared-nfs", ONPREM_NFS, "--gpus", "2", "--seq-len", "128",
+                   "--dataset", "tests/rehearsal/fixtures/tiny-data", "--epochs", "1", "--global-batch", "4",
+                   "--pp", "1"]
+
+
+def _site_transport(cloud: cluster.Cloud) -> dict[str, str]:
+    """How the operator's ssh reaches an on-prem host here: a ProxyCommand that carries the stream to
+    the stand-in node holding the address the inventory names (tests/rehearsal/bin/site-ssh-proxy),
+    the operator's key and known_hosts. The inventory itself connects to ADDRESS:22 as generated."""
+    ports = {cloud.private_ip(name): cloud.node(name).port for name in cloud.hosts()}
+    (cloud.state / "site-hosts.json").write_text(json.dumps(ports))
+    known = cloud.workdir / "home" / ".ssh" / "known_hosts"
+    return {"ANSIBLE_SSH_EXTRA_ARGS": f"-o UserKnownHostsFile={known} "
+                                      f"-o 'ProxyCommand={cluster.SHIMS / 'site-ssh-proxy'} %h %p'"}
+
+
+def test_up_on_prem_hosts_trains_to_a_checkpoint_and_down_stops_it(aws, tmp_path):
+    """generate --cloud onprem --hosts HOSTS (the same two stand-in nodes as the site's servers), `up`
+    with no Terraform, the job to its first checkpoint, `status --json`, then `down`: the job and the
+    Slurm the bundle started are stopped, the hosts and the checkpoints stay (they are the owner's)."""
+    names = list(aws.hosts())
+    controller = aws.node(names[0])
+    if WALKED:
+        _as_new_instances(aws, controller, WALKED[-1])
+    # the site names each host by its hostname (slurmd finds its node by it) and its address
+    hosts = [{"name": aws.node(n).ssh("hostname -s").stdout.strip(), "address": aws.private_ip(n),
+              "user": aws.login_user(), "gpu": ONPREM_GPU, "gpus": aws.recorded["gpus_per_node"]} for n in names]
+    # the site's hosts as Ubuntu's installer leaves them: the host's own name at 127.0.1.1, first in
+    # /etc/hosts (subiquity's HOSTS_CONTENT); the other names resolve as the site's DNS gives them
+    for name, host in zip(names, hosts):
+        aws.node(name).ssh(f"sed -i '/^127\\.0\\.1\\.1[[:space:]]/d; 1a 127.0.1.1 {host['name']}' /etc/hosts")
+    hosts_file = tmp_path / "hosts.yaml"
+    hosts_file.write_text(yaml.safe_dump(hosts, sort_keys=False))
+    bundle = tmp_path / "bundle"
+    made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *ONPREM_GENERATE, "--hosts", str(hosts_file),
+                           "-o", str(bundle)], capture_output=True, text=True, timeout=120, cwd=cluster.REPO)
+    assert made.returncode == 0, made.stderr
+    plan = json.loads((bundle / "plan.json").read_text())
+    assert plan["cluster"]["cloud"] == "onprem" and plan["cluster"]["nodes"] == len(names), plan["cluster"]
+    inventory = yaml.safe_load((bundle / "ansible" / "inventory.yml").read_text())
+    rendered = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    assert {h: v["ansible_host"] for h, v in rendered.items()} == {h["name"]: h["address"] for h in hosts}
+    transport = _site_transport(aws)
+    calls_before = len(_terraform_calls(aws))
+
+    private = {h["name"]: h["address"] for h in hosts}
+    watch = SlurmConfWatch(controller, private)
+    watch.start()
+    returncode, log, _ = _up(aws, bundle, watch, transport=transport)
+    watch.done.set()
+    assert not watch.found, f"slurm.conf NodeAddr is not the hosts' addresses {private}: {watch.found}\n{watch.text}"
+    assert returncode == 0, log[-6000:]
+    assert len(_terraform_calls(aws)) == calls_before  # on-prem: the hosts file is the inventory, no Terraform
+    assert yaml.safe_load((bundle / "ansible" / "inventory.yml").read_text()) == inventory
+    checked = subprocess.run([sys.executable, "-m", "gpuprov", "check", str(bundle)], capture_output=True, text=True,
+                             timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # no generated file was edited
+
+    for name, host in zip(names, hosts):  # what the rendezvous and gloo take for the node's address
+        assert _ssh_root(aws.node(name), "hostname --ip-address").split()[0] == host["address"]
+    sinfo = _ssh_root(controller, "sinfo --noheader --Node --format='%N %t'")
+    states = dict(line.split() for line in sinfo.splitlines())
+    assert set(states) == set(private) and set(states.values()) <= {"idle", "mix", "alloc"}, sinfo
+    assert _ssh_root(controller, "stat -fc %T /sys/fs/cgroup").strip() == "cgroup2fs"
+
+    job_id = json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"]
+    train = yaml.safe_load((bundle / "launch" / "train.yaml").read_text())
+    on_host = lambda path: aws.shared / Path(path).relative_to(SHARED)  # noqa: E731
+    last = int(train["schedule"]["steps"])
+    first_checkpoint = min(int(train["checkpoint"]["every_steps"]), last)
+    checkpoint = on_host(train["checkpoint"]["dir"]) / f"step-{first_checkpoint:08d}" / ".metadata"
+    trained = _wait_for(checkpoint, controller, job_id, aws.shared, timeout=TRAIN_TIMEOUT)
+    print(f"rehearsal: on-prem: the job reached step {first_checkpoint}'s checkpoint {trained:.0f}s after `up` "
+          "submitted it")
+    status = _gpuprov(aws, "status", str(bundle), "--json", timeout=300, transport=transport)
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    print("rehearsal: on-prem: gpuprov status --json:", json.dumps(report)[:2000])
+    assert report["job"]["id"] == job_id and report["step"] >= first_checkpoint and report["steps"] == last, report
+
+    # `down` on-prem: the hosts stay (they are the owner's); what the bundle started on them stops
+    began = time.monotonic()
+    down = _gpuprov(aws, "down", str(bundle), "--yes", timeout=600, transport=transport)
+    print(f"rehearsal: on-prem: gpuprov down ran {time.monotonic() - began:.0f}s:\n{down.stdout}")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not (bundle / ".gpuprov-up.json").exists()
+    assert len(_terraform_calls(aws)) == calls_before and len(aws.running()) == len(names)
+    for name in names:
+        node = aws.node(name)
+        active = node.ssh("systemctl is-active slurmctld slurmd", check=False).stdout.split()
+        assert "active" not in active, (name, active)
+        gone = time.monotonic() + 120  # the job's processes end once Slurm has signalled them
+        while node.ssh("pgrep -f '[t]rain.py'", check=False).returncode != 1:
+            assert time.monotonic() < gone, node.ssh("ps -ef", check=False).stdout
+            time.sleep(5)
+    assert checkpoint.exists()  # the checkpoints on the site's filesystem are kept
 
 
 def test_down_leaves_nothing(aws):
