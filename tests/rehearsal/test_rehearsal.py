@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -184,8 +185,10 @@ class SlurmConfWatch(threading.Thread):
 
 def _as_new_instances(cloud: cluster.Cloud, controller: cluster.Node, previous: Path) -> None:
     """The booted guests stand for the next deployment's instances: the previous bundle's job has
-    ended and its controller state (on its shared filesystem, naming its cluster) is gone, as a new
-    deployment's own filesystem would not hold it. Nothing of either bundle is touched."""
+    ended and its controller state (on its shared filesystem, naming its cluster), checkpoints and logs
+    are gone, as a new deployment's own filesystem would not hold them (a run of the same name would
+    otherwise find the earlier run's checkpoint and the test its files). Nothing of either bundle is
+    touched."""
     began = time.monotonic()
     while _ssh_root(controller, "squeue --noheader --all --format=%i", check=False).split():
         assert time.monotonic() - began < 600, _ssh_root(controller, "squeue --all", check=False)
@@ -195,6 +198,9 @@ def _as_new_instances(cloud: cluster.Cloud, controller: cluster.Node, previous: 
     for node in cloud.nodes.values():
         node.ssh("systemctl stop slurmctld slurmd", check=False)
     controller.ssh(f"rm -rf {state}")
+    train = yaml.safe_load((previous / "launch" / "train.yaml").read_text())
+    for path in (train["checkpoint"]["dir"], group_vars["slurm_log_dir"]):
+        shutil.rmtree(cloud.shared / Path(path).relative_to(SHARED), ignore_errors=True)
 
 
 def test_up_fine_tunes_a_model_folder_on_chat_data_to_an_adapter_peft_loads(aws, tmp_path):
