@@ -101,9 +101,9 @@ def _submit(cluster, launch: Path, nodes: str, *args: str) -> str:
 
 
 def _finished(cluster, job_id: str) -> dict:
-    # A requeued job waits out Slurm's own hold (cred_expire + 1 s, 31 s in the test cluster) before
-    # it starts again: released earlier, n2's slurmd still held the old start's revoked credential
-    # and refused its part, srun found one node where the batch step was told two.
+    # A requeued job waits out Slurm's own hold before it starts again (slurm.conf(5): cred_expire
+    # "also controls how long a requeued job must wait"; 31 s in the test cluster). Released at once
+    # (this test once did), a start found one node where the batch step was told two.
     job = cluster.job(job_id)
     return job if job["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else {}
 
