@@ -35,7 +35,7 @@ MODULE_PLAN = {"aws": "aws-p5-2", "gcp": "gcp-a3mega-2", "azure": "azure-2", "oc
                "gcp-flex": "gcp-a3ultra-4"}
 # Outputs recorded for a bundle generate writes from a rehearsal's arguments (tests/rehearsal/fixtures/):
 # checked against the module of that very bundle.
-REHEARSAL_BUNDLE = {"aws-g5": "aws-g5"}
+REHEARSAL_BUNDLE = {"aws-g5": "aws-g5", "gcp-g2": "gcp-g2"}
 
 
 # ---- the shape of an output, from Terraform's loader ------------------------------------------

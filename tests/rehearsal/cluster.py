@@ -37,8 +37,9 @@ OPT_IN = "GPUPROV_REHEARSAL"  # opt-in while it takes longer than CI can give it
 
 def why_not_runnable() -> str | None:
     if os.environ.get(OPT_IN) != "1":
-        return (f"the rehearsal is opt-in ({OPT_IN}=1): its three bundles (a LoRA fine-tune and a from-scratch run on AWS's "
-                "shape, the from-scratch run on on-prem hosts) take about an hour on a 2-core host (README), more than CI's budget")
+        return (f"the rehearsal is opt-in ({OPT_IN}=1): its four bundles (a LoRA fine-tune and a from-scratch run on AWS's "
+                "shape, the from-scratch run on on-prem hosts and on GCP's shape) take about 80 minutes on a 2-core host "
+                "(README), more than CI's budget")
     reason = harness.why_not_runnable()
     if reason and "no guest image" not in reason:
         return reason

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from gpuprov.catalog.instances import get_instance
 from rehearsal import cluster
 
 
-@pytest.mark.parametrize("name", ["aws", "aws-g5"])
+@pytest.mark.parametrize("name", ["aws", "aws-g5", "gcp-g2"])
 def test_standin_facts_agree_with_the_recorded_output_and_the_bundle(tmp_path, name):
     recorded = cluster.fixture(name)
     cloud = recorded["cloud"]
@@ -32,6 +33,12 @@ def test_standin_facts_agree_with_the_recorded_output_and_the_bundle(tmp_path, n
         network = ipaddress.ip_network(f"{next(iter(hosts.values()))['private_ip']}/{recorded['subnet_prefix']}",
                                        strict=False)
         assert all(ipaddress.ip_address(h["private_ip"]) in network for h in hosts.values())
+    if cloud == "gcp":  # a VM's hostname is its name; IAP reaches it by that name
+        assert recorded["hostnames"] == {n: n for n in hosts} == {n: h["ansible_host"] for n, h in hosts.items()}
+        # the variables the user gave are the ones the recorded output was made with
+        tf_vars, inventory_vars = recorded["tf_vars"], outputs["ansible_inventory"]["value"]["all"]["vars"]
+        assert tf_vars["ssh_user"] == inventory_vars["ansible_user"]
+        assert f"--project={tf_vars['project_id']} --zone={tf_vars['zone']}" in inventory_vars["ansible_ssh_common_args"]
 
     out = tmp_path / "bundle"
     subprocess.run([sys.executable, "-m", "gpuprov", "generate", *recorded["generate"], "-o", str(out)], check=True,
@@ -48,6 +55,12 @@ def test_standin_facts_agree_with_the_recorded_output_and_the_bundle(tmp_path, n
     assert (recorded["vcpus"], recorded["memory_mib"] * 2**20) == (instance.vcpus, instance.ram_bytes)
     assert recorded["gpus_per_node"] == instance.gpus
     assert images.profile(group_vars["gpuprov_image_profile"])["driver"]["version"] == recorded["image"]["driver_version"]
+    if cloud == "gcp":  # the nic0 subnet the bundle's network.tf creates: var.primary_cidr's default
+        variables = (out / "terraform" / "variables.tf").read_text()
+        cidr = re.search(r'variable "primary_cidr" \{[^}]*?default\s*=\s*"([^"]+)"', variables).group(1)
+        network = ipaddress.ip_network(cidr)
+        assert recorded["subnet_prefix"] == network.prefixlen
+        assert all(ipaddress.ip_address(h["private_ip"]) in network for h in hosts.values())
 
 
 def _without_bundle_id(folder: Path, bundle_id: str) -> dict[str, str]:

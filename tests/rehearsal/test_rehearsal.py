@@ -79,12 +79,12 @@ def _ssh_root(node: cluster.Node, command: str, **kw) -> str:
     return node.ssh(command, **kw).stdout
 
 
-@pytest.fixture(scope="module")
-def aws(tmp_path_factory):
-    work = tmp_path_factory.mktemp("rehearsal-aws")
+def _booted(tmp_path_factory, name: str):
+    """The stand-in nodes of recorded fixture `name`, booted; powered off after the module."""
+    work = tmp_path_factory.mktemp(f"rehearsal-{name}")
     shared = work / "shared"
     shared.mkdir()
-    cloud = cluster.Cloud(work, cluster.fixture("aws-g5"), shared,
+    cloud = cluster.Cloud(work, cluster.fixture(name), shared,
                           {"pybase": Path(sys.base_prefix).resolve(), "venv": Path(sys.prefix).resolve()})
     began = time.monotonic()
     try:
@@ -93,6 +93,16 @@ def aws(tmp_path_factory):
         yield cloud
     finally:
         cloud.close()
+
+
+@pytest.fixture(scope="module")
+def aws(tmp_path_factory):
+    yield from _booted(tmp_path_factory, "aws-g5")
+
+
+@pytest.fixture(scope="module")
+def gcp(tmp_path_factory):
+    yield from _booted(tmp_path_factory, "gcp-g2")
 
 
 def _wait_for(path: Path, controller: cluster.Node, job_id: str, shared: Path, timeout: float) -> float:
@@ -111,7 +121,8 @@ def _wait_for(path: Path, controller: cluster.Node, job_id: str, shared: Path, t
 def _gpuprov(cloud: cluster.Cloud, *args: str, timeout: float = 120,
              transport: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = cloud.env()
-    env.update(TF_VAR_key_name="rehearsal", ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
+    env.update({f"TF_VAR_{k}": v for k, v in cloud.recorded["tf_vars"].items()})
+    env.update(ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
                PYTHONPATH=os.pathsep.join(sys.path), **(transport or {}))
     env["PATH"] += os.pathsep + os.path.dirname(sys.executable)  # ansible-playbook of this venv
     return subprocess.run([sys.executable, "-m", "gpuprov", *args], env=env, capture_output=True, text=True,
@@ -122,7 +133,8 @@ def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = Non
         transport: dict[str, str] | None = None) -> tuple[int, str, list]:
     """`gpuprov up` as the user runs it; (exit code, its output, (seconds, step line) per step line)."""
     env = cloud.env()
-    env.update(TF_VAR_key_name="rehearsal", ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
+    env.update({f"TF_VAR_{k}": v for k, v in cloud.recorded["tf_vars"].items()})
+    env.update(ANSIBLE_SKIP_TAGS=",".join(SKIPPED_TAGS),
                PYTHONPATH=os.pathsep.join(sys.path), **(transport or {}))
     env["PATH"] += os.pathsep + os.path.dirname(sys.executable)
     began = time.monotonic()
@@ -288,7 +300,11 @@ def test_up_fine_tunes_a_model_folder_on_chat_data_to_an_adapter_peft_loads(aws,
     torch.testing.assert_close(merged, want, rtol=0, atol=5e-3)
 
 
-def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
+def _from_scratch(aws: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> Path:
+    """generate from the fixture's arguments, `up` on the booted stand-ins (the previous deployment on
+    them, if any, cleared as a new one's filesystem would be), every node registered in Slurm from the
+    role's own files, one job submitted, a second `up` submits nothing, the job reaches its first
+    checkpoint and `status --json` reads it. `aws` is whichever cloud's stand-ins; returns the bundle."""
     recorded = aws.recorded
     bundle = tmp_path / "bundle"
     made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *recorded["generate"], "-o", str(bundle)],
@@ -297,15 +313,15 @@ def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
     names = list(aws.hosts())
     controller = aws.node(names[0])
     private = {name: aws.private_ip(name) for name in names}
-    if WALKED:
-        _as_new_instances(aws, controller, WALKED[-1])
+    if walked:
+        _as_new_instances(aws, controller, walked[-1])
     calls_before = len(_terraform_calls(aws))
 
     watch = SlurmConfWatch(controller, private)
     watch.start()
     returncode, log, _ = _up(aws, bundle, watch)
     watch.done.set()
-    WALKED.append(bundle)
+    walked.append(bundle)
     # issue 40 item 1: slurm.conf must address each node by the private address the inventory carries
     assert not watch.found, (f"slurm.conf addresses nodes by what Ansible reaches them by, not their private "
                              f"addresses {private}: {watch.found}; slurmd cannot resolve the controller\n"
@@ -360,7 +376,11 @@ def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
              if '"loss"' in line]
     assert steps and steps[-1]["step"] == last and all(0 < s["loss"] < 100 for s in steps)  # finite, not NaN
     assert report["job"]["id"] == job_id and report["step"] >= first_checkpoint and report["steps"] == last, report
+    return bundle
 
+
+def test_up_on_aws_trains_to_a_checkpoint_and_submits_once(aws, tmp_path):
+    _from_scratch(aws, tmp_path, WALKED)
 
 
 # The on-prem bundle: the site's hosts file names the two stand-in nodes by their hostnames and their
@@ -477,3 +497,16 @@ def test_down_leaves_nothing(aws):
         assert not (bundle / ".gpuprov-up.json").exists()
         assert aws.running() == [] and not (aws.state / "applied").exists()
         assert json.loads((aws.state / "terraform.log").read_text().splitlines()[-1])["argv"][0] == "destroy"
+
+
+# After the AWS guests are down (module order): the GCP shape on stand-ins of its own.
+def test_up_on_gcp_trains_to_a_checkpoint_and_down_leaves_nothing(gcp, tmp_path):
+    """The same from-scratch bundle planned on GCP (2 x g2-standard-4), its own stand-ins: Ansible
+    reaches each VM by name through the inventory's IAP ProxyCommand (tests/rehearsal/bin/gcloud),
+    the nodes call each other by their VM names; then `down` destroys them."""
+    bundle = _from_scratch(gcp, tmp_path, [])
+    down = _gpuprov(gcp, "down", str(bundle), "--yes", timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not (bundle / ".gpuprov-up.json").exists()
+    assert gcp.running() == [] and not (gcp.state / "applied").exists()
+    assert json.loads((gcp.state / "terraform.log").read_text().splitlines()[-1])["argv"][0] == "destroy"
