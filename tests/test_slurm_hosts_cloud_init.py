@@ -1,0 +1,109 @@
+"""The slurm role's node list in the hosts file survives a reboot under cloud-init.
+
+cloud-init's update_etc_hosts runs at every boot (canonical/cloud-init
+cloudinit/config/cc_update_etc_hosts.py@04eacd0): manage_etc_hosts true/template renders the whole
+file from templates/hosts.debian.tmpl (`127.0.1.1 {{fqdn}} {{hostname}}` first, no node list),
+`localhost` puts the 127.0.1.1 line back. The role drops a cloud.cfg.d file turning it off, exactly
+where cloud-init's own configuration turns it on: cloud.cfg, then cloud.cfg.d/*.cfg in name order, a
+later file winning (util.read_conf_with_confd); the instance's user-data/vendor-data cloud-config
+outranks them (helpers.ConfigMerger._read_cfg), so there the play fails with the reason. Each host of
+one real ansible-playbook run is one image's cloud-init configuration in its own folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_helpers import playbook, private_dir, recap
+
+pytestmark = pytest.mark.slow
+
+DROPIN = "99-gpuprov-hosts.cfg"
+
+# host -> {file under the host's folder: text}; etc/cloud is cloud-init's folder, instance/ its
+# /var/lib/cloud/instance. "write": the play writes the drop-in; "fail": it cannot keep the file.
+CASES = {
+    "no-cloud-init": ({}, "none"),
+    # Ubuntu's cloud.cfg runs update_etc_hosts but does not set manage_etc_hosts (default false)
+    "unset": ({"etc/cloud/cloud.cfg": "cloud_init_modules:\n  - update_etc_hosts\n",
+               "etc/cloud/cloud.cfg.d/90_dpkg.cfg": "datasource_list: [Ec2, None]\n"}, "none"),
+    "true-in-dropin": ({"etc/cloud/cloud.cfg": "users: [default]\n",
+                       "etc/cloud/cloud.cfg.d/50-image.cfg": "manage_etc_hosts: true\n"}, "write"),
+    "localhost": ({"etc/cloud/cloud.cfg": "manage_etc_hosts: localhost\n",
+                   "etc/cloud/cloud.cfg.d/.keep": ""}, "write"),
+    "template": ({"etc/cloud/cloud.cfg": "manage_etc_hosts: template\n",
+                  "etc/cloud/cloud.cfg.d/10.cfg": "# nothing\n"}, "write"),
+    # YAML 1.1 `yes` is true to cloud-init's loader too
+    "yes": ({"etc/cloud/cloud.cfg.d/20-site.cfg": "manage_etc_hosts: yes\n"}, "write"),
+    "turned-off-later": ({"etc/cloud/cloud.cfg": "manage_etc_hosts: true\n",
+                          "etc/cloud/cloud.cfg.d/95-site.cfg": "manage_etc_hosts: false\n"}, "none"),
+    # not *.cfg: cloud-init does not read it
+    "not-a-cfg": ({"etc/cloud/cloud.cfg.d/50-image.cfg.disabled": "manage_etc_hosts: true\n"}, "none"),
+    "after-the-dropin": ({"etc/cloud/cloud.cfg.d/99-zz-site.cfg": "manage_etc_hosts: true\n"}, "fail"),
+    "user-data": ({"etc/cloud/cloud.cfg.d/.keep": "",
+                   "instance/cloud-config.txt": "#cloud-config\nmanage_etc_hosts: localhost\n"}, "fail"),
+    "user-data-off": ({"etc/cloud/cloud.cfg.d/50-image.cfg": "manage_etc_hosts: true\n",
+                       "instance/cloud-config.txt": "#cloud-config\nmanage_etc_hosts: false\n",
+                       "instance/vendor-cloud-config.txt": "#cloud-config\nmanage_etc_hosts: true\n"}, "none"),
+}
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_cloud_init_is_told_to_keep_the_node_list_exactly_where_it_would_rewrite_it():
+    with private_dir("cloud-init-hosts") as root:
+        hostvars = {}
+        for i, (name, (files, _)) in enumerate(CASES.items()):
+            home = root / name
+            home.mkdir()
+            for rel, text in files.items():
+                (home / rel).parent.mkdir(parents=True, exist_ok=True)
+                (home / rel).write_text(text)
+            (home / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {name}\n")
+            hostvars[name] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                              "private_ip": f"10.0.0.{10 + i}", "slurm_hosts_file": str(home / "hosts"),
+                              "slurm_cloud_init_dir": str(home / "etc/cloud"),
+                              "slurm_cloud_init_instance_dir": str(home / "instance")}
+        (root / "inventory.yml").write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": hostvars}}}}))
+        (root / "ansible.cfg").write_text(f"[defaults]\nroles_path = {Path(__file__).resolve().parents[1] / 'ansible/roles'}\n")
+        (root / "play.yml").write_text(yaml.safe_dump([{
+            "name": "hosts", "hosts": "gpu_nodes", "gather_facts": False,
+            "vars": {"slurm_controller_host": "{{ groups['gpu_nodes'][0] }}"},
+            "tasks": [{"name": "hosts", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "hosts.yml"}}],
+        }], sort_keys=False))
+        before = {name: _tree(root / name) for name in CASES}
+
+        # check mode: reports what it would do, writes nothing
+        proc = playbook(root, "-i", "inventory.yml", "--check", "play.yml")
+        for name, (_, want) in CASES.items():
+            assert _tree(root / name) == before[name], name
+            assert recap(proc.stdout, name)["failed"] == (want == "fail"), (name, proc.stdout[-3000:])
+
+        proc = playbook(root, "-i", "inventory.yml", "play.yml")
+        for name, (files, want) in CASES.items():
+            counts = recap(proc.stdout, name)
+            assert counts["failed"] == (want == "fail"), (name, proc.stdout[-3000:])
+            dropin = root / name / "etc/cloud/cloud.cfg.d" / DROPIN
+            assert dropin.exists() == (want == "write"), name
+            if want == "write":
+                assert yaml.safe_load(dropin.read_text()) == {"manage_etc_hosts": False}
+                assert dropin.stat().st_mode & 0o777 == 0o644
+            if want == "fail":
+                assert "manage_etc_hosts" in proc.stdout
+            else:  # the node list was written, the installer's loopback line for this node is gone
+                lines = [ln.split() for ln in (root / name / "hosts").read_text().splitlines()]
+                assert ["127.0.1.1", name] not in lines and [hostvars[name]["private_ip"], name] in lines
+            if not files:
+                assert not (root / name / "etc").exists(), name
+
+        # a second run changes nothing
+        proc = playbook(root, "-i", "inventory.yml", "play.yml")
+        for name, (_, want) in CASES.items():
+            counts = recap(proc.stdout, name)
+            assert (counts["failed"], counts["changed"]) == (int(want == "fail"), 0), (name, proc.stdout[-3000:])
