@@ -19,47 +19,59 @@ import pytest
 import yaml
 
 from ansible_helpers import playbook, private_dir, recap
-
-pytestmark = pytest.mark.slow
+from gpuprov.catalog import images
 
 DROPIN = "99-gpuprov-hosts.cfg"
 
-# host -> {file under the host's folder: text}; etc/cloud is cloud-init's folder, instance/ its
-# /var/lib/cloud/instance. "write": the play writes the drop-in; "fail": it cannot keep the file.
+# host -> ({file under the host's folder: text}, the manage_etc_hosts cloud-init ends up with, outcome);
+# etc/cloud stands for /etc/cloud, instance/ for /var/lib/cloud/instance. Outcome "write": the play
+# writes the drop-in; "none": nothing; "fail": the play stops, as no drop-in can keep the file.
 CASES = {
-    "no-cloud-init": ({}, "none"),
+    "no-cloud-init": ({}, "absent", "none"),
     # Ubuntu's cloud.cfg runs update_etc_hosts but does not set manage_etc_hosts (default false)
     "unset": ({"etc/cloud/cloud.cfg": "cloud_init_modules:\n  - update_etc_hosts\n",
-               "etc/cloud/cloud.cfg.d/90_dpkg.cfg": "datasource_list: [Ec2, None]\n"}, "none"),
+               "etc/cloud/cloud.cfg.d/90_dpkg.cfg": "datasource_list: [Ec2, None]\n"}, None, "none"),
     "true-in-dropin": ({"etc/cloud/cloud.cfg": "users: [default]\n",
-                       "etc/cloud/cloud.cfg.d/50-image.cfg": "manage_etc_hosts: true\n"}, "write"),
+                       "etc/cloud/cloud.cfg.d/50-image.cfg": "manage_etc_hosts: true\n"}, True, "write"),
     "localhost": ({"etc/cloud/cloud.cfg": "manage_etc_hosts: localhost\n",
-                   "etc/cloud/cloud.cfg.d/.keep": ""}, "write"),
+                   "etc/cloud/cloud.cfg.d/.keep": ""}, "localhost", "write"),
     "template": ({"etc/cloud/cloud.cfg": "manage_etc_hosts: template\n",
-                  "etc/cloud/cloud.cfg.d/10.cfg": "# nothing\n"}, "write"),
+                  "etc/cloud/cloud.cfg.d/10.cfg": "# nothing\n"}, "template", "write"),
     # YAML 1.1 `yes` is true to cloud-init's loader too
-    "yes": ({"etc/cloud/cloud.cfg.d/20-site.cfg": "manage_etc_hosts: yes\n"}, "write"),
+    "yes": ({"etc/cloud/cloud.cfg.d/20-site.cfg": "manage_etc_hosts: yes\n"}, True, "write"),
     "turned-off-later": ({"etc/cloud/cloud.cfg": "manage_etc_hosts: true\n",
-                          "etc/cloud/cloud.cfg.d/95-site.cfg": "manage_etc_hosts: false\n"}, "none"),
+                          "etc/cloud/cloud.cfg.d/95-site.cfg": "manage_etc_hosts: false\n"}, False, "none"),
     # not *.cfg: cloud-init does not read it
-    "not-a-cfg": ({"etc/cloud/cloud.cfg.d/50-image.cfg.disabled": "manage_etc_hosts: true\n"}, "none"),
-    "after-the-dropin": ({"etc/cloud/cloud.cfg.d/99-zz-site.cfg": "manage_etc_hosts: true\n"}, "fail"),
+    "not-a-cfg": ({"etc/cloud/cloud.cfg.d/50-image.cfg.disabled": "manage_etc_hosts: true\n"}, None, "none"),
+    "after-the-dropin": ({"etc/cloud/cloud.cfg.d/99-zz-site.cfg": "manage_etc_hosts: true\n"}, True, "fail"),
     "user-data": ({"etc/cloud/cloud.cfg.d/.keep": "",
-                   "instance/cloud-config.txt": "#cloud-config\nmanage_etc_hosts: localhost\n"}, "fail"),
+                   "instance/cloud-config.txt": "#cloud-config\nmanage_etc_hosts: localhost\n"}, "localhost", "fail"),
     "user-data-off": ({"etc/cloud/cloud.cfg.d/50-image.cfg": "manage_etc_hosts: true\n",
                        "instance/cloud-config.txt": "#cloud-config\nmanage_etc_hosts: false\n",
-                       "instance/vendor-cloud-config.txt": "#cloud-config\nmanage_etc_hosts: true\n"}, "none"),
+                       "instance/vendor-cloud-config.txt": "#cloud-config\nmanage_etc_hosts: true\n"}, False, "none"),
 }
+
+
+@pytest.mark.parametrize("profile", sorted(images.profiles()))
+def test_every_setting_an_image_may_boot_with_is_played_below(profile):
+    """The catalog's fact per image profile, or every value where it is uncertain, is a case of the
+    play below, written by the image itself (not user-data) and expected as cloud-init takes it."""
+    image_cases = {name: (value, want) for name, (files, value, want) in CASES.items()
+                   if not any(f.startswith("instance/") for f in files) and want != "fail"}
+    for value in images.manage_etc_hosts(profile):
+        want = "write" if str(value).lower() in ("true", "localhost", "template") else "none"
+        assert any(v == value and type(v) is type(value) and w == want for v, w in image_cases.values()), value
 
 
 def _tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_cloud_init_is_told_to_keep_the_node_list_exactly_where_it_would_rewrite_it():
     with private_dir("cloud-init-hosts") as root:
         hostvars = {}
-        for i, (name, (files, _)) in enumerate(CASES.items()):
+        for i, (name, (files, _, _)) in enumerate(CASES.items()):
             home = root / name
             home.mkdir()
             for rel, text in files.items():
@@ -81,12 +93,12 @@ def test_cloud_init_is_told_to_keep_the_node_list_exactly_where_it_would_rewrite
 
         # check mode: reports what it would do, writes nothing
         proc = playbook(root, "-i", "inventory.yml", "--check", "play.yml")
-        for name, (_, want) in CASES.items():
+        for name, (_, _, want) in CASES.items():
             assert _tree(root / name) == before[name], name
             assert recap(proc.stdout, name)["failed"] == (want == "fail"), (name, proc.stdout[-3000:])
 
         proc = playbook(root, "-i", "inventory.yml", "play.yml")
-        for name, (files, want) in CASES.items():
+        for name, (files, _, want) in CASES.items():
             counts = recap(proc.stdout, name)
             assert counts["failed"] == (want == "fail"), (name, proc.stdout[-3000:])
             dropin = root / name / "etc/cloud/cloud.cfg.d" / DROPIN
@@ -104,6 +116,6 @@ def test_cloud_init_is_told_to_keep_the_node_list_exactly_where_it_would_rewrite
 
         # a second run changes nothing
         proc = playbook(root, "-i", "inventory.yml", "play.yml")
-        for name, (_, want) in CASES.items():
+        for name, (_, _, want) in CASES.items():
             counts = recap(proc.stdout, name)
             assert (counts["failed"], counts["changed"]) == (int(want == "fail"), 0), (name, proc.stdout[-3000:])
