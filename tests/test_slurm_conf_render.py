@@ -55,7 +55,7 @@ def _render(cloud: str, hosts: dict, limit: str, os_id: str = "ubuntu-22.04", et
                     "slurm_controller_host": "{{ groups['gpu_nodes'][0] }}"}},
                 {"name": "build", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "build.yml"}},
                 {"name": "hosts", "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "hosts.yml"},
-                 "vars": {"slurm_hosts_file": str(root / "hosts")}},
+                 "vars": {"slurm_hosts_file": str(root / "hosts"), "slurm_cloud_init_dir": str(root / "cloud")}},
                 {"name": "slurm.conf", "ansible.builtin.template": {
                     "src": "roles/slurm/templates/slurm.conf.j2", "dest": str(root / "out-{{ inventory_hostname }}.conf")}},
                 {"name": "cgroup.conf", "ansible.builtin.template": {

@@ -61,8 +61,10 @@ def scratch():
 
 
 def _vars(root: Path, **extra) -> dict:
-    # the node list goes to a file of the test's, never this machine's /etc/hosts
+    # the node list goes to a file of the test's, never this machine's /etc/hosts, and nothing to its
+    # cloud-init's folder (this machine may be a cloud VM running cloud-init)
     return {"slurm_manage_services": False, "slurm_config_dir": str(root / "etc"), "slurm_hosts_file": str(root / "hosts"),
+            "slurm_cloud_init_dir": str(root / "cloud"),
             "slurm_jobcomp_loc": str(root / "jobcomp" / "jobcomp.log"),
             "slurm_munge_key": str(root / "munge" / "munge.key"), "slurm_munge_socket": str(root / "munge" / "sock"),
             "slurm_gpus_per_node": 0, "slurm_cgroup": False, "slurm_plugin_dirs": [str(root / "plugins")], **extra}

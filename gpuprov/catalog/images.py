@@ -14,6 +14,9 @@ from gpuprov.catalog import load_data
 from gpuprov.errors import GpuprovError
 
 COMPONENTS = ("kernel", "driver", "fabric_manager", "rdma", "efa", "nccl", "dcgm", "nccl_tests", "cuda", "slurm")
+# cloud-init's manage_etc_hosts as an image sets it (None: unset, which cloud-init takes as false;
+# "template" is the deprecated spelling of true)
+MANAGE_ETC_HOSTS = (None, False, True, "localhost", "template")
 
 
 @lru_cache(maxsize=None)
@@ -26,6 +29,9 @@ def _data() -> dict:
             entry = profile[part]
             if entry is not None and not (entry.get("source") and entry.get("date")):
                 raise ValueError(f"images.yaml: {name}.{part} needs source and date")
+        hosts = profile.get("cloud_init") or {}
+        if not (hosts.get("source") and hosts.get("date")) or hosts.get("manage_etc_hosts", "") not in MANAGE_ETC_HOSTS:
+            raise ValueError(f"images.yaml: {name}.cloud_init needs manage_etc_hosts (one of {MANAGE_ETC_HOSTS}), source and date")
     return data
 
 
@@ -53,6 +59,13 @@ def profile_for(cloud: str, instance: str) -> str:
     if default is None:
         raise GpuprovError(f"no image profile for cloud {cloud}")
     return default
+
+
+def manage_etc_hosts(name: str) -> tuple:
+    """The manage_etc_hosts values a host of this profile may boot with: the one recorded, or every
+    value cloud-init takes where the sources leave the image's setting open."""
+    entry = profile(name)["cloud_init"]
+    return MANAGE_ETC_HOSTS if entry.get("uncertain") else (entry["manage_etc_hosts"],)
 
 
 def dcgm_rule() -> dict[str, Any]:
