@@ -14,6 +14,7 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class GpuSpec:
+    """One GPU type of catalog/data/gpus.yaml: memory, peak speeds, interconnect."""
     slug: str
     name: str
     architecture: str  # ampere, ada, hopper, blackwell
