@@ -23,7 +23,7 @@ PurchaseOption = Literal["on-demand", "spot", "capacity-block", "reservation", "
 def _empty() -> list:
     """A new empty list: the list fields' default. Pydantic reads a default factory's signature when it builds the
     model; the builtin `list` only has one as text, which inspect tokenizes (the first time, compiling tokenize's
-    patterns: about 14M instructions of every `gpuprov` process), where a Python function's is at hand."""
+    patterns: about 15M instructions of every `gpuprov` process), where a Python function's is at hand."""
     return []
 
 
