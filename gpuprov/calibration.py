@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,7 @@ def measure(text: str, path: str) -> dict[str, Any]:
     if not steps:
         raise GpuprovError(f"{path}: no logged step with tokens_per_s (is it launch/train.py's "
                            "logging.metrics_file?)")
+    import statistics  # lazy: only reading a run's metrics needs it
     steady = steps[1:] or steps
     mfus = [m for _, m in steady if m is not None]
     tps = statistics.median(t for t, _ in steady)

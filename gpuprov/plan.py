@@ -20,6 +20,13 @@ CloudName = Literal["aws", "gcp", "azure", "oci", "onprem"]
 PurchaseOption = Literal["on-demand", "spot", "capacity-block", "reservation", "flex-start"]
 
 
+def _empty() -> list:
+    """A new empty list: the list fields' default. Pydantic reads a default factory's signature when it builds the
+    model; the builtin `list` only has one as text, which inspect tokenizes (the first time, compiling tokenize's
+    patterns: about 15M instructions of every `gpuprov` process), where a Python function's is at hand."""
+    return []
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -75,7 +82,7 @@ class InstanceInfo(_Strict):
     price_date: str | None
     source: str
     # on-prem: host facts nobody stated (ram, cores, nvme, fabric, pcie): never checked as met
-    unknown: list[str] = Field(default_factory=list)
+    unknown: list[str] = Field(default_factory=_empty)
 
 
 class FabricInfo(_Strict):
@@ -87,12 +94,12 @@ class FabricInfo(_Strict):
     nccl_env_profile: str | None = None  # a vendor script to source first (GCP gIB / TCPXO)
     # folders the job puts first on LD_LIBRARY_PATH (the gIB plugin's own libraries): the image adds
     # them in /etc/profile.d only, which a non-login shell (sbatch, srun) never reads
-    nccl_lib_path: list[str] = Field(default_factory=list)
-    hcas: list[str] = Field(default_factory=list)  # InfiniBand/RoCE HCA names, where fixed
+    nccl_lib_path: list[str] = Field(default_factory=_empty)
+    hcas: list[str] = Field(default_factory=_empty)  # InfiniBand/RoCE HCA names, where fixed
     subnet_manager: Literal["managed", "opensm", "none"] = "none"
     mtu: int | None = None
     source: str
-    gpu_nics: list[str] = Field(default_factory=list)  # GPU NIC interface names, where fixed (TCPXO)
+    gpu_nics: list[str] = Field(default_factory=_empty)  # GPU NIC interface names, where fixed (TCPXO)
     nccl_net: str | None = None  # regex of the network NCCL must log using ("IB", "gIB"...); None: sockets
     nccl_conf_managed_by_image: bool = False  # the image rewrites /etc/nccl.conf (Azure)
     rdma_ipv4_by: Literal["oci-rdma-configure"] | None = None  # image service numbering the RDMA NICs
@@ -223,7 +230,7 @@ class Software(_Strict):
     # the training environment on every node: a venv at python_env_path with these pins
     python_env_path: str = "/opt/gpuprov/venv"
     python_index_url: str | None = None
-    python_requirements: list[str] = Field(default_factory=list)
+    python_requirements: list[str] = Field(default_factory=_empty)
 
 
 class Storage(_Strict):
@@ -430,7 +437,7 @@ class Staging(_Strict):
     dataset_kind: Literal["local", "s3", "gs", "az", "hf"] | None = None  # None: no data source named
     dataset_source: str | None = None  # local: the absolute path on the machine running `up`; else the URI
     dataset_raw: str | None = None  # where the file (or folder, a URI ending in /) lands on the cluster; hf: None
-    download_argv: list[str] = Field(default_factory=list)  # the node's command that copies a URI to dataset_raw
+    download_argv: list[str] = Field(default_factory=_empty)  # the node's command that copies a URI to dataset_raw
     download_env: dict[str, str] = Field(default_factory=dict)  # and its environment (no secret: node identity)
     download_source: str | None = None  # where the command and its authentication are documented
     data_dir: str | None = None  # prepare_data.py's output: train.yaml data.path (None: not prepared by `up`)
@@ -455,7 +462,7 @@ class RunBreakdown(_Strict):
     preemption_hours: float  # spot: expected losses
     compute_usd: float | None  # nodes x hours x price
     storage_usd: float | None  # shared filesystem + boot disks over the run
-    not_in_cost: list[str] = Field(default_factory=list)  # items with no recorded price
+    not_in_cost: list[str] = Field(default_factory=_empty)  # items with no recorded price
 
 
 class Plan(_Strict):
@@ -480,10 +487,10 @@ class Plan(_Strict):
     storage: Storage
     health: Health
     hosts: list[HostEntry] | None = None  # on-prem inventory
-    alternatives: list[Alternative] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)  # e.g. where the rule of thumb is wrong
-    candidates: list[CandidateRow] = Field(default_factory=list)  # best per (cloud, GPU type), ranked
-    warnings: list[str] = Field(default_factory=list)  # the chosen run looks pathological, and why
+    alternatives: list[Alternative] = Field(default_factory=_empty)
+    notes: list[str] = Field(default_factory=_empty)  # e.g. where the rule of thumb is wrong
+    candidates: list[CandidateRow] = Field(default_factory=_empty)  # best per (cloud, GPU type), ranked
+    warnings: list[str] = Field(default_factory=_empty)  # the chosen run looks pathological, and why
     purchase: Purchase = Field(default_factory=Purchase)
     image: Image | None = None  # None: on-prem
     access: Access | None = None

@@ -75,6 +75,7 @@ def assumed_finetune_tokens() -> int:
 
 @dataclass(frozen=True)
 class DatasetSize:
+    """How many tokens the training data holds, and how that count was found."""
     tokens: int | None  # None: a remote source, counted only once it is prepared on the cluster
     # "given", "meta.json" (exact, from prepare_data.py), "measured" (every record tokenized with the
     # model's tokenizer), "estimated" (bytes / bytes_per_token), "remote"

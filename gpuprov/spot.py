@@ -22,6 +22,7 @@ def _data() -> dict:
 
 @dataclass(frozen=True)
 class SpotPrice:
+    """A spot price snapshot of one instance type in one region, with its date and source."""
     usd: float
     region: str
     date: str | None  # when the snapshot was taken (None: not recorded)

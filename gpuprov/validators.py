@@ -34,11 +34,13 @@ HOST_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 USER_PATTERN = "^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 SLUG_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.,+ -]{0,127}$"
 REGION_PATTERN = "^[a-z][a-z0-9-]{0,48}[a-z0-9]$"
-_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_INVENTORY_NAME = re.compile(HOST_NAME_PATTERN.strip("^$"))
-_USER = re.compile(USER_PATTERN.strip("^$"))
-_SLUG = re.compile(SLUG_PATTERN.strip("^$"))
-_REGION_ANY = re.compile(REGION_PATTERN.strip("^$"))
+# patterns kept as text: re compiles (and caches) each when a value of its kind is first checked, so a command
+# pays only for the kinds it was given (compiling all of them cost every run about 6M instructions)
+_HOST_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_INVENTORY_NAME = HOST_NAME_PATTERN.strip("^$")
+_USER = USER_PATTERN.strip("^$")
+_SLUG = SLUG_PATTERN.strip("^$")
+_REGION_ANY = REGION_PATTERN.strip("^$")
 
 
 @lru_cache(maxsize=1)
@@ -58,7 +60,7 @@ def _fullmatch(pattern: str, value: str) -> bool:
 
 def host_name(value: str) -> str:
     """An inventory name: letters, digits, '.', '_', '-' (Ansible's hostname characters), <= 253."""
-    if not _INVENTORY_NAME.fullmatch(value):
+    if not re.fullmatch(_INVENTORY_NAME, value):
         raise ValueError(f"host name {_show(value)} must be letters, digits, '.', '_' or '-' "
                          "(starting with a letter or digit, at most 253)")
     return value
@@ -66,14 +68,14 @@ def host_name(value: str) -> str:
 
 # an IPv6 zone id may name an interface only: `ipaddress` accepts any character in one (newlines,
 # `$(...)`, `{{ }}`), and Ansible templates ansible_host. Linux interface names: IFNAMSIZ - 1 = 15.
-_ZONE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+_ZONE_ID = r"[A-Za-z0-9_.-]{1,15}"
 
 
 def address(value: str) -> str:
     """An IPv4/IPv6 address (an IPv6 zone id only as an interface name) or an RFC 1123 host name."""
     if "%" in value:
         zone = value.partition("%")[2]
-        if not _ZONE_ID.fullmatch(zone):
+        if not re.fullmatch(_ZONE_ID, zone):
             raise ValueError(f"address {_show(value)}: an IPv6 zone id must be an interface name "
                              "(letters, digits, '.', '_', '-'; at most 15), e.g. fe80::1%eth0")
     try:
@@ -81,21 +83,21 @@ def address(value: str) -> str:
     except ValueError:
         pass
     labels = value.removesuffix(".").split(".")
-    if len(value) <= 253 and labels and all(_HOST_LABEL.fullmatch(label) for label in labels) \
+    if len(value) <= 253 and labels and all(re.fullmatch(_HOST_LABEL, label) for label in labels) \
             and not labels[-1].isdigit():
         return value
     raise ValueError(f"address {_show(value)} is neither an IP address nor an RFC 1123 host name")
 
 
 def user_name(value: str) -> str:
-    if not _USER.fullmatch(value):
+    if not re.fullmatch(_USER, value):
         raise ValueError(f"user {_show(value)} is not a login name (letters, digits, '_', '.', '-'; at most 32)")
     return value
 
 
 def slug(value: str) -> str:
     """A catalog name or comma list of names (GPU slugs, LoRA targets)."""
-    if not _SLUG.fullmatch(value):
+    if not re.fullmatch(_SLUG, value):
         raise ValueError(f"{_show(value)} is not a name (letters, digits, '.', '_', '-')")
     return value
 
@@ -126,19 +128,19 @@ def model_ref(value: str) -> str:
 # to the characters S3 calls safe (AWS "Creating object key names": alphanumerics and ! - _ . * ' ( ),
 # less the shell-special ones, plus /, = and +); bucket and account names follow each store's rules.
 DATASET_URIS = {
-    "s3": re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[A-Za-z0-9._/=+,@-]{1,1024}"),
-    "gs": re.compile(r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/[A-Za-z0-9._/=+,@-]{1,1024}"),
+    "s3": r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[A-Za-z0-9._/=+,@-]{1,1024}",
+    "gs": r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/[A-Za-z0-9._/=+,@-]{1,1024}",
     # az://ACCOUNT/CONTAINER/PATH: a blob of https://ACCOUNT.blob.core.windows.net/CONTAINER/PATH
-    "az": re.compile(r"az://[a-z0-9]{3,24}/[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}/[A-Za-z0-9._/=+,@-]{1,1024}"),
+    "az": r"az://[a-z0-9]{3,24}/[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}/[A-Za-z0-9._/=+,@-]{1,1024}",
     # hf:ORG/NAME[:CONFIG]: a Hugging Face dataset (prepare_data.py --hf-dataset NAME[:CONFIG])
-    "hf": re.compile(r"hf:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}(?::[A-Za-z0-9][A-Za-z0-9._-]{0,63})?"),
+    "hf": r"hf:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}(?::[A-Za-z0-9][A-Za-z0-9._-]{0,63})?",
 }
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(//)?")
+_SCHEME = r"^([A-Za-z][A-Za-z0-9+.-]*):(//)?"
 
 
 def dataset_scheme(value: str) -> str | None:
     """The remote store a dataset source names (s3, gs, az, hf), None for a local path or a count."""
-    match = _SCHEME.match(value.strip())
+    match = re.match(_SCHEME, value.strip())
     if match is None or (match.group(2) is None and match.group(1).lower() != "hf"):
         return None  # `C:` style or a plain name: a local path
     return match.group(1).lower()
@@ -158,7 +160,7 @@ def dataset_ref(value: str) -> str:
     if pattern is None:
         raise ValueError(f"dataset {_show(value)}: {scheme}: is not a source gpuprov stages; give a local file, "
                          "s3://BUCKET/KEY, gs://BUCKET/OBJECT, az://ACCOUNT/CONTAINER/PATH or hf:ORG/NAME")
-    if not pattern.fullmatch(value) or "//" in value.split("://", 1)[-1] or "/../" in value + "/" \
+    if not re.fullmatch(pattern, value) or "//" in value.split("://", 1)[-1] or "/../" in value + "/" \
             or "/./" in value + "/":
         shape = {"s3": "s3://BUCKET/KEY", "gs": "gs://BUCKET/OBJECT", "az": "az://ACCOUNT/CONTAINER/PATH",
                  "hf": "hf:ORG/NAME[:CONFIG]"}[scheme]
@@ -186,7 +188,7 @@ def display_name(value: object, what: str) -> str:
 
 def region(value: str) -> str:
     """Lowercase letters, digits and '-': what every cloud's region names share (per cloud: region_for)."""
-    if not _REGION_ANY.fullmatch(value):
+    if not re.fullmatch(_REGION_ANY, value):
         raise ValueError(f"region {_show(value)} is not a region name (lowercase letters, digits, '-')")
     return value
 

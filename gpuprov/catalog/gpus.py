@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -14,6 +13,7 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class GpuSpec:
+    """One GPU type of catalog/data/gpus.yaml: memory, peak speeds, interconnect."""
     slug: str
     name: str
     architecture: str  # ampere, ada, hopper, blackwell
@@ -100,6 +100,7 @@ def get_gpu(slug: str) -> GpuSpec:
     named = accelerator_name(key)
     if named is not None:
         return gpus[named[0]]
+    import difflib  # lazy: only a name the catalog lacks needs it
     close = difflib.get_close_matches(key, list(gpus), n=4, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(gpus)}"
     raise GpuprovError(f"unknown GPU {slug!r}{hint}")

@@ -20,6 +20,7 @@ FABRICS: tuple[str, ...] = ("efa", "infiniband", "roce", "tcpxo", "ethernet", "n
 
 @dataclass(frozen=True)
 class InstanceType:
+    """One instance type (or on-prem server) offered: its GPUs, host, fabric and price."""
     name: str
     cloud: str
     gpu: str  # GPU slug (gpuprov.catalog.gpus)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -294,6 +293,7 @@ def get_model(name_or_path: str) -> ModelArch:
     if _looks_like_path(name_or_path):
         return load_config_json(name_or_path)
     known = list(presets) + list(alias)
+    import difflib  # lazy: only a name the catalog lacks needs it
     close = difflib.get_close_matches(key, known, n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `gpuprov models`"
     raise GpuprovError(f"unknown model {name_or_path!r}{hint} (or pass a path to a config.json)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from functools import lru_cache
 from typing import Any, Iterable
 
@@ -29,6 +28,7 @@ def check_region(cloud: str, region: str | None, instances: Iterable[Any]) -> No
     known = regions(cloud)
     if region is None or not known or region in known:
         return
+    import difflib  # lazy: only a name the catalog lacks needs it
     close = difflib.get_close_matches(region, known, n=3)
     priced: dict[str, list[str]] = {}
     for i in instances:

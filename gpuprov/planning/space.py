@@ -27,6 +27,7 @@ Estimator = Callable[..., MemoryEstimate]
 
 @dataclass(frozen=True)
 class Candidate:
+    """One point of the search: instance, node count, parallel layout and batch shape, timed and priced."""
     instance: Any  # InstanceType
     gpu: Any  # GpuSpec
     nodes: int
@@ -81,6 +82,7 @@ class Miss:
 
 @dataclass
 class SearchResult:
+    """What the search found: the best candidate, the best per GPU type, and why the others missed."""
     best: Candidate | None
     best_by_gpu: dict[str, Candidate]  # best per GPU slug (objective), among feasible
     fastest_unconstrained: Candidate | None  # fits memory, ignoring deadline/budget

@@ -192,6 +192,7 @@ def dense_causal_mask_bytes(arch: ModelArch, s: TrainSetup, elem: int) -> tuple[
 
 @dataclass(frozen=True)
 class DocumentMasks:
+    """Bytes of the attention masks that keep packed documents apart."""
     mask: int  # the boolean mask(s), held from the model's forward to the end of its backward
     bias_saved: int  # SDPA's additive bias copies autograd keeps until each block's backward
     bias_transient: int  # the bias of the block running backward (recomputed under checkpointing)
@@ -262,6 +263,7 @@ def _grad_work_bytes_per_token(arch: ModelArch, a: int) -> int:
 
 @dataclass(frozen=True)
 class Activations:
+    """Bytes of activations per GPU: saved for backward, and transient in one block."""
     saved: int  # every block's saved tensors plus the final norm's, at the start of backward
     final_norm: int  # per token: what the final RMSNorm saves (freed first in backward)
     layer_transient: int  # the block running backward: recomputation, activation gradients, casts
@@ -319,6 +321,7 @@ def activations(arch: ModelArch, s: TrainSetup, tokens: int, a: int) -> Activati
 
 @dataclass(frozen=True)
 class Loss:
+    """Bytes of the logits and cross-entropy buffers around the loss."""
     at_backward: int  # logits still referenced when backward starts
     held: int  # logits the loop keeps through backward and the optimizer step
     cross_entropy: int  # log-softmax (or fused-gradient) buffers at the start of backward

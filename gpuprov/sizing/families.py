@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
+    """What one Hugging Face model_type builds in each block, beyond the Llama layout arch.py counts by default."""
     norms: int = 2  # hidden-wide RMSNorm weights per block (input/post-attention, Gemma's pre/post-feedforward)
     qk_norm: str = ""  # "head": q_norm/k_norm over head_dim (Qwen3, Gemma 3); "full": over q/kv width (OLMo 2)
     fused: bool = False  # qkv_proj and gate_up_proj as single linears (Phi-3)

@@ -24,6 +24,7 @@ STACK_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrainSetup) if f.na
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting a framework applies, with where that is written."""
     field: str
     value: Any
     source: str

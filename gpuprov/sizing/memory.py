@@ -100,6 +100,7 @@ NON_ALLOCATOR_TERMS: tuple[str, ...] = ("nccl_buffers", "cuda_context")
 
 @dataclass
 class _Phase:
+    """The memory terms alive at one moment of a training step."""
     name: str
     terms: dict[str, int] = field(default_factory=dict)
 
@@ -273,6 +274,7 @@ def _autocast_region_cache(x: _Ctx) -> int:
 
 @dataclass(frozen=True)
 class _Grads:
+    """Bytes of gradients per GPU at the moments of a step they differ."""
     comm_buckets: int  # DDP / ZeRO flat buckets
     during_forward: int  # gradients alive through forward and backward
     head: int  # the output head's gradient, first to appear in backward

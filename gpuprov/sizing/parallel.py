@@ -50,6 +50,7 @@ PARALLEL_TERMS: tuple[str, ...] = ("tp_gathered_inputs", "tp_backward_buffers", 
 
 @dataclass(frozen=True)
 class Layout:
+    """How one model replica is split: tensor, context, pipeline and data-parallel ranks."""
     tp: int = 1
     cp: int = 1
     pp: int = 1

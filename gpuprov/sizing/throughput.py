@@ -27,6 +27,7 @@ from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
 @dataclass(frozen=True)
 class Assumptions:
+    """The throughput model's constants (catalog/data/throughput.yaml), each with its source."""
     utilisation: dict[str, tuple[float, str]]  # class -> (value, source)
     class_by_slug: dict[str, str]
     class_by_arch: dict[str, str]
@@ -193,6 +194,7 @@ def float8_step_kw(gpu: Any, arch: Any) -> dict[str, float]:
 # --------------------------------------------------------------------------- FLOPs per token
 @dataclass(frozen=True)
 class Flops:
+    """FLOPs per token of one training step: what MFU counts and what the GPUs execute."""
     model: float  # what MFU counts: 6N + attention (LoRA: 4N + 6N_lora + attention)
     executed: float  # model + recompute
     matmul_params: int
@@ -267,6 +269,7 @@ def inter_node_gbytes(fabric: str, gbps_per_gpu: float) -> float:
 # --------------------------------------------------------------------------- the step
 @dataclass(frozen=True)
 class StepEstimate:
+    """One optimizer step's time, split into compute and communication."""
     step_time_s: float
     compute_time_s: float  # all micro-batches
     comm_time_s: float  # total collective time (before overlap)

@@ -14,6 +14,7 @@ Runner = Callable[[list[str]], tuple[int, str]]
 
 @dataclass(frozen=True)
 class Check:
+    """One check of a deployed cluster: its status, what was seen and how to fix a failure."""
     status: str  # ok | fail | skip
     name: str
     detail: str
