@@ -1,5 +1,5 @@
 """Stand-in nodes for the rehearsal: qemu guests that play the instances a recorded `terraform
-output` names, and the two swaps `gpuprov up` runs with (tests/rehearsal/bin: terraform, aws).
+output` names, and the swaps `gpuprov up` runs with (tests/rehearsal/bin: terraform, and aws or gcloud for the transport).
 
 Each node is a boot of the rehearsal image (tests/vm/build_image.sh with Debian's slurm-wlm, munge
 and python3-apt added) with two NICs: user-mode networking that forwards only its sshd to the host

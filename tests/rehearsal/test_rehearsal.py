@@ -3,8 +3,9 @@
 Exactly these differ from a real bring-up, and nothing else:
 - Terraform: `terraform` on PATH is tests/rehearsal/bin/terraform; apply creates nothing and
   `output -json` returns the recorded output of the cloud (fixtures/<cloud>.json, its source inside);
-- Ansible's transport: the inventory's own ProxyCommand runs tests/rehearsal/bin/aws, which carries
-  the SSH stream to the stand-in node recorded under that instance id (SSM's part);
+- Ansible's transport: the inventory's own ProxyCommand runs tests/rehearsal/bin/aws (SSM's part) or,
+  for GCP, tests/rehearsal/bin/gcloud (IAP's part), which carries the SSH stream to the stand-in node
+  recorded under that instance id or VM name;
 - the operator's SSH key and known_hosts (ANSIBLE_PRIVATE_KEY_FILE, ANSIBLE_SSH_EXTRA_ARGS);
 - the roles a stand-in cannot run are skipped by tag (SKIPPED_TAGS, each with its reason).
 The inventory, hostvars, group_vars, roles and launch files stay as generate and `up` wrote them
@@ -300,26 +301,26 @@ def test_up_fine_tunes_a_model_folder_on_chat_data_to_an_adapter_peft_loads(aws,
     torch.testing.assert_close(merged, want, rtol=0, atol=5e-3)
 
 
-def _from_scratch(aws: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> Path:
+def _from_scratch(cloud: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> Path:
     """generate from the fixture's arguments, `up` on the booted stand-ins (the previous deployment on
     them, if any, cleared as a new one's filesystem would be), every node registered in Slurm from the
     role's own files, one job submitted, a second `up` submits nothing, the job reaches its first
-    checkpoint and `status --json` reads it. `aws` is whichever cloud's stand-ins; returns the bundle."""
-    recorded = aws.recorded
+    checkpoint and `status --json` reads it. `cloud`: the booted stand-ins; returns the bundle."""
+    recorded = cloud.recorded
     bundle = tmp_path / "bundle"
     made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *recorded["generate"], "-o", str(bundle)],
                           capture_output=True, text=True, timeout=120, cwd=cluster.REPO)
     assert made.returncode == 0, made.stderr
-    names = list(aws.hosts())
-    controller = aws.node(names[0])
-    private = {name: aws.private_ip(name) for name in names}
+    names = list(cloud.hosts())
+    controller = cloud.node(names[0])
+    private = {name: cloud.private_ip(name) for name in names}
     if walked:
-        _as_new_instances(aws, controller, walked[-1])
-    calls_before = len(_terraform_calls(aws))
+        _as_new_instances(cloud, controller, walked[-1])
+    calls_before = len(_terraform_calls(cloud))
 
     watch = SlurmConfWatch(controller, private)
     watch.start()
-    returncode, log, _ = _up(aws, bundle, watch)
+    returncode, log, _ = _up(cloud, bundle, watch)
     watch.done.set()
     walked.append(bundle)
     # issue 40 item 1: slurm.conf must address each node by the private address the inventory carries
@@ -329,7 +330,7 @@ def _from_scratch(aws: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> Pat
     assert returncode == 0, log[-6000:]
 
     # Terraform was asked exactly what `up` asks a real one; the inventory is the recorded output
-    assert _terraform_calls(aws)[calls_before:] == ["init", "plan", "apply", "output"]
+    assert _terraform_calls(cloud)[calls_before:] == ["init", "plan", "apply", "output"]
     inventory = yaml.safe_load((bundle / "ansible" / "inventory.yml").read_text())
     assert inventory == recorded["outputs"]["ansible_inventory"]["value"]
     checked = subprocess.run([sys.executable, "-m", "gpuprov", "check", str(bundle)], capture_output=True, text=True,
@@ -354,7 +355,7 @@ def _from_scratch(aws: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> Pat
     state = json.loads((bundle / ".gpuprov-up.json").read_text())
     job_id = state["job"]["id"]
     assert f"JobId={job_id}" in _ssh_root(controller, f"scontrol show job {job_id}")
-    again = _gpuprov(aws, "up", str(bundle), timeout=600)
+    again = _gpuprov(cloud, "up", str(bundle), timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"] == job_id
     jobs = _ssh_root(controller, "squeue --noheader --all --format=%i").split()
@@ -362,13 +363,13 @@ def _from_scratch(aws: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> Pat
 
     # the job trains from the shared filesystem to the first checkpoint, and `status` reads it
     train = yaml.safe_load((bundle / "launch" / "train.yaml").read_text())
-    on_host = lambda path: aws.shared / Path(path).relative_to(SHARED)  # noqa: E731
+    on_host = lambda path: cloud.shared / Path(path).relative_to(SHARED)  # noqa: E731
     last = int(train["schedule"]["steps"])
     first_checkpoint = min(int(train["checkpoint"]["every_steps"]), last)
     checkpoint = on_host(train["checkpoint"]["dir"]) / f"step-{first_checkpoint:08d}" / ".metadata"  # DCP's
-    trained = _wait_for(checkpoint, controller, job_id, aws.shared, timeout=TRAIN_TIMEOUT)
+    trained = _wait_for(checkpoint, controller, job_id, cloud.shared, timeout=TRAIN_TIMEOUT)
     print(f"rehearsal: the job reached step {first_checkpoint}'s checkpoint {trained:.0f}s after `up` submitted it")
-    status = _gpuprov(aws, "status", str(bundle), "--json", timeout=300)
+    status = _gpuprov(cloud, "status", str(bundle), "--json", timeout=300)
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
     print("rehearsal: gpuprov status --json:", json.dumps(report)[:2000])
