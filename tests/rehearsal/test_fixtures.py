@@ -106,3 +106,28 @@ def _terraform_differences(scratch: Path, fine_tune: Path, first: dict, plan: di
     return [f"{name}: {x!r} != {y!r}" for name in a for x, y in zip(a[name].splitlines(), b[name].splitlines())
             if x != y and not x.lstrip().startswith("#")] + \
         [f"{name}: line count" for name in a if len(a[name].splitlines()) != len(b[name].splitlines())]
+
+
+@pytest.mark.parametrize("name", ["aws-g5", "gcp-g2"])
+def test_standin_cli_answers_the_lost_node_question_up_asks(tmp_path, name):
+    """The stand-in CLI (tests/rehearsal/bin/) takes the very argv `up` asks the cloud with
+    (Target.node_states_argv) and its answer parses as the target reads the real one: a running node
+    is kept, one that no longer runs is lost."""
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture(name)
+    target = get_target(recorded["cloud"])
+    outputs = recorded["outputs"]
+    nodes = dict(zip(outputs["node_names"]["value"], outputs["instance_ids"]["value"]))
+    settings = {"region": "us-east-1", "purchase": "on-demand", "project": "p", "zone": "us-central1-a"}
+    argv = target.node_states_argv(settings, nodes)
+    gone = list(nodes)[-1]
+    state = tmp_path / "state"
+    state.mkdir()
+    # targets.json is keyed as the transport reaches a node: EC2 instance ids, GCP VM names
+    reach = {n: (i if recorded["cloud"] == "aws" else n) for n, i in nodes.items()}
+    (state / "targets.json").write_text(json.dumps({reach[n]: 22 for n in nodes if n != gone}))
+    answer = subprocess.run([sys.executable, str(cluster.SHIMS / argv[0]), *argv[1:]], capture_output=True,
+                            text=True, timeout=30, env={"REHEARSAL_DIR": str(state), "PATH": "/usr/bin:/bin"})
+    assert answer.returncode == 0, answer.stderr
+    assert target.lost_nodes(nodes, answer.stdout) == [gone]

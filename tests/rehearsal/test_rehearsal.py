@@ -365,6 +365,10 @@ def _from_scratch(cloud: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> P
     assert f"JobId={job_id}" in _ssh_root(controller, f"scontrol show job {job_id}")
     again = _gpuprov(cloud, "up", str(bundle), timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
+    # it asked the cloud's CLI which recorded nodes still run (the stand-in answers for the guests
+    # that run), was answered, and found none lost
+    said = again.stdout + again.stderr
+    assert "could not ask" not in said and "the cloud no longer runs" not in said, said[-3000:]
     assert json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"] == job_id
     jobs = _ssh_root(controller, "squeue --noheader --all --format=%i").split()
     assert jobs == [job_id], jobs
