@@ -173,6 +173,12 @@ def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = Non
     return up.returncode, "".join(output), steps
 
 
+def _node_questions(cloud: cluster.Cloud) -> list[dict]:
+    """The lost-node questions the stand-in CLI answered so far (bin/aws, bin/gcloud), oldest first."""
+    log = cloud.state / "node-questions.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 def _terraform_calls(cloud: cluster.Cloud) -> list[str]:
     log = cloud.state / "terraform.log"  # written by the first call
     return [json.loads(line)["argv"][0] for line in log.read_text().splitlines()] if log.exists() else []
@@ -363,12 +369,16 @@ def _from_scratch(cloud: cluster.Cloud, tmp_path: Path, walked: list[Path]) -> P
     state = json.loads((bundle / ".gpuprov-up.json").read_text())
     job_id = state["job"]["id"]
     assert f"JobId={job_id}" in _ssh_root(controller, f"scontrol show job {job_id}")
+    questions = _node_questions(cloud)
     again = _gpuprov(cloud, "up", str(bundle), timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
-    # it asked the cloud's CLI which recorded nodes still run (the stand-in answers for the guests
-    # that run), was answered, and found none lost
-    said = again.stdout + again.stderr
-    assert "could not ask" not in said and "the cloud no longer runs" not in said, said[-3000:]
+    # it asked the cloud's CLI once which recorded nodes still run, about every recorded instance,
+    # was answered (every one runs) and listed none for Terraform to replace
+    asked = _node_questions(cloud)[len(questions):]
+    recorded_ids = recorded["outputs"]["instance_ids"]["value"]
+    reached_as = recorded_ids if recorded["cloud"] == "aws" else recorded["outputs"]["node_names"]["value"]
+    assert [sorted(q["asked"]) for q in asked] == [sorted(reached_as)], (asked, again.stdout[-3000:])
+    assert not (bundle / "terraform" / "replaced_nodes.auto.tfvars.json").exists()
     assert json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"] == job_id
     jobs = _ssh_root(controller, "squeue --noheader --all --format=%i").split()
     assert jobs == [job_id], jobs
