@@ -16,10 +16,16 @@ python -m pip install --quiet --upgrade pip
 python -m pip install --quiet torch==2.13.0
 python -m pip install --quiet -e '.[test,train,precise]'
 
+# The setup steps run apt-get, whose sandboxed user (_apt) writes its temporary files in $TMPDIR: where
+# /tmp is root's alone (mode 700, seen on a fresh machine) its signature checks fail, so they get /var/tmp.
+setup_tmp=${TMPDIR:-/tmp}
+if [ "$(stat -c %a "$setup_tmp")" != 1777 ] && [ "$(stat -c %a /var/tmp 2>/dev/null)" = 1777 ]; then
+    setup_tmp=/var/tmp
+fi
 for step in .ci/setup.d/*.sh; do
     [ -e "$step" ] || continue
     echo "== setup: $step"
-    bash "$step"
+    TMPDIR="$setup_tmp" bash "$step"
 done
 
 if [ "$#" -gt 0 ]; then
