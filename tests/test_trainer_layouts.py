@@ -27,6 +27,7 @@ pytest.importorskip("transformers")
 np = pytest.importorskip("numpy")
 
 GLOBAL_BATCH, SEQ, STEPS = 8, 32, 6
+LR = 3e-3  # the runs' peak learning rate: the export comparison's tolerance is a fraction of one AdamW step
 
 
 def masked_data(root: Path) -> Path:
@@ -57,7 +58,7 @@ def render(root: Path, *, gpus: int, sharding: str, micro: int, accum: int, node
         replicate=stage // shard, tp=tp, cp=cp, pp=pp, pp_schedule=pp_schedule, activation_checkpointing="none",
         micro_batch=micro, grad_accum=accum, seq_len=SEQ, global_batch_tokens=GLOBAL_BATCH * SEQ))
     training = plan.training.model_copy(update=dict(
-        steps=STEPS, warmup_steps=2, learning_rate=3e-3, checkpoint_every_steps=0, log_every_steps=1))
+        steps=STEPS, warmup_steps=2, learning_rate=LR, checkpoint_every_steps=0, log_every_steps=1))
     return write_launch(plan.model_copy(update=dict(cluster=cluster, training=training)), root)
 
 
@@ -189,5 +190,8 @@ def test_pipeline_resumes_validates_and_exports_as_one_process(tmp_path, layout,
     assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     a, b = (AutoModelForCausalLM.from_pretrained(e, dtype=torch.float32).state_dict() for e in exports)
     assert sorted(a) == sorted(b)
+    # A stage or shard written to the wrong place differs by the weights' own scale (about 0.02 here). The
+    # two layouts sum in another order, and AdamW turns that into up to a few percent of one step (LR) on an
+    # element whose gradient is near zero (seen: one element in 11,008 off by 2.6e-5, in a venv with transformers 5.25.0).
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=0.05 * LR, msg=lambda m, k=k: f"{k}: {m}")
