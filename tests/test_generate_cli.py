@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import click
@@ -237,11 +236,8 @@ def test_tty_without_output_asks_where(tmp_path: Path) -> None:
 
 def test_generate_directory_and_tar_agree_and_a_redirect_needs_dash_o(tmp_path: Path) -> None:
     args = ["generate", "--model", "llama-3.1-8b", "--task", "lora", "--cloud", "aws", "--tokens", "1B"]
-    started = time.perf_counter()
-    written = run(*args, "-o", str(tmp_path / "infra"))
-    elapsed = time.perf_counter() - started
+    written = run(*args, "-o", str(tmp_path / "infra"))  # its speed is benchmarks/cli_speed.py's, not a test's
     assert written.returncode == 0, written.stderr.decode()
-    assert elapsed < 10, elapsed  # generous: the CI box is shared; measured well under a second alone
     streamed = run(*args, "-o", "-")
     with open(tmp_path / "infra.tar", "wb") as out:
         redirected = subprocess.run([sys.executable, "-m", "gpuprov", *args], stdout=out, stderr=subprocess.PIPE,
