@@ -69,13 +69,32 @@ UNMODELLED = {
 }
 UNPACKED = ("unpacked batches padded to each batch's longest sample: the source states no sequence length, and the "
             "model times samples of seq_len tokens")
+NO_GPU = "the GPU is not one of the catalog's (the source does not name it, or the catalog lacks it)"
+LOW_PRECISION = "MX / NVFP4 linears (torchao low_precision_recipe): the model times bf16 and float8 tensorwise only"
+ROWWISE = "float8 rowwise scaling: the model's float8 gain is the tensorwise recipe's"
+NO_F8_GAIN = "float8 on a GPU class the catalog has no measured float8 gain for (the planner leaves float8 off there)"
+REASONS = (*UNMODELLED.values(), UNPACKED, NO_GPU, LOW_PRECISION, ROWWISE, NO_F8_GAIN)
 
 
 def not_predicted(row: dict[str, Any]) -> str | None:
     """Why the step model cannot express this row's stack (None: it can)."""
+    from gpuprov.catalog.models import get_model
+    from gpuprov.errors import GpuprovError
+    from gpuprov.sizing import throughput as tp_model
+
     why = [reason for key, reason in UNMODELLED.items() if row.get(key)]
     if row.get("packed") is False and "seq_len" not in row:
         why.append(UNPACKED)
+    if row.get("low_precision_recipe"):
+        why.append(LOW_PRECISION)
+    if row.get("float8") and row.get("float8_recipe", "tensorwise") != "tensorwise":
+        why.append(ROWWISE)
+    try:
+        gpu = gpu_of(row)
+    except GpuprovError:
+        return "; ".join([NO_GPU, *why])
+    if row.get("float8") and not tp_model.float8_step_kw(gpu, get_model(row["model"])):
+        why.append(NO_F8_GAIN)
     return "; ".join(why) or None
 
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpuprov.catalog.gpus import list_gpus
+from gpuprov.catalog.models import get_model
+from gpuprov.sizing.throughput import float8_gain
+
 REPO = Path(__file__).resolve().parents[1]
 FILE = REPO / "benchmarks" / "fresh-holdout-2-throughput.yaml"
 
@@ -43,9 +47,12 @@ def test_every_row_predicts_or_states_why_not() -> None:
     rows = b.load_rows(FILE)
     results = b.evaluate(rows)
     assert [r["id"] for r in results] == [r["id"] for r in rows]
-    reasons = set(b.UNMODELLED.values()) | {b.UNPACKED}
+    reasons = set(b.REASONS)
+    catalog = {g.slug for g in list_gpus()}
     for row, res in zip(rows, results):
-        unmodelled = any(row.get(k) for k in b.UNMODELLED) or "seq_len" not in row
+        unmodelled = any(row.get(k) for k in b.UNMODELLED) or "seq_len" not in row or row["gpu"] not in catalog \
+            or row.get("low_precision_recipe") or (row.get("float8") and row.get("float8_recipe") != "tensorwise") \
+            or (row.get("float8") and not float8_gain(b.gpu_of(row), get_model(row["model"]).params))
         if unmodelled:
             assert res["predicted"] is None and res["error_pct"] is None, row["id"]
             assert res["not_predicted"] and set(res["not_predicted"].split("; ")) <= reasons, row["id"]
