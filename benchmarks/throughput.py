@@ -58,10 +58,68 @@ def gpu_of(row: dict[str, Any]) -> Any:
     return dataclasses.replace(gpu, **changes) if changes else gpu
 
 
+# What a row may state that the step model has no setting for: such a row is reported as not predicted, with the
+# reason, never timed as if the setting were absent. (Packing, chunked cross-entropy and the paging of an 8-bit
+# optimizer change memory, not the work the step model times: they are read by nothing here.)
+UNMODELLED = {
+    "optimizer_in_backward": "optimizer step fused into backward (torchtune optimizer_in_bwd): the step model times "
+                             "one optimizer step after backward and has no setting for the fused one",
+    "activation_offloading": "activation offloading to host memory: the step model has no term for its transfers "
+                             "or their overlap (only the memory model reads the setting)",
+}
+UNPACKED = ("unpacked batches padded to each batch's longest sample: the source states no sequence length, and the "
+            "model times samples of seq_len tokens")
+NO_GPU = "the GPU is not one of the catalog's (the source does not name it, or the catalog lacks it)"
+LOW_PRECISION = "MX / NVFP4 linears (torchao low_precision_recipe): the model times bf16 and float8 tensorwise only"
+ROWWISE = "float8 rowwise scaling: the model's float8 gain is the tensorwise recipe's"
+NO_F8_GAIN = "float8 on a GPU class the catalog has no measured float8 gain for (the planner leaves float8 off there)"
+REASONS = (*UNMODELLED.values(), UNPACKED, NO_GPU, LOW_PRECISION, ROWWISE, NO_F8_GAIN)
+
+
+def not_predicted(row: dict[str, Any]) -> str | None:
+    """Why the step model cannot express this row's stack (None: it can)."""
+    from gpuprov.catalog.models import get_model
+    from gpuprov.errors import GpuprovError
+    from gpuprov.sizing import throughput as tp_model
+
+    why = [reason for key, reason in UNMODELLED.items() if row.get(key)]
+    if row.get("packed") is False and "seq_len" not in row:
+        why.append(UNPACKED)
+    if row.get("low_precision_recipe"):
+        why.append(LOW_PRECISION)
+    if row.get("float8") and row.get("float8_recipe", "tensorwise") != "tensorwise":
+        why.append(ROWWISE)
+    try:
+        gpu = gpu_of(row)
+    except GpuprovError:
+        return "; ".join([NO_GPU, *why])
+    if row.get("float8") and not tp_model.float8_step_kw(gpu, get_model(row["model"])):
+        why.append(NO_F8_GAIN)
+    return "; ".join(why) or None
+
+
+def measured_over_peak(row: dict[str, Any]) -> float:
+    """The row's measured tokens/s per GPU times its FLOPs per token (flops_per_token: executed, recompute
+    included) over the GPU's dense BF16 peak: above 1 the figure cannot be one GPU's, whatever the step model
+    says (the source counts other tokens, or a whole node's)."""
+    from gpuprov.catalog.models import get_model
+    from gpuprov.planning.space import task_trainable
+    from gpuprov.sizing import throughput as tp_model
+
+    arch, task = get_model(row["model"]), row.get("task", "full")
+    _, trainable = task_trainable(arch, task, int(row.get("lora_rank", 0)), row.get("lora_targets", "all-linear"))
+    flops = tp_model.flops_per_token(arch, int(row["seq_len"]), task, trainable,
+                                     row.get("activation_checkpointing", "selective"))
+    return float(row["measured"]) * flops.executed / (gpu_of(row).bf16_tflops * 1e12)
+
+
 def predict(row: dict[str, Any], model: str = "ops") -> Any:
     """The step estimate of one row's stated settings (StepEstimate); `model` "ops" times compute operation by
-    operation (what the planner runs), "utilisation" with the former per-class utilisation (for comparison)."""
+    operation (what the planner runs), "utilisation" with the former per-class utilisation (for comparison).
+    A fine-tuning row (task lora/qlora, lora_rank, lora_targets; precision, optimizer, offload) is timed as the
+    planner's search times that task: its trainable parameters (task_trainable), FLOPs and operation model."""
     from gpuprov.catalog.models import get_model
+    from gpuprov.planning.space import task_trainable
     from gpuprov.sizing import operators
     from gpuprov.sizing import throughput as tp_model
 
@@ -71,55 +129,75 @@ def predict(row: dict[str, Any], model: str = "ops") -> Any:
     gpn, nodes = int(row["gpus_per_node"]), int(row["nodes"])
     ac = row.get("activation_checkpointing", "selective")
     seq = int(row["seq_len"])
+    task = row.get("task", "full")
+    _, trainable = task_trainable(arch, task, int(row.get("lora_rank", 0)), row.get("lora_targets", "all-linear"))
+    compiled = bool(row.get("compile", True))
     shape = tp_model.Shape(nodes=nodes, gpus_per_node=gpn, sharding=row.get("sharding", "fsdp"),
                            shard_group=int(row.get("shard_group", nodes * gpn)), micro_batch=int(row["micro_batch"]),
                            grad_accum=int(row.get("grad_accum", 1)), seq_len=seq)
     kv = arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim
     layer = tp_model.LayerShape(arch.num_layers, arch.hidden_size, kv)
-    flops = tp_model.flops_per_token(arch, seq, "full", arch.params, ac)
-    util = tp_model.utilisation(gpu, compiled=bool(row.get("compile", True)))[0]
+    flops = tp_model.flops_per_token(arch, seq, task, trainable, ac)
+    util = tp_model.utilisation(gpu, compiled=compiled)[0]
     intra = tp_model.intra_node_gbytes(gpu)[0]
     inter = tp_model.inter_node_gbytes(row["fabric"], float(row["fabric_gbps_per_gpu"]))
     f8 = tp_model.float8_step_kw(gpu, arch) if row.get("float8") else {}
     pipeline = tp_model.Pipeline(stages=pp, micro_batches=int(row.get("pp_microbatches", pp)),
                                  stages_per_rank=int(row.get("pp_stages_per_rank", 1)))
+    ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled, task=task, trainable=trainable) \
+        if model == "ops" else None
     return tp_model.layout_step_estimate(
         shape=shape, tp=tp, cp=cp, layer=layer, ac=ac, flops=flops, peak_tflops=gpu.bf16_tflops, util=util,
         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,
-        trainable=arch.params, num_layers=arch.num_layers, task="full", pcie_gen=gpu.pcie_gen, pipeline=pipeline,
-        async_tp=bool(row.get("async_tp", False)),
-        ops=operators.op_model(arch, gpu, ac=ac, compiled=bool(row.get("compile", True))) if model == "ops" else None,
-        **f8,
+        trainable=trainable, num_layers=arch.num_layers, task=task, optimizer=row.get("optimizer", "adamw"),
+        precision=row.get("precision", "bf16-mixed"), offload=row.get("offload", "none"), pcie_gen=gpu.pcie_gen,
+        pipeline=pipeline, async_tp=bool(row.get("async_tp", False)), ops=ops, **f8,
     )
 
 
 def evaluate(rows: list[dict[str, Any]], model: str = "ops") -> list[dict[str, Any]]:
+    """Each row's prediction and signed error; a row the model cannot express carries `not_predicted` (its reason)
+    and no prediction."""
     out = []
     for row in rows:
+        source = f"{row.get('source', '')} {row.get('table', '')}".strip()
+        measured = float(row["measured"])
+        why = not_predicted(row)
+        if why:
+            out.append({"id": row["id"], "predicted": None, "measured": measured, "error_pct": None, "bound": None,
+                        "not_predicted": why, "source": source})
+            continue
         est = predict(row, model)
         gpus = int(row["nodes"]) * int(row["gpus_per_node"])
         predicted = est.tokens_per_s / gpus
-        measured = float(row["measured"])
         out.append({"id": row["id"], "predicted": round(predicted, 1), "measured": measured,
                     "error_pct": round(100.0 * (predicted - measured) / measured, 1), "bound": est.bound,
-                    "source": f"{row.get('source', '')} {row.get('table', '')}".strip()})
+                    "source": source})
     return out
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    errors = [r["error_pct"] for r in results]
-    worst = max(results, key=lambda r: r["error_pct"])
-    return {"rows": len(results), "mape_pct": round(sum(abs(e) for e in errors) / len(errors), 1),
-            "worst_over_pct": worst["error_pct"], "worst_over_id": worst["id"],
-            "worst_under_pct": min(errors)}
+    """MAPE and extremes over the predicted rows (`not_predicted` counts the rest)."""
+    done = [r for r in results if r["predicted"] is not None]
+    errors = [r["error_pct"] for r in done]
+    worst = max(done, key=lambda r: r["error_pct"])
+    out = {"rows": len(done), "mape_pct": round(sum(abs(e) for e in errors) / len(errors), 1),
+           "worst_over_pct": worst["error_pct"], "worst_over_id": worst["id"], "worst_under_pct": min(errors)}
+    if len(done) < len(results):
+        out["not_predicted"] = len(results) - len(done)
+    return out
 
 
 def render(name: str, results: list[dict[str, Any]]) -> str:
     lines = [f"== {name}", f"{'row':<32}{'predicted':>11}{'measured':>10}{'error':>9}  bound"]
     for r in results:
+        if r["predicted"] is None:
+            lines.append(f"{r['id']:<32}{'-':>11}{r['measured']:>10,.0f}{'-':>9}  not predicted: {r['not_predicted']}")
+            continue
         lines.append(f"{r['id']:<32}{r['predicted']:>11,.0f}{r['measured']:>10,.0f}{r['error_pct']:>+8.1f}%  {r['bound']}")
     s = summary(results)
-    lines.append(f"{name}: {s['rows']} rows, MAPE {s['mape_pct']:.1f}%, worst over-prediction "
+    skipped = f" ({s['not_predicted']} more not predicted)" if s.get("not_predicted") else ""
+    lines.append(f"{name}: {s['rows']} rows{skipped}, MAPE {s['mape_pct']:.1f}%, worst over-prediction "
                  f"{s['worst_over_pct']:+.1f}% ({s['worst_over_id']}), worst under-prediction {s['worst_under_pct']:+.1f}%")
     return "\n".join(lines)
 

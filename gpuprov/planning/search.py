@@ -16,9 +16,9 @@ from gpuprov.storage_cost import (
 )
 from gpuprov.planning import search_memo
 from gpuprov.planning.space import (
-    AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts, _lora_targets,
+    AC_MODES, MICRO_BATCHES, Candidate, Estimator, Miss, SearchResult, _group, _Layout, _layouts,
     _mp_degrees, _pool, fixed_grad_accumulation, objective_key, pipeline_degrees, pipeline_micro_batches,
-    settings_set_batch, stack_for,
+    settings_set_batch, stack_for, task_trainable,
 )
 from gpuprov.sizing.operators import OpModel, op_model
 from gpuprov.sizing.setup import make_setup
@@ -28,7 +28,7 @@ from gpuprov.sizing.throughput import (
     intra_node_gbytes, layout_step_estimate, pipelined, plan_power_limit, power_capped, tp_gpu_seconds_per_token,
     utilisation,
 )
-from gpuprov.sizing.types import LORA_TARGET_PRESETS, MemoryEstimate
+from gpuprov.sizing.types import MemoryEstimate
 from gpuprov.targets import get_target
 
 CHECKPOINT_INTERVAL_H = 1.0  # the plan checkpoints about every hour (planning/assemble.py CHECKPOINT_INTERVAL_S)
@@ -70,9 +70,7 @@ class _Search:
     def __init__(self, spec: Any, arch: Any, estimator: Estimator, gpus: dict[str, Any], exhaustive: bool):
         self.spec, self.arch, self.estimator, self.gpus, self.exhaustive = spec, arch, estimator, gpus, exhaustive
         self.task = spec.task
-        self.targets = _lora_targets(spec, arch) if self.task != "full" else LORA_TARGET_PRESETS["all-linear"]
-        self.trainable = arch.trainable_params(self.task, spec.lora_rank, self.targets) \
-            if self.task != "full" else arch.params
+        self.targets, self.trainable = task_trainable(arch, self.task, spec.lora_rank, spec.lora_targets)
         self.seq, self.tokens = spec.seq_len, spec.tokens
         # --pp fixes the degree; unset, the search also tries pipeline stages where the trainer runs them
         self.pps, self.pp_schedule = pipeline_degrees(spec, arch)

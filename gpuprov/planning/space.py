@@ -112,6 +112,15 @@ def _lora_targets(spec: Any, arch: Any) -> tuple[str, ...]:
     return resolve_lora_targets(spec.lora_targets, arch.model_type)
 
 
+def task_trainable(arch: Any, task: str, lora_rank: int, lora_targets: Any) -> tuple[tuple[str, ...], int]:
+    """(LoRA target modules, trainable parameters) of a task: every parameter under full training, the adapters'
+    on the resolved targets under LoRA/QLoRA (what the search times and benchmarks/throughput.py predicts)."""
+    if task == "full":
+        return LORA_TARGET_PRESETS["all-linear"], arch.params
+    targets = resolve_lora_targets(lora_targets, arch.model_type)
+    return targets, arch.trainable_params(task, lora_rank, targets)
+
+
 def objective_key(objective: str, c: Candidate) -> tuple:
     cost = c.cost_usd if c.cost_usd is not None else math.inf
     if objective == "time":
