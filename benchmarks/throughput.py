@@ -177,14 +177,18 @@ def evaluate(rows: list[dict[str, Any]], model: str = "ops") -> list[dict[str, A
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """MAPE and extremes over the predicted rows (`not_predicted` counts the rest)."""
-    done = [r for r in results if r["predicted"] is not None]
+    """MAPE and extremes over the predicted rows (`not_predicted` counts the rest; a row marked `not_scored`, a
+    figure that cannot be what its source says it is, is shown but left out)."""
+    done = [r for r in results if r["predicted"] is not None and not r.get("not_scored")]
     errors = [r["error_pct"] for r in done]
     worst = max(done, key=lambda r: r["error_pct"])
     out = {"rows": len(done), "mape_pct": round(sum(abs(e) for e in errors) / len(errors), 1),
            "worst_over_pct": worst["error_pct"], "worst_over_id": worst["id"], "worst_under_pct": min(errors)}
-    if len(done) < len(results):
-        out["not_predicted"] = len(results) - len(done)
+    unscored = sum(1 for r in results if r["predicted"] is not None and r.get("not_scored"))
+    if len(done) + unscored < len(results):
+        out["not_predicted"] = len(results) - len(done) - unscored
+    if unscored:
+        out["not_scored"] = unscored
     return out
 
 
@@ -194,9 +198,12 @@ def render(name: str, results: list[dict[str, Any]]) -> str:
         if r["predicted"] is None:
             lines.append(f"{r['id']:<32}{'-':>11}{r['measured']:>10,.0f}{'-':>9}  not predicted: {r['not_predicted']}")
             continue
-        lines.append(f"{r['id']:<32}{r['predicted']:>11,.0f}{r['measured']:>10,.0f}{r['error_pct']:>+8.1f}%  {r['bound']}")
+        scored = "  (not scored: above the GPU's peak)" if r.get("not_scored") else ""
+        lines.append(f"{r['id']:<32}{r['predicted']:>11,.0f}{r['measured']:>10,.0f}{r['error_pct']:>+8.1f}%  {r['bound']}"
+                     + scored)
     s = summary(results)
     skipped = f" ({s['not_predicted']} more not predicted)" if s.get("not_predicted") else ""
+    skipped += f" ({s['not_scored']} predicted, not scored)" if s.get("not_scored") else ""
     lines.append(f"{name}: {s['rows']} rows{skipped}, MAPE {s['mape_pct']:.1f}%, worst over-prediction "
                  f"{s['worst_over_pct']:+.1f}% ({s['worst_over_id']}), worst under-prediction {s['worst_under_pct']:+.1f}%")
     return "\n".join(lines)

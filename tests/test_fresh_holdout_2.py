@@ -88,7 +88,13 @@ def test_file_option_prints_every_row(capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     rows = f.throughput.load_rows(FILE)
     assert [r["id"] for r in data["rows"]] == [r["id"] for r in rows]
-    assert data["summary"]["rows"] + data["summary"]["not_predicted"] == len(rows)
+    s = data["summary"]
+    assert s["rows"] + s["not_predicted"] + s.get("not_scored", 0) == len(rows)
+    # a row whose figure is above its GPU's dense peak is shown and left out of the MAPE, whatever its error
+    unscored = [r for r in data["rows"] if r.get("not_scored")]
+    assert len(unscored) == s.get("not_scored", 0) and all(r["measured_over_peak"] > 1.0 for r in unscored)
+    assert all(r["measured_over_peak"] <= 1.0 for r in data["rows"]
+               if r["predicted"] is not None and not r.get("not_scored") and "measured_over_peak" in r)
     assert f.main(["--file", str(FILE)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert all(any(line.startswith(r["id"]) for line in out) for r in rows)
