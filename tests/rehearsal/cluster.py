@@ -62,9 +62,12 @@ OUTPUTS = HERE.parent / "data" / "terraform_output"
 
 
 def fixture(cloud: str) -> dict:
-    """The stand-in facts of one cloud with its recorded `terraform output -json` under "outputs"."""
+    """The stand-in facts of one cloud with its recorded `terraform output -json` under "outputs" (and
+    under "replaced"/"outputs" the one after a node was replaced, where the cloud has it)."""
     recorded = json.loads((FIXTURES / f"{cloud}.json").read_text())
     recorded["outputs"] = json.loads((OUTPUTS / recorded["outputs_file"]).read_text())
+    if "replaced" in recorded:  # the same output after `up` had Terraform replace a lost node
+        recorded["replaced"]["outputs"] = json.loads((OUTPUTS / recorded["replaced"]["outputs_file"]).read_text())
     return recorded
 
 

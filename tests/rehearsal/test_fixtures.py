@@ -131,3 +131,44 @@ def test_standin_cli_answers_the_lost_node_question_up_asks(tmp_path, name):
                             text=True, timeout=30, env={"REHEARSAL_DIR": str(state), "PATH": "/usr/bin:/bin"})
     assert answer.returncode == 0, answer.stderr
     assert target.lost_nodes(nodes, answer.stdout) == [gone]
+
+
+def test_the_replaced_recording_changes_only_the_replaced_node():
+    """aws-g5's recording after node 1 was replaced (fixture "replaced") is the first recording with
+    that node's instance id and private address new, as aws_instance.replacement gives them: the same
+    names, a new id, a free address in the node subnet; the hostname EC2 derives from it; and the name
+    is the one `up` lists for Terraform (Target.replacement_vars) on finding that instance lost."""
+    from gpuprov.lost_nodes import recorded_nodes
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture("aws-g5")
+    before, after = recorded["outputs"], recorded["replaced"]["outputs"]
+    assert set(after) == set(before)
+    hosts = lambda outputs: outputs["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]  # noqa: E731
+    old, new = hosts(before), hosts(after)
+    assert list(new) == list(old) == before["node_names"]["value"] == after["node_names"]["value"]
+    changed = [n for n in old if old[n] != new[n]]
+    assert changed == list(recorded["replaced"]["hostnames"]) == [list(old)[1]]
+    for name in changed:
+        assert new[name]["ansible_host"] != old[name]["ansible_host"] and re.fullmatch(r"i-[0-9a-f]{17}",
+                                                                                      new[name]["ansible_host"])
+        assert new[name]["private_ip"] not in {h["private_ip"] for h in old.values()}
+        network = ipaddress.ip_network(f"{old[name]['private_ip']}/{recorded['subnet_prefix']}", strict=False)
+        assert ipaddress.ip_address(new[name]["private_ip"]) in network
+        assert recorded["replaced"]["hostnames"][name] == "ip-" + new[name]["private_ip"].replace(".", "-")
+    # every other output as before; the id and address lists follow the inventory
+    same = lambda outputs: {k: v for k, v in outputs.items()  # noqa: E731
+                            if k not in ("ansible_inventory", "instance_ids", "private_ips")}
+    assert same(after) == same(before)
+    assert after["instance_ids"]["value"] == [h["ansible_host"] for h in new.values()]
+    assert after["private_ips"]["value"] == [h["private_ip"] for h in new.values()]
+    inventory = lambda outputs: {k: v for k, v in outputs["ansible_inventory"]["value"]["all"].items()  # noqa: E731
+                                 if k != "children"}
+    assert inventory(after) == inventory(before)
+    # the ids `up` asks about, the one it finds lost, the list it writes for Terraform
+    nodes = recorded_nodes(json.dumps(before))
+    target = get_target("aws")
+    answer = json.dumps([[i, "running"] for n, i in nodes.items() if n not in changed])
+    assert target.lost_nodes(nodes, answer) == changed
+    vars_ = target.replacement_vars(changed, {"nodes": len(nodes), "purchase": "on-demand"}, {})
+    assert vars_["replaced_nodes"]["names"] == changed
