@@ -172,3 +172,110 @@ def test_the_replaced_recording_changes_only_the_replaced_node():
     assert target.lost_nodes(nodes, answer) == changed
     vars_ = target.replacement_vars(changed, {"nodes": len(nodes), "purchase": "on-demand"}, {})
     assert vars_["replaced_nodes"]["names"] == changed
+
+
+class _Standin:
+    """A stand-in node that boots nothing: what Cloud keeps of a guest, and the commands run on it."""
+
+    def __init__(self, port: int):
+        self.port, self.proc, self.commands = port, subprocess.Popen(["sleep", "600"]), []
+
+    def ssh(self, command: str, **_):
+        self.commands.append(command)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    poweroff = lambda self, timeout=0: self.kill()  # noqa: E731
+
+
+def _terraform(cloud: cluster.Cloud, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(cluster.SHIMS / "terraform"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={"REHEARSAL_DIR": str(cloud.state), "PATH": "/usr/bin:/bin"})
+
+
+def test_standin_terraform_replaces_a_lost_node_under_the_recorded_replacement(tmp_path, monkeypatch):
+    """The stand-in `terraform apply` with the list `up` writes for a lost node (Target.replacement_vars,
+    in replaced_nodes.auto.tfvars.json beside the module) has the rehearsal boot that node's
+    replacement under the replaced recording's id, address and IP-based hostname, tells the other
+    node's resolver that hostname (the VPC's DNS), and `output -json` gives the replaced recording;
+    the same list applied again creates nothing; destroy brings back the first recording. No guest boots:
+    Cloud.launch is replaced by one that registers a stand-in node."""
+    from gpuprov.lost_nodes import REPLACED_VARS, recorded_nodes
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture("aws-g5")
+    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
+    booted = []
+
+    def launch(name: str):
+        booted.append((name, cloud.transport_id(name), cloud.private_ip(name), cloud.hostnames[name]))
+        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
+        cloud._write_targets()
+        return node
+
+    monkeypatch.setattr(cloud, "launch", launch)
+    try:
+        for name in cloud.hosts():
+            cloud.launch(name)
+        first, lost = list(cloud.hosts())
+        survivor = cloud.node(first)
+        terraform = tmp_path / "bundle" / "terraform"
+        terraform.mkdir(parents=True)
+        assert _terraform(cloud, terraform, "apply", "-auto-approve").returncode == 0
+        assert json.loads(_terraform(cloud, terraform, "output", "-json").stdout) == recorded["outputs"]
+        cloud.kill(lost)  # the instance is gone; up finds it lost and lists it for Terraform
+        nodes = recorded_nodes(json.dumps(recorded["outputs"]))
+        listed = get_target("aws").replacement_vars([lost], {"nodes": len(nodes), "purchase": "on-demand"}, {})
+        (terraform / REPLACED_VARS).write_text(json.dumps(listed))
+
+        applied = _terraform(cloud, terraform, "apply", "-auto-approve")
+        assert applied.returncode == 0, applied.stderr
+        after = recorded["replaced"]["outputs"]
+        new = after["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"][lost]
+        hostname = recorded["replaced"]["hostnames"][lost]
+        assert booted[2:] == [(lost, new["ansible_host"], new["private_ip"], hostname)]
+        assert set(json.loads((cloud.state / "targets.json").read_text())) == {nodes[first], new["ansible_host"]}
+        assert json.loads(_terraform(cloud, terraform, "output", "-json").stdout) == after
+        assert cloud.hosts() == after["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]
+        # the survivor resolves the new hostname (its own list of the nodes is the play's to update)
+        assert any(f"{new['private_ip']} {hostname}" in c and "/etc/hosts" in c for c in survivor.commands)
+
+        again = _terraform(cloud, terraform, "apply", "-auto-approve")  # the same list: nothing to create
+        assert again.returncode == 0 and len(booted) == 3, again.stderr
+        assert _terraform(cloud, terraform, "destroy", "-auto-approve").returncode == 0
+        assert cloud.running() == [] and json.loads((cloud.state / "outputs.json").read_text()) == recorded["outputs"]
+    finally:
+        cloud.close()
+
+
+def test_standin_terraform_refuses_to_replace_a_node_that_runs(tmp_path, monkeypatch):
+    """A listed node whose instance still runs would get a second instance from Terraform: the
+    stand-in refuses it instead of pretending (and boots nothing)."""
+    from gpuprov.lost_nodes import REPLACED_VARS
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture("aws-g5")
+    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
+    booted = []
+
+    def launch(name: str):
+        booted.append(name)
+        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
+        cloud._write_targets()
+        return node
+
+    monkeypatch.setattr(cloud, "launch", launch)
+    try:
+        for name in cloud.hosts():
+            cloud.launch(name)
+        terraform = tmp_path / "terraform"
+        terraform.mkdir()
+        listed = get_target("aws").replacement_vars([list(cloud.hosts())[1]], {"nodes": 2, "purchase": "on-demand"}, {})
+        (terraform / REPLACED_VARS).write_text(json.dumps(listed))
+        applied = _terraform(cloud, terraform, "apply", "-auto-approve")
+        assert applied.returncode != 0 and len(booted) == 2
+        assert json.loads((cloud.state / "outputs.json").read_text()) == recorded["outputs"]
+    finally:
+        cloud.close()
