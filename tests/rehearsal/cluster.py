@@ -207,19 +207,24 @@ class Cloud:
                     mac=f"52:54:00:12:{index:02x}:{self.generation % 256:02x}",
                     shares={"shared": self.shared, **self.venv_shares}, key=self.key,
                     vcpus=self.recorded["vcpus"], memory_mib=self.recorded["memory_mib"])
-        node.start(timeout=420)
-        hostnames = self.hostnames
-        mounts = {"shared": self.outputs["shared_storage"]["value"]["mount_point"]}
-        mounts.update({tag: str(path) for tag, path in self.venv_shares.items()})
-        script = boot_script(hostnames[name], self.private_ip(name), self.recorded["subnet_prefix"],
-                             {hostnames[n]: self.private_ip(n) for n in self.hosts()}, self.login_user(), mounts,
-                             self.recorded["gpus_per_node"], str(self.venv_shares["venv"]))
-        node.ssh(f"cat > /tmp/boot.sh <<'BOOT'\n{script}BOOT\nbash /tmp/boot.sh")
-        image, gpu = self.recorded["image"], self.recorded["gpu"]
-        node.ssh(f"cat > /tmp/standin_image.sh <<'IMAGE'\n{(HERE / 'standin_image.sh').read_text()}IMAGE\n"
-                 f"sh /tmp/standin_image.sh {image['os_id']} {image['os_version']} {image['codename']} "
-                 f"{self.recorded['gpus_per_node']} {image['gpu_pci_device']} {shlex.quote(gpu['name'])} "
-                 f"{gpu['memory_mib']} {image['driver_version']}")
+        try:
+            # seconds until sshd answers: about 2 min on an idle 2-core host, far more on a loaded one
+            node.start(timeout=float(os.environ.get("REHEARSAL_BOOT_TIMEOUT", "420")))
+            hostnames = self.hostnames
+            mounts = {"shared": self.outputs["shared_storage"]["value"]["mount_point"]}
+            mounts.update({tag: str(path) for tag, path in self.venv_shares.items()})
+            script = boot_script(hostnames[name], self.private_ip(name), self.recorded["subnet_prefix"],
+                                 {hostnames[n]: self.private_ip(n) for n in self.hosts()}, self.login_user(), mounts,
+                                 self.recorded["gpus_per_node"], str(self.venv_shares["venv"]))
+            node.ssh(f"cat > /tmp/boot.sh <<'BOOT'\n{script}BOOT\nbash /tmp/boot.sh")
+            image, gpu = self.recorded["image"], self.recorded["gpu"]
+            node.ssh(f"cat > /tmp/standin_image.sh <<'IMAGE'\n{(HERE / 'standin_image.sh').read_text()}IMAGE\n"
+                     f"sh /tmp/standin_image.sh {image['os_id']} {image['os_version']} {image['codename']} "
+                     f"{self.recorded['gpus_per_node']} {image['gpu_pci_device']} {shlex.quote(gpu['name'])} "
+                     f"{gpu['memory_mib']} {image['driver_version']}")
+        except BaseException:
+            node.kill()  # not registered yet: close() would leave the guest running
+            raise
         self.nodes[self.transport_id(name)] = node
         self._write_targets()
         return node

@@ -279,3 +279,25 @@ def test_standin_terraform_refuses_to_replace_a_node_that_runs(tmp_path, monkeyp
         assert json.loads((cloud.state / "outputs.json").read_text()) == recorded["outputs"]
     finally:
         cloud.close()
+
+
+def test_the_lost_node_bundle_is_the_first_with_checkpoints_before_its_end(tmp_path):
+    """The lost-node walk's bundle: the first bundle's arguments with only generate's own --epochs
+    changed and --checkpoint-every added; it checkpoints before its last step, on the same instances
+    (its Terraform differs from the first bundle's only by the bundle id)."""
+    recorded = cluster.fixture("aws-g5")
+    first, walk = recorded["generate"], recorded["lost_node"]["generate"]
+    epochs = first.index("--epochs") + 1
+    assert walk[:epochs] + walk[epochs + 1:len(first)] == first[:epochs] + first[epochs + 1:]
+    assert walk[len(first):][0] == "--checkpoint-every" and len(walk) == len(first) + 2
+    bundles = {}
+    for kind, args in {"scratch": first, "lost_node": walk}.items():
+        out = tmp_path / kind
+        subprocess.run([sys.executable, "-m", "gpuprov", "generate", *args, "-o", str(out)], check=True,
+                       capture_output=True, timeout=120, cwd=cluster.REPO)
+        bundles[kind] = (out, json.loads((out / "plan.json").read_text()))
+    (scratch, plan0), (lost_node, plan) = bundles["scratch"], bundles["lost_node"]
+    train = yaml.safe_load((lost_node / "launch" / "train.yaml").read_text())
+    assert train["checkpoint"]["every_steps"] == int(walk[-1]) and train["schedule"]["steps"] >= 4 * int(walk[-1])
+    assert plan["instance"]["name"] == recorded["instance_type"] and plan["cluster"]["nodes"] == 2
+    assert _terraform_differences(scratch, lost_node, plan0, plan) == []
