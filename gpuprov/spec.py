@@ -148,6 +148,9 @@ class TrainingSpec(BaseModel):
         None, description="measured: with the model's tokenizer on the file's first records; estimated: from "
                           "their bytes (no tokenizer on this machine)")
     epochs: float | None = Field(None, gt=0, le=1000, description="Passes over the dataset (default: the recipe's)")
+    checkpoint_every_steps: PositiveInt | None = Field(
+        None, le=v.MAX_TOKENS, description="Optimizer steps between checkpoints, what a lost node's job resumes from "
+                                         "(default: about an hour of training at the plan's step time)")
     tokens: PositiveInt | None = Field(None, le=v.MAX_TOKENS,
                                        description="Training tokens to process in the run (default: dataset x "
                                                    "epochs; from scratch 10B)")

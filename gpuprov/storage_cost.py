@@ -19,8 +19,11 @@ from gpuprov.units import GiB
 CHECKPOINT_INTERVAL_S = 3600.0  # checkpoint about every hour of training (a node failure loses at most an hour)
 
 
-def checkpoint_every(steps: int, step_s: float) -> int:
-    """Optimizer steps between checkpoints: about CHECKPOINT_INTERVAL_S of training."""
+def checkpoint_every(steps: int, step_s: float, given: int | None = None) -> int:
+    """Optimizer steps between checkpoints: `given` (the spec's checkpoint_every_steps), else about
+    CHECKPOINT_INTERVAL_S of training; at most the run's steps (its last step is always saved)."""
+    if given is not None:
+        return max(1, min(steps, given))
     return max(1, min(steps, round(CHECKPOINT_INTERVAL_S / max(step_s, 1e-6))))
 
 

@@ -317,3 +317,19 @@ def test_gcp_mtu_check_reads_the_real_interfaces(bundle):
     ])
     assert "below MTU 100000: lo " in out
     assert out.count("...ignoring") == 1  # 576 passes on any real interface
+
+
+def test_skipping_the_hardware_checks_keeps_the_slurm_check_that_resumes_joining_nodes(bundle):
+    """health.yml with --skip-tags hardware (a host without the GPUs or fabric to measure): the node
+    health check's tasks are left out, the Slurm check, which resumes the nodes that joined, runs;
+    --skip-tags health leaves out both."""
+    def listed(*flags: str) -> str:
+        result = playbook(bundle, "-i", "local-inventory.yml", "health.yml", "--list-tasks", *flags)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    everything, without_hardware, without_health = listed(), listed("--skip-tags", "hardware"), \
+        listed("--skip-tags", "health")
+    assert "GPU state" in everything and "Every node answers slurmctld" in everything
+    assert "GPU state" not in without_hardware and "Every node answers slurmctld" in without_hardware
+    assert "Every node answers slurmctld" not in without_health

@@ -144,6 +144,7 @@ def test_bad_hosts_file(tmp_path: Path, content: str, message: str) -> None:
     (["--seq-len", "0"], "seq-len"),
     (["--task", "pretrain"], "pretrain"),
     (["--safety-margin", "0.95"], "--safety-margin"),
+    (["--checkpoint-every", "0"], "--checkpoint-every"),
     (["-f", "/nonexistent/gpuprov.yaml"], "no such file"),
     (["--hosts", "/nonexistent/hosts.yaml"], "no such file"),
 ])
@@ -384,3 +385,25 @@ def test_generate_says_before_validate_when_a_multi_node_onprem_bundle_has_no_sh
         assert not fixes
     else:
         assert len(fixes) == 1 and "--shared-nfs" in fixes[0].split()
+
+
+REHEARSAL_RUN = ["--model", "tests/rehearsal/fixtures/tiny-llama/config.json", "--from-scratch", "--cloud", "aws",
+                 "--gpus", "2", "--seq-len", "128", "--dataset", "tests/rehearsal/fixtures/tiny-data", "--epochs", "3",
+                 "--global-batch", "4", "--pp", "1"]
+
+
+@pytest.mark.parametrize("given,every", [(None, 30), ("7", 7), ("1000", 30)])
+def test_checkpoint_every_sets_the_trainers_interval(tmp_path: Path, given: str | None, every: int) -> None:
+    """--checkpoint-every N: the trainer saves every N steps (a run shorter than the default hour
+    still leaves checkpoints for a lost node's requeued job); past the run's steps, the last one."""
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    flags = ["--checkpoint-every", given] if given else []
+    made = run("generate", *REHEARSAL_RUN, *flags, "-o", str(tmp_path / "b"), cwd=repo)
+    assert made.returncode == 0, made.stderr.decode()
+    train = yaml.safe_load((tmp_path / "b" / "launch" / "train.yaml").read_text())
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert train["schedule"]["steps"] == 30 and train["checkpoint"]["every_steps"] == every
+    assert plan["training"]["checkpoint_every_steps"] == every
+    assert plan["spec"]["checkpoint_every_steps"] == (int(given) if given else None)

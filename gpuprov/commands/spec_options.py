@@ -38,6 +38,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], Any, str]] = {
     "dataset": (("--dataset",), str, "Training data: a token count (100M), a prepared data dir / meta.json, or a "
                 "text/JSONL file; sizes the run with --epochs"),
     "epochs": (("--epochs",), click.FloatRange(min=0, min_open=True), "Passes over --dataset (default: the recipe's)"),
+    "checkpoint_every_steps": (("--checkpoint-every",), click.IntRange(min=1),
+                               "Optimizer steps between checkpoints (default: about an hour of training)"),
     "global_batch": (("--global-batch",), click.IntRange(min=1), "Sequences per optimizer step (default: the recipe's)"),
     "global_batch_tokens": (("--global-batch-tokens", "--batch-tokens"), str,
                             "Tokens per optimizer step (4M = 4,194,304)"),

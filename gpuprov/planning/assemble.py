@@ -63,7 +63,7 @@ def _run(spec: Any, best: Candidate) -> RunBreakdown:
 
 def _training_defaults(spec: Any, arch: Any, steps: int, step_time_s: float) -> dict[str, Any]:
     """LR schedule: the fine-tuning recipe of the task, or pre-training's from scratch (gpuprov/recipes.py)."""
-    ckpt = checkpoint_every(steps, step_time_s)
+    ckpt = checkpoint_every(steps, step_time_s, spec.checkpoint_every_steps)
     return dict(**schedule(spec, arch.params, steps), grad_clip=1.0,
                 checkpoint_every_steps=ckpt, log_every_steps=max(1, min(10, steps)))
 

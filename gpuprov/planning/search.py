@@ -34,11 +34,12 @@ from gpuprov.targets import get_target
 CHECKPOINT_INTERVAL_H = 1.0  # the plan checkpoints about every hour (planning/assemble.py CHECKPOINT_INTERVAL_S)
 
 
-def spot_overhead_hours(train_hours: float, nodes: int) -> float:
-    """What preemption adds on spot nodes, given the plan's checkpoint interval (gpuprov/spot.py)."""
+def spot_overhead_hours(train_hours: float, nodes: int, interval_hours: float | None = None) -> float:
+    """What preemption adds on spot nodes, given the plan's checkpoint interval (gpuprov/spot.py;
+    None: the default, about an hour)."""
     from gpuprov.spot import overhead_hours
 
-    return overhead_hours(train_hours, nodes, CHECKPOINT_INTERVAL_H)
+    return overhead_hours(train_hours, nodes, CHECKPOINT_INTERVAL_H if interval_hours is None else interval_hours)
 
 @dataclass
 class _Slot:
@@ -428,11 +429,12 @@ class _Search:
         self.evaluated += 1
         train_h = steps * step.step_time_s / 3600.0
         terms = self.storage(slot.inst.cloud, slot.nodes)
-        ckpt_h = checkpoint_hours(terms, self.ckpt_bytes, steps, checkpoint_every(steps, step.step_time_s),
-                                  step.step_time_s, slot.total)
+        given = self.spec.checkpoint_every_steps
+        every = checkpoint_every(steps, step.step_time_s, given)
+        ckpt_h = checkpoint_hours(terms, self.ckpt_bytes, steps, every, step.step_time_s, slot.total)
         lost = 0.0
         if getattr(slot.inst, "purchase", None) == "spot":  # expected preemption losses (gpuprov/spot.py)
-            lost = spot_overhead_hours(train_h, slot.nodes)
+            lost = spot_overhead_hours(train_h, slot.nodes, None if given is None else every * step.step_time_s / 3600)
         hours = train_h + self.overhead_h + (ckpt_h or 0.0) + lost
         price = slot.inst.price_per_hour_usd
         storage = hours * storage_usd_per_hour(terms)

@@ -62,9 +62,12 @@ OUTPUTS = HERE.parent / "data" / "terraform_output"
 
 
 def fixture(cloud: str) -> dict:
-    """The stand-in facts of one cloud with its recorded `terraform output -json` under "outputs"."""
+    """The stand-in facts of one cloud with its recorded `terraform output -json` under "outputs" (and
+    under "replaced"/"outputs" the one after a node was replaced, where the cloud has it)."""
     recorded = json.loads((FIXTURES / f"{cloud}.json").read_text())
     recorded["outputs"] = json.loads((OUTPUTS / recorded["outputs_file"]).read_text())
+    if "replaced" in recorded:  # the same output after `up` had Terraform replace a lost node
+        recorded["replaced"]["outputs"] = json.loads((OUTPUTS / recorded["replaced"]["outputs_file"]).read_text())
     return recorded
 
 
@@ -150,15 +153,24 @@ class Cloud:
         self.segment = f"230.0.{random.randint(1, 250)}.{random.randint(1, 250)}:{random.randint(20000, 60000)}"
         self.nodes: dict[str, Node] = {}  # instance id -> node
         self.generation = 0
-        (self.state / "outputs.json").write_text(json.dumps(recorded["outputs"]))
+        self._recorded_outputs()
+        if "replaced" in recorded:  # what the stand-in terraform's apply gives once it replaced a node
+            (self.state / "outputs-replaced.json").write_text(json.dumps(recorded["replaced"]["outputs"]))
         self._write_targets()
-        self._watch = threading.Thread(target=self._destroy_watcher, daemon=True)
+        self._watch = threading.Thread(target=self._watcher, daemon=True)
         self._stop = threading.Event()
         self._watch.start()
 
     # --- the recorded instances -------------------------------------------------------------
+    def _recorded_outputs(self) -> None:
+        """The instances as the fleet launched them (again after a destroy): the first recording."""
+        self.outputs = self.recorded["outputs"]
+        self.hostnames = dict(self.recorded["hostnames"])
+        (self.state / "outputs.json").write_text(json.dumps(self.outputs))
+
     def hosts(self) -> dict[str, dict]:
-        return self.recorded["outputs"]["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]
+        """The nodes as Terraform records them now (after a replacement: the replaced recording)."""
+        return self.outputs["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]
 
     def transport_id(self, name: str) -> str:
         """What the inventory's transport addresses the node by (instance id, name, address)."""
@@ -168,7 +180,7 @@ class Cloud:
         return self.recorded["private_ips"][name] if "private_ips" in self.recorded else self.hosts()[name]["private_ip"]
 
     def login_user(self) -> str:
-        return self.recorded["outputs"]["ansible_inventory"]["value"]["all"]["vars"]["ansible_user"]
+        return self.outputs["ansible_inventory"]["value"]["all"]["vars"]["ansible_user"]
 
     def env(self) -> dict[str, str]:
         """The environment `gpuprov up` runs in: the shims first on PATH, a HOME of its own whose
@@ -187,26 +199,32 @@ class Cloud:
 
     # --- power ------------------------------------------------------------------------------
     def launch(self, name: str) -> Node:
-        """Boot the stand-in of recorded node `name` (again: a replacement, same name and address)."""
+        """Boot the stand-in of recorded node `name` as Terraform records it now (its id, address and
+        the hostname EC2 gives that address)."""
         self.generation += 1
         index = list(self.hosts()).index(name)
         node = Node(self.workdir / f"{name}.{self.generation}", segment=self.segment,
                     mac=f"52:54:00:12:{index:02x}:{self.generation % 256:02x}",
                     shares={"shared": self.shared, **self.venv_shares}, key=self.key,
                     vcpus=self.recorded["vcpus"], memory_mib=self.recorded["memory_mib"])
-        node.start(timeout=420)
-        hostnames = self.recorded["hostnames"]
-        mounts = {"shared": self.recorded["outputs"]["shared_storage"]["value"]["mount_point"]}
-        mounts.update({tag: str(path) for tag, path in self.venv_shares.items()})
-        script = boot_script(hostnames[name], self.private_ip(name), self.recorded["subnet_prefix"],
-                             {hostnames[n]: self.private_ip(n) for n in self.hosts()}, self.login_user(), mounts,
-                             self.recorded["gpus_per_node"], str(self.venv_shares["venv"]))
-        node.ssh(f"cat > /tmp/boot.sh <<'BOOT'\n{script}BOOT\nbash /tmp/boot.sh")
-        image, gpu = self.recorded["image"], self.recorded["gpu"]
-        node.ssh(f"cat > /tmp/standin_image.sh <<'IMAGE'\n{(HERE / 'standin_image.sh').read_text()}IMAGE\n"
-                 f"sh /tmp/standin_image.sh {image['os_id']} {image['os_version']} {image['codename']} "
-                 f"{self.recorded['gpus_per_node']} {image['gpu_pci_device']} {shlex.quote(gpu['name'])} "
-                 f"{gpu['memory_mib']} {image['driver_version']}")
+        try:
+            # seconds until sshd answers: about 2 min on an idle 2-core host, far more on a loaded one
+            node.start(timeout=float(os.environ.get("REHEARSAL_BOOT_TIMEOUT", "420")))
+            hostnames = self.hostnames
+            mounts = {"shared": self.outputs["shared_storage"]["value"]["mount_point"]}
+            mounts.update({tag: str(path) for tag, path in self.venv_shares.items()})
+            script = boot_script(hostnames[name], self.private_ip(name), self.recorded["subnet_prefix"],
+                                 {hostnames[n]: self.private_ip(n) for n in self.hosts()}, self.login_user(), mounts,
+                                 self.recorded["gpus_per_node"], str(self.venv_shares["venv"]))
+            node.ssh(f"cat > /tmp/boot.sh <<'BOOT'\n{script}BOOT\nbash /tmp/boot.sh")
+            image, gpu = self.recorded["image"], self.recorded["gpu"]
+            node.ssh(f"cat > /tmp/standin_image.sh <<'IMAGE'\n{(HERE / 'standin_image.sh').read_text()}IMAGE\n"
+                     f"sh /tmp/standin_image.sh {image['os_id']} {image['os_version']} {image['codename']} "
+                     f"{self.recorded['gpus_per_node']} {image['gpu_pci_device']} {shlex.quote(gpu['name'])} "
+                     f"{gpu['memory_mib']} {image['driver_version']}")
+        except BaseException:
+            node.kill()  # not registered yet: close() would leave the guest running
+            raise
         self.nodes[self.transport_id(name)] = node
         self._write_targets()
         return node
@@ -239,15 +257,49 @@ class Cloud:
         tmp.write_text(json.dumps({iid: node.port for iid, node in self.nodes.items()}))
         tmp.replace(self.state / "targets.json")
 
-    def _destroy_watcher(self) -> None:
+    def _watcher(self) -> None:
+        """The cloud's side of the stand-in terraform: destroy, and replace (bin/terraform)."""
         while not self._stop.is_set():
             if (self.state / "destroy-requested").is_file():
                 for iid in list(self.nodes):
                     self.nodes.pop(iid).poweroff(timeout=60)
                 self._write_targets()
+                self._recorded_outputs()  # a later apply launches a new fleet: the first recording's
                 (self.state / "destroy-requested").unlink()
                 (self.state / "destroyed").write_text("1\n")
+            if (self.state / "replace-requested").is_file():
+                wanted = json.loads((self.state / "replace-requested").read_text())
+                (self.state / "replace-requested").unlink()
+                try:
+                    answer = self.replace(wanted)
+                except Exception as exc:  # noqa: BLE001 - the stand-in apply reports it as its error
+                    answer = {"error": f"{type(exc).__name__}: {exc}"}
+                tmp = self.state / "replaced.new"
+                tmp.write_text(json.dumps(answer))
+                tmp.replace(self.state / "replaced")
             time.sleep(0.5)
+
+    def replace(self, wanted: dict[str, str]) -> dict[str, str]:
+        """aws_instance.replacement for each name in `wanted` (name -> the replaced recording's id):
+        Terraform's state becomes the replaced recording, a stand-in boots under its id, address and
+        the hostname EC2 derives from that address, and the VPC's DNS answers that hostname on the
+        other nodes too (their /etc/hosts, the DNS's stand-in, gains it). Nothing gpuprov writes is
+        touched: its own list of the nodes (the slurm role's block in /etc/hosts, the old address of
+        the replaced node) is the play's to update. {name: id booted}."""
+        after = self.recorded["replaced"]
+        ids = dict(zip(after["outputs"]["node_names"]["value"], after["outputs"]["instance_ids"]["value"]))
+        if any(ids.get(name) != iid for name, iid in wanted.items()):
+            raise RuntimeError(f"asked for {wanted}; the recording after a replacement has {ids}")
+        self.outputs = after["outputs"]
+        self.hostnames.update(after["hostnames"])
+        for name in wanted:
+            self.launch(name)
+        for name in wanted:
+            line = f"{self.private_ip(name)} {self.hostnames[name]}"
+            for iid, node in self.nodes.items():
+                if iid != wanted[name]:
+                    node.ssh(f"grep -qxF '{line}' /etc/hosts || echo '{line}' >> /etc/hosts")
+        return {name: self.transport_id(name) for name in wanted}
 
     def close(self) -> None:
         self._stop.set()

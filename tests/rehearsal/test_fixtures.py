@@ -131,3 +131,173 @@ def test_standin_cli_answers_the_lost_node_question_up_asks(tmp_path, name):
                             text=True, timeout=30, env={"REHEARSAL_DIR": str(state), "PATH": "/usr/bin:/bin"})
     assert answer.returncode == 0, answer.stderr
     assert target.lost_nodes(nodes, answer.stdout) == [gone]
+
+
+def test_the_replaced_recording_changes_only_the_replaced_node():
+    """aws-g5's recording after node 1 was replaced (fixture "replaced") is the first recording with
+    that node's instance id and private address new, as aws_instance.replacement gives them: the same
+    names, a new id, a free address in the node subnet; the hostname EC2 derives from it; and the name
+    is the one `up` lists for Terraform (Target.replacement_vars) on finding that instance lost."""
+    from gpuprov.lost_nodes import recorded_nodes
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture("aws-g5")
+    before, after = recorded["outputs"], recorded["replaced"]["outputs"]
+    assert set(after) == set(before)
+    hosts = lambda outputs: outputs["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]  # noqa: E731
+    old, new = hosts(before), hosts(after)
+    assert list(new) == list(old) == before["node_names"]["value"] == after["node_names"]["value"]
+    changed = [n for n in old if old[n] != new[n]]
+    assert changed == list(recorded["replaced"]["hostnames"]) == [list(old)[1]]
+    for name in changed:
+        assert new[name]["ansible_host"] != old[name]["ansible_host"] and re.fullmatch(r"i-[0-9a-f]{17}",
+                                                                                      new[name]["ansible_host"])
+        assert new[name]["private_ip"] not in {h["private_ip"] for h in old.values()}
+        network = ipaddress.ip_network(f"{old[name]['private_ip']}/{recorded['subnet_prefix']}", strict=False)
+        assert ipaddress.ip_address(new[name]["private_ip"]) in network
+        assert recorded["replaced"]["hostnames"][name] == "ip-" + new[name]["private_ip"].replace(".", "-")
+    # every other output as before; the id and address lists follow the inventory
+    same = lambda outputs: {k: v for k, v in outputs.items()  # noqa: E731
+                            if k not in ("ansible_inventory", "instance_ids", "private_ips")}
+    assert same(after) == same(before)
+    assert after["instance_ids"]["value"] == [h["ansible_host"] for h in new.values()]
+    assert after["private_ips"]["value"] == [h["private_ip"] for h in new.values()]
+    inventory = lambda outputs: {k: v for k, v in outputs["ansible_inventory"]["value"]["all"].items()  # noqa: E731
+                                 if k != "children"}
+    assert inventory(after) == inventory(before)
+    # the ids `up` asks about, the one it finds lost, the list it writes for Terraform
+    nodes = recorded_nodes(json.dumps(before))
+    target = get_target("aws")
+    answer = json.dumps([[i, "running"] for n, i in nodes.items() if n not in changed])
+    assert target.lost_nodes(nodes, answer) == changed
+    vars_ = target.replacement_vars(changed, {"nodes": len(nodes), "purchase": "on-demand"}, {})
+    assert vars_["replaced_nodes"]["names"] == changed
+
+
+class _Standin:
+    """A stand-in node that boots nothing: what Cloud keeps of a guest, and the commands run on it."""
+
+    def __init__(self, port: int):
+        self.port, self.proc, self.commands = port, subprocess.Popen(["sleep", "600"]), []
+
+    def ssh(self, command: str, **_):
+        self.commands.append(command)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    poweroff = lambda self, timeout=0: self.kill()  # noqa: E731
+
+
+def _terraform(cloud: cluster.Cloud, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(cluster.SHIMS / "terraform"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={"REHEARSAL_DIR": str(cloud.state), "PATH": "/usr/bin:/bin"})
+
+
+def test_standin_terraform_replaces_a_lost_node_under_the_recorded_replacement(tmp_path, monkeypatch):
+    """The stand-in `terraform apply` with the list `up` writes for a lost node (Target.replacement_vars,
+    in replaced_nodes.auto.tfvars.json beside the module) has the rehearsal boot that node's
+    replacement under the replaced recording's id, address and IP-based hostname, tells the other
+    node's resolver that hostname (the VPC's DNS), and `output -json` gives the replaced recording;
+    the same list applied again creates nothing; destroy brings back the first recording. No guest boots:
+    Cloud.launch is replaced by one that registers a stand-in node."""
+    from gpuprov.lost_nodes import REPLACED_VARS, recorded_nodes
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture("aws-g5")
+    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
+    booted = []
+
+    def launch(name: str):
+        booted.append((name, cloud.transport_id(name), cloud.private_ip(name), cloud.hostnames[name]))
+        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
+        cloud._write_targets()
+        return node
+
+    monkeypatch.setattr(cloud, "launch", launch)
+    try:
+        for name in cloud.hosts():
+            cloud.launch(name)
+        first, lost = list(cloud.hosts())
+        survivor = cloud.node(first)
+        terraform = tmp_path / "bundle" / "terraform"
+        terraform.mkdir(parents=True)
+        assert _terraform(cloud, terraform, "apply", "-auto-approve").returncode == 0
+        assert json.loads(_terraform(cloud, terraform, "output", "-json").stdout) == recorded["outputs"]
+        cloud.kill(lost)  # the instance is gone; up finds it lost and lists it for Terraform
+        nodes = recorded_nodes(json.dumps(recorded["outputs"]))
+        listed = get_target("aws").replacement_vars([lost], {"nodes": len(nodes), "purchase": "on-demand"}, {})
+        (terraform / REPLACED_VARS).write_text(json.dumps(listed))
+
+        applied = _terraform(cloud, terraform, "apply", "-auto-approve")
+        assert applied.returncode == 0, applied.stderr
+        after = recorded["replaced"]["outputs"]
+        new = after["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"][lost]
+        hostname = recorded["replaced"]["hostnames"][lost]
+        assert booted[2:] == [(lost, new["ansible_host"], new["private_ip"], hostname)]
+        assert set(json.loads((cloud.state / "targets.json").read_text())) == {nodes[first], new["ansible_host"]}
+        assert json.loads(_terraform(cloud, terraform, "output", "-json").stdout) == after
+        assert cloud.hosts() == after["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"]
+        # the survivor resolves the new hostname (its own list of the nodes is the play's to update)
+        assert any(f"{new['private_ip']} {hostname}" in c and "/etc/hosts" in c for c in survivor.commands)
+
+        again = _terraform(cloud, terraform, "apply", "-auto-approve")  # the same list: nothing to create
+        assert again.returncode == 0 and len(booted) == 3, again.stderr
+        assert _terraform(cloud, terraform, "destroy", "-auto-approve").returncode == 0
+        assert cloud.running() == [] and json.loads((cloud.state / "outputs.json").read_text()) == recorded["outputs"]
+    finally:
+        cloud.close()
+
+
+def test_standin_terraform_refuses_to_replace_a_node_that_runs(tmp_path, monkeypatch):
+    """A listed node whose instance still runs would get a second instance from Terraform: the
+    stand-in refuses it instead of pretending (and boots nothing)."""
+    from gpuprov.lost_nodes import REPLACED_VARS
+    from gpuprov.targets import get_target
+
+    recorded = cluster.fixture("aws-g5")
+    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
+    booted = []
+
+    def launch(name: str):
+        booted.append(name)
+        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
+        cloud._write_targets()
+        return node
+
+    monkeypatch.setattr(cloud, "launch", launch)
+    try:
+        for name in cloud.hosts():
+            cloud.launch(name)
+        terraform = tmp_path / "terraform"
+        terraform.mkdir()
+        listed = get_target("aws").replacement_vars([list(cloud.hosts())[1]], {"nodes": 2, "purchase": "on-demand"}, {})
+        (terraform / REPLACED_VARS).write_text(json.dumps(listed))
+        applied = _terraform(cloud, terraform, "apply", "-auto-approve")
+        assert applied.returncode != 0 and len(booted) == 2
+        assert json.loads((cloud.state / "outputs.json").read_text()) == recorded["outputs"]
+    finally:
+        cloud.close()
+
+
+def test_the_lost_node_bundle_is_the_first_with_checkpoints_before_its_end(tmp_path):
+    """The lost-node walk's bundle: the first bundle's arguments with only generate's own --epochs
+    changed and --checkpoint-every added; it checkpoints before its last step, on the same instances
+    (its Terraform differs from the first bundle's only by the bundle id)."""
+    recorded = cluster.fixture("aws-g5")
+    first, walk = recorded["generate"], recorded["lost_node"]["generate"]
+    epochs = first.index("--epochs") + 1
+    assert walk[:epochs] + walk[epochs + 1:len(first)] == first[:epochs] + first[epochs + 1:]
+    assert walk[len(first):][0] == "--checkpoint-every" and len(walk) == len(first) + 2
+    bundles = {}
+    for kind, args in {"scratch": first, "lost_node": walk}.items():
+        out = tmp_path / kind
+        subprocess.run([sys.executable, "-m", "gpuprov", "generate", *args, "-o", str(out)], check=True,
+                       capture_output=True, timeout=120, cwd=cluster.REPO)
+        bundles[kind] = (out, json.loads((out / "plan.json").read_text()))
+    (scratch, plan0), (lost_node, plan) = bundles["scratch"], bundles["lost_node"]
+    train = yaml.safe_load((lost_node / "launch" / "train.yaml").read_text())
+    assert train["checkpoint"]["every_steps"] == int(walk[-1]) and train["schedule"]["steps"] >= 4 * int(walk[-1])
+    assert plan["instance"]["name"] == recorded["instance_type"] and plan["cluster"]["nodes"] == 2
+    assert _terraform_differences(scratch, lost_node, plan0, plan) == []

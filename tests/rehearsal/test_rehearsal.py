@@ -27,6 +27,14 @@ minutes), the fine-tune first: the next deployment's instances are the previous 
 own new filesystem would not hold removed (the previous deployment's slurmctld state, which names
 its cluster); the bundles are brought down at the end, the last first.
 
+The lost node (after the on-prem bundle, on the same guests): the from-scratch bundle with a longer
+run checkpointing every 25 steps (fixtures/aws-g5.json "lost_node") is brought up; after its first
+checkpoint node 1's guest is killed (no shutdown: a reclaimed spot instance); once Slurm has requeued
+the job, `gpuprov up` runs again: it asks the stand-in aws which recorded instances run, lists node
+1 in replaced_nodes.auto.tfvars.json, the stand-in terraform's apply has a guest booted under the
+recorded replacement's id, address and hostname (tests/data/terraform_output/aws-g5-2-replaced.json),
+the play configures it, the job is not submitted again and resumes from its checkpoint.
+
 The on-prem bundle (`--cloud onprem --hosts HOSTS`) is brought up on the same guests after the AWS
 ones, as the site's own servers: the hosts file names each by its hostname and its address on the
 private segment and declares the GPU the stand-in presents, the spec names the site's NFS export.
@@ -72,7 +80,8 @@ SKIPPED_TAGS = {
     "fabric": "EFA needs the EFA devices", "nccl": "NCCL's packages come from NVIDIA's repository",
     "gds": "GPUDirect Storage needs the GPUs", "train": "the training venv comes from PyPI (the stand-in "
            "shares the host's venv)",
-    "health": "GPU, DCGM and NCCL bus-bandwidth checks need the GPUs (the test reads Slurm's node states itself)",
+    "hardware": "the node health check's GPU, DCGM, NCCL bus-bandwidth, fabric and RAID checks need the hardware "
+                "(health.yml's Slurm check runs: every node answers slurmctld, a joining node is resumed)",
 }
 # The bundles beyond the default cloud's from-scratch one run when GPUPROV_REHEARSAL=all (README).
 beyond_ci = pytest.mark.skipif(cluster.selection() != "all", reason=(
@@ -509,6 +518,140 @@ def test_up_on_prem_hosts_trains_to_a_checkpoint_and_down_stops_it(aws, tmp_path
             assert time.monotonic() < gone, node.ssh("ps -ef", check=False).stdout
             time.sleep(5)
     assert checkpoint.exists()  # the checkpoints on the site's filesystem are kept
+
+
+def _job(controller: cluster.Node, job_id: str) -> dict[str, str]:
+    """scontrol's fields of the job ({}: Slurm no longer knows it)."""
+    out = controller.ssh(f"scontrol -o show job {job_id}", check=False).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def _checkpoints(on_host: Path) -> list[int]:
+    """The steps of the complete checkpoints (DCP's .metadata written last) in a checkpoint dir."""
+    return sorted(int(p.parent.name.split("-")[1]) for p in on_host.glob("step-*/.metadata"))
+
+
+def _starts(metrics: Path) -> list[list[dict]]:
+    """The metrics file per start of the trainer: its "start" record, then what it logged."""
+    runs: list[list[dict]] = []
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "start":
+            runs.append([])
+        if runs:
+            runs[-1].append(record)
+    return runs
+
+
+def _requeued(controller: cluster.Node, job_id: str, killed_at: float) -> None:
+    """Waits until Slurm has requeued the job (Restarts counts it; it waits for its nodes again)."""
+    while not (int(_job(controller, job_id).get("Restarts", 0)) >= 1
+               and _job(controller, job_id).get("JobState") in ("PENDING", "REQUEUED", "REQUEUE_HOLD")):
+        assert time.monotonic() - killed_at < 900, (_job(controller, job_id), _ssh_root(controller, "sinfo -N -l"))
+        time.sleep(5)
+    sinfo = _ssh_root(controller, "sinfo --noheader --Node --format='%N %t'")
+    print(f"rehearsal: lost node: job {job_id} requeued {time.monotonic() - killed_at:.0f}s after the kill "
+          f"({_job(controller, job_id).get('Reason')}); sinfo: {sinfo.split()}")
+
+
+def _replaced_and_configured(aws: cluster.Cloud, bundle: Path, lost: str, asked: list[dict], calls: list[str]) -> None:
+    """What the second `up` did, from state: asked the cloud about every recorded instance once, listed
+    exactly the lost node for Terraform, which read its state, planned, applied and gave the new
+    output; the replacement runs under the new id; the play configured it and the controller."""
+    recorded_ids = aws.recorded["outputs"]["instance_ids"]["value"]
+    assert [sorted(q["asked"]) for q in asked] == [sorted(recorded_ids)], asked
+    assert json.loads(asked[0]["answer"]) == [[recorded_ids[0], "running"]]
+    listed = json.loads((bundle / "terraform" / "replaced_nodes.auto.tfvars.json").read_text())
+    assert listed["replaced_nodes"]["names"] == [lost], listed
+    # `terraform output -json` (the recorded nodes), then from plan on (init is kept from the first run)
+    assert calls == ["output", "plan", "apply", "output"], calls
+    replaced = aws.recorded["replaced"]["outputs"]
+    new_id = replaced["ansible_inventory"]["value"]["all"]["children"]["gpu_nodes"]["hosts"][lost]["ansible_host"]
+    new_ip = aws.private_ip(lost)
+    assert aws.transport_id(lost) == new_id and new_id in aws.running() and recorded_ids[1] not in aws.running()
+    inventory = yaml.safe_load((bundle / "ansible" / "inventory.yml").read_text())
+    assert inventory == replaced["ansible_inventory"]["value"]  # the joining list cleared once healthy
+    # both nodes render the new address, slurmctld holds it, the replacement runs slurmd as the node
+    for name in aws.hosts():
+        conf = _ssh_root(aws.node(name), "cat /etc/slurm/slurm.conf")
+        assert f"NodeName={lost} NodeAddr={new_ip} " in conf, (name, conf)
+    assert _ssh_root(aws.node(lost), "hostname").strip() == lost
+    controller = aws.node(list(aws.hosts())[0])
+    node = dict(f.split("=", 1) for f in _ssh_root(controller, f"scontrol -o show node {lost}").split() if "=" in f)
+    assert node["NodeAddr"] == new_ip, node
+
+
+def _resumed(metrics: Path, last: int, resume_from: int) -> None:
+    """The metrics file: a start at the checkpoint's step on both nodes that trained to the last step,
+    its losses finite and, where the killed start logged the same steps, equal to them."""
+    runs = _starts(metrics)
+    losses = lambda run: {r["step"]: r["loss"] for r in run if "loss" in r}  # noqa: E731
+    resumed = [run for run in runs if losses(run)][-1]
+    assert runs[0][0]["step"] == 0 and resumed is not runs[0], [r[0] for r in runs]
+    assert resumed[0]["step"] == resume_from and resumed[0]["world"] == 2, resumed[0]
+    after = losses(resumed)
+    assert max(after) == last and min(after) > resume_from, sorted(after)
+    assert all(0 < loss < 100 for loss in after.values()), after  # finite, not NaN
+    for step, loss in losses(runs[0]).items():  # steps past the checkpoint the killed start had logged
+        if step in after:
+            assert after[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    print(f"rehearsal: lost node: starts at steps {[r[0]['step'] for r in runs]}, resumed losses "
+          f"{ {k: round(v, 4) for k, v in sorted(after.items())} }")
+
+
+LOST_NODE = "GPUPROV_REHEARSAL_LOST_NODE"  # =1 runs the lost-node walk (with GPUPROV_REHEARSAL=all)
+
+
+@beyond_ci
+@pytest.mark.skipif(os.environ.get(LOST_NODE) != "1", reason=(
+    f"REHEARSAL SKIPPED for the lost-node walk: not yet seen passing end to end (its one run, 2026-12-07 on a "
+    f"2-core host loaded by other work, booted the guests in 268 s and passed ansible-site and the Slurm health "
+    f"check, but its first `up` ran past UP_TIMEOUT, the play alone 1,354 s); {LOST_NODE}=1 runs it"))
+def test_up_replaces_a_lost_node_and_the_requeued_job_resumes(aws, tmp_path):
+    """A node dies mid-job (no shutdown); Slurm requeues the job; `gpuprov up` run again finds the
+    node lost, has Terraform replace it under its name (a new instance id and address), replays the
+    play, submits nothing, and the requeued job resumes from its checkpoint on the replacement."""
+    bundle = tmp_path / "bundle"
+    made = subprocess.run([sys.executable, "-m", "gpuprov", "generate", *aws.recorded["lost_node"]["generate"], "-o",
+                           str(bundle)], capture_output=True, text=True, timeout=120, cwd=cluster.REPO)
+    assert made.returncode == 0, made.stderr
+    names = list(aws.hosts())
+    controller, lost = aws.node(names[0]), names[1]
+    if WALKED:
+        _as_new_instances(aws, controller, WALKED[-1])
+    returncode, log, _ = _up(aws, bundle)
+    WALKED.append(bundle)
+    assert returncode == 0, log[-6000:]
+    job_id = json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"]
+    train = yaml.safe_load((bundle / "launch" / "train.yaml").read_text())
+    on_host = lambda path: aws.shared / Path(path).relative_to(SHARED)  # noqa: E731
+    last, every = int(train["schedule"]["steps"]), int(train["checkpoint"]["every_steps"])
+    assert every < last, train["checkpoint"]  # checkpoints before the end to resume from
+    ckpt_dir, metrics = on_host(train["checkpoint"]["dir"]), on_host(train["logging"]["metrics_file"])
+    trained = _wait_for(ckpt_dir / f"step-{every:08d}" / ".metadata", controller, job_id, aws.shared, TRAIN_TIMEOUT)
+
+    aws.kill(lost)  # the instance is gone: no shutdown, nothing saved (a reclaimed spot node)
+    killed_at = time.monotonic()
+    print(f"rehearsal: lost node: step {every}'s checkpoint {trained:.0f}s after submission; killed {lost} "
+          f"(checkpoints {_checkpoints(ckpt_dir)})")
+    _requeued(controller, job_id, killed_at)
+    resume_from = _checkpoints(ckpt_dir)[-1]
+    questions, calls = len(_node_questions(aws)), len(_terraform_calls(aws))
+    returncode, log, _ = _up(aws, bundle)
+    assert returncode == 0, log[-6000:]
+    _replaced_and_configured(aws, bundle, lost, _node_questions(aws)[questions:], _terraform_calls(aws)[calls:])
+    # nothing submitted again: the recorded job is the only one
+    assert json.loads((bundle / ".gpuprov-up.json").read_text())["job"]["id"] == job_id
+    assert _ssh_root(controller, "squeue --noheader --all --format=%i").split() == [job_id]
+
+    began = time.monotonic()  # the requeued job resumes on both nodes and trains to the end
+    while _job(controller, job_id).get("JobState") != "COMPLETED":
+        state = _job(controller, job_id)
+        assert state.get("JobState") in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING"), state
+        assert time.monotonic() - began < TRAIN_TIMEOUT * 1.5, (state, _ssh_root(controller, "sinfo -N -l"))
+        time.sleep(10)
+    print(f"rehearsal: lost node: the resumed job completed {time.monotonic() - began:.0f}s after the second up")
+    _resumed(metrics, last, resume_from)
 
 
 def test_down_leaves_nothing(aws):
