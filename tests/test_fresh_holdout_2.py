@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 from gpuprov.catalog.gpus import list_gpus
 from gpuprov.catalog.models import get_model
 from gpuprov.sizing.throughput import float8_gain
 
-REPO = Path(__file__).resolve().parents[1]
+from test_fresh_holdout import REPO, _load  # the benchmarks loaded as modules, one way
+
 FILE = REPO / "benchmarks" / "fresh-holdout-2-throughput.yaml"
-
-
-def _load(name: str, file: str):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / file)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return module
 
 
 def test_rows_are_sourced_and_apart_from_every_other_file() -> None:

@@ -195,6 +195,22 @@ def _terraform(cloud: cluster.Cloud, cwd: Path, *args: str) -> subprocess.Comple
                           text=True, timeout=120, env={"REHEARSAL_DIR": str(cloud.state), "PATH": "/usr/bin:/bin"})
 
 
+def _guestless_cloud(tmp_path, monkeypatch, recorded: dict):
+    """A Cloud whose launches boot no guest: each records (name, transport id, private address, hostname)
+    in the returned list and stands in with a _Standin node."""
+    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
+    booted: list[tuple] = []
+
+    def launch(name: str):
+        booted.append((name, cloud.transport_id(name), cloud.private_ip(name), cloud.hostnames[name]))
+        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
+        cloud._write_targets()
+        return node
+
+    monkeypatch.setattr(cloud, "launch", launch)
+    return cloud, booted
+
+
 def test_standin_terraform_replaces_a_lost_node_under_the_recorded_replacement(tmp_path, monkeypatch):
     """The stand-in `terraform apply` with the list `up` writes for a lost node (Target.replacement_vars,
     in replaced_nodes.auto.tfvars.json beside the module) has the rehearsal boot that node's
@@ -206,16 +222,7 @@ def test_standin_terraform_replaces_a_lost_node_under_the_recorded_replacement(t
     from gpuprov.targets import get_target
 
     recorded = cluster.fixture("aws-g5")
-    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
-    booted = []
-
-    def launch(name: str):
-        booted.append((name, cloud.transport_id(name), cloud.private_ip(name), cloud.hostnames[name]))
-        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
-        cloud._write_targets()
-        return node
-
-    monkeypatch.setattr(cloud, "launch", launch)
+    cloud, booted = _guestless_cloud(tmp_path, monkeypatch, recorded)
     try:
         for name in cloud.hosts():
             cloud.launch(name)
@@ -257,16 +264,7 @@ def test_standin_terraform_refuses_to_replace_a_node_that_runs(tmp_path, monkeyp
     from gpuprov.targets import get_target
 
     recorded = cluster.fixture("aws-g5")
-    cloud = cluster.Cloud(tmp_path / "cloud", recorded, tmp_path / "shared", {"venv": Path(sys.prefix)})
-    booted = []
-
-    def launch(name: str):
-        booted.append(name)
-        node = cloud.nodes[cloud.transport_id(name)] = _Standin(1000 + len(booted))
-        cloud._write_targets()
-        return node
-
-    monkeypatch.setattr(cloud, "launch", launch)
+    cloud, booted = _guestless_cloud(tmp_path, monkeypatch, recorded)
     try:
         for name in cloud.hosts():
             cloud.launch(name)
