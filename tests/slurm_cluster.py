@@ -1,8 +1,8 @@
 """A real Slurm cluster on this machine for tests: munged, slurmctld and two slurmd (Debian's
 slurm-wlm), each node its own slurmd on its own port (NodeName=n1/n2, `slurmd -N`).
 
-Everything lives in one scratch folder under /var/tmp (munged runs as the munge user, who cannot
-enter root's private /tmp); the daemons find it through SLURM_CONF. A node is "killed" as a
+Everything lives in one scratch folder the munge user can enter (daemon_scratch: munged runs as
+munge); the daemons find it through SLURM_CONF. A node is "killed" as a
 machine dies: its slurmd, its step daemons and every process of its job tasks at once.
 """
 
@@ -188,10 +188,21 @@ def _stepd_ancestors(pid: int) -> list[int]:
     return out
 
 
+def daemon_scratch(prefix: str) -> Path:
+    """A new folder (0755) that the daemons' own users can enter: under /var/tmp, /tmp or /dev/shm,
+    the first whose every folder from / lets others pass. Fresh machines have had both /tmp and
+    /var/tmp as root's alone (mode 700)."""
+    for base in (Path("/var/tmp"), Path("/tmp"), Path("/dev/shm")):
+        if base.is_dir() and all(p.stat().st_mode & 0o001 for p in (base, *base.parents)):
+            root = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+            root.chmod(0o755)
+            return root
+    raise RuntimeError("no scratch folder other users may enter: /var/tmp, /tmp and /dev/shm are all private")
+
+
 @contextlib.contextmanager
 def slurm_cluster(**kw):
-    root = Path(tempfile.mkdtemp(prefix="gpuprov-slurm-", dir="/var/tmp"))
-    root.chmod(0o755)
+    root = daemon_scratch("gpuprov-slurm-")
     cluster = SlurmCluster(root, **kw)
     try:
         yield cluster.start()

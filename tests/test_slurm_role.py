@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,8 +42,7 @@ def _play(root: Path, name: str, tasks_from: str = "main.yml", **variables) -> s
 
 @pytest.fixture()
 def scratch():
-    root = Path(tempfile.mkdtemp(prefix="gpuprov-slurm-role-", dir="/var/tmp"))
-    root.chmod(0o755)
+    root = slurm_cluster.daemon_scratch("gpuprov-slurm-role-")
     shutil.copytree(REPO / "ansible" / "roles", root / "roles")
     # the node is named as this machine is (slurmd finds its NodeName by hostname; the role keeps
     # the hostname here: slurm_set_hostname is off, as on-prem)
