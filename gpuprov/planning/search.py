@@ -277,9 +277,10 @@ class _Search:
         `dp` counts data-parallel ranks: the GPUs over tp x cp x pp (one sample spans a TP x CP x PP group).
         With PP the accumulation steps are the pipeline's micro-batches: only counts the schedule runs and
         that fill the pipeline (pipeline_micro_batches)."""
-        out = self.shape_cache.get((dp, pp))
-        if out is None:
-            out, gbt = [], self.gbt_at(dp)
+        cached = self.shape_cache.get((dp, pp))
+        if cached is None:
+            out: list[tuple[int, int, int]] = []
+            gbt = self.gbt_at(dp)
             for mb in self.micro_batches:
                 per_step_tokens = mb * self.seq * dp
                 if self.fixed_ga is None:
@@ -293,8 +294,8 @@ class _Search:
                     out.append((mb, ga, batch))
                 elif per_step_tokens > gbt:
                     break
-            out = self.shape_cache[(dp, pp)] = tuple(out)
-        return out
+            cached = self.shape_cache[(dp, pp)] = tuple(out)
+        return cached
 
     def record_miss(self, slot: _Slot, sharding: str, est: MemoryEstimate) -> None:
         ratio = est.per_gpu_bytes / slot.usable
