@@ -62,12 +62,14 @@ def code_hash(*files: str | Path) -> str:
 
 class IntMemo:
     """A persistent table key -> int for one pure function, in one file per version of the code that computes it
-    (`<cache>/gpuprov/<kind>/<code hash>.json`); read once per process, rewritten whole after each new result."""
+    (`<cache>/gpuprov/<kind>/<code hash>.json`); read once per process, and rewritten whole once, when the process
+    exits, if it found new results (a plan's search finds a dozen: one write instead of a dozen)."""
 
     def __init__(self, kind: str, *sources: str | Path) -> None:
         self.kind, self.sources = kind, sources
         self._path: Path | None = None
         self._table: dict[str, int] | None = None
+        self._dirty = False
 
     def _load(self) -> dict[str, int]:
         if self._table is None:
@@ -89,9 +91,17 @@ class IntMemo:
         return self._load().get(key)
 
     def put(self, key: str, value: int) -> None:
-        import json
+        self._load()[key] = value
+        if self._path is not None and not self._dirty:
+            import atexit
 
-        table = self._load()
-        table[key] = value
-        if self._path is not None:
-            write_atomic(self._path, json.dumps(table, sort_keys=True).encode())
+            self._dirty = True
+            atexit.register(self.flush)
+
+    def flush(self) -> None:
+        """Write the table now if it has results the file lacks (also run at exit)."""
+        if self._dirty and self._path is not None and self._table is not None:
+            import json
+
+            self._dirty = False
+            write_atomic(self._path, json.dumps(self._table, sort_keys=True).encode())

@@ -83,6 +83,9 @@ def test_int_memo_round_trips_and_keys_by_the_code(cache: Path, tmp_path: Path):
     memo = usercache.IntMemo("t", code)
     assert memo.get("k") is None
     memo.put("k", 7)
+    assert memo.get("k") == 7
+    assert usercache.IntMemo("t", code).get("k") is None  # written once, at exit
+    memo.flush()
     assert usercache.IntMemo("t", code).get("k") == 7  # another process's view
     code.write_text("v = 2\n")  # other code: another table
     assert usercache.IntMemo("t", code).get("k") is None

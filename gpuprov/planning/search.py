@@ -4,7 +4,7 @@ meets the constraints, rank by the objective (gpuprov/planner.py says what it pr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from gpuprov.catalog import load_data
@@ -43,7 +43,8 @@ def spot_overhead_hours(train_hours: float, nodes: int, interval_hours: float | 
 
 @dataclass
 class _Slot:
-    """One instance type at one node count: the figures every layout on it shares."""
+    """One instance type at one node count: the figures every layout on it shares (the walk reads the derived
+    ones for every layout, AC mode and shape: computed once here)."""
 
     inst: Any
     gpu: Any
@@ -52,14 +53,16 @@ class _Slot:
     util: float
     intra: float
     inter: float
+    gpn: int = field(init=False)  # GPUs per node
+    total: int = field(init=False)
+    group: tuple[str, str] = field(init=False)  # the candidates table's row (_group)
+    fits: tuple = field(init=False)  # what memory depends on besides the layout and shape (fitting_shapes)
 
-    @property
-    def gpn(self) -> int:
-        return self.inst.gpus
-
-    @property
-    def total(self) -> int:
-        return self.nodes * self.inst.gpus
+    def __post_init__(self) -> None:
+        self.gpn = self.inst.gpus
+        self.total = self.nodes * self.gpn
+        self.group = _group(self.inst)
+        self.fits = (self.inst.gpu, self.usable, self.gpn, self.total)
 
 
 class _Search:
@@ -125,7 +128,8 @@ class _Search:
         # alive between micro-batches (steps > 1), not how many; the family key separates the two.
         # The brute force asks every time; tests and benchmark hold the two to the same answer.
         self.seen: dict[tuple, list[tuple[int, int]]] = {}
-        self.shape_cache: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        self.shape_cache: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {}
+        self.layout_cache: dict[tuple[str, int, int], list[_Layout]] = {}  # (GPU, GPUs per node, nodes) ->
         self.compute_cache: dict[tuple[str, str], float] = {}
         self.degrees_cache: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self.fit_cache: dict[tuple, list[tuple[int, int, int]]] = {}
@@ -249,8 +253,10 @@ class _Search:
         if self.exhaustive:
             return False
         inc = self.best_by_group.get(_group(inst))
-        if inc is None:
-            return False
+        return inc is not None and self.beats_bound(inc, inst, nodes, ac, tp_s)
+
+    def beats_bound(self, inc: Candidate, inst: Any, nodes: int, ac: str, tp_s: float) -> bool:
+        """True when `inc` beats every candidate on `inst` from `nodes` nodes on (the bounds above)."""
         if self.objective == "cost":
             return inc.cost_usd is not None and inst.price_per_hour_usd is not None and \
                 self.lower_bound_cost(inst, nodes, ac, tp_s) > inc.cost_usd
@@ -265,15 +271,16 @@ class _Search:
             out = self.gbt_cache[dp] = global_batch_tokens(self.spec, dp)
         return out
 
-    def batch_shapes(self, dp: int, pp: int = 1) -> list[tuple[int, int, int]]:
+    def batch_shapes(self, dp: int, pp: int = 1) -> tuple[tuple[int, int, int], ...]:
         """(micro-batch, grad accum, batch tokens) that form the global batch within tolerance.
 
         `dp` counts data-parallel ranks: the GPUs over tp x cp x pp (one sample spans a TP x CP x PP group).
         With PP the accumulation steps are the pipeline's micro-batches: only counts the schedule runs and
         that fill the pipeline (pipeline_micro_batches)."""
-        out = self.shape_cache.get((dp, pp))
-        if out is None:
-            out, gbt = [], self.gbt_at(dp)
+        cached = self.shape_cache.get((dp, pp))
+        if cached is None:
+            out: list[tuple[int, int, int]] = []
+            gbt = self.gbt_at(dp)
             for mb in self.micro_batches:
                 per_step_tokens = mb * self.seq * dp
                 if self.fixed_ga is None:
@@ -287,8 +294,8 @@ class _Search:
                     out.append((mb, ga, batch))
                 elif per_step_tokens > gbt:
                     break
-            self.shape_cache[(dp, pp)] = out
-        return out
+            cached = self.shape_cache[(dp, pp)] = tuple(out)
+        return cached
 
     def record_miss(self, slot: _Slot, sharding: str, est: MemoryEstimate) -> None:
         ratio = est.per_gpu_bytes / slot.usable
@@ -302,7 +309,7 @@ class _Search:
             self.unfit[slug] = miss
 
     def fitting_shapes(self, slot: _Slot, lay: _Layout, ac: str,
-                       shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+                       shapes: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int]]:
         """The shapes whose memory fits the slot's GPUs."""
         if self.exhaustive:
             out = []
@@ -315,14 +322,14 @@ class _Search:
             return out
         # The same GPU type on another cloud (or instance) answers the same: memory does not depend
         # on the instance, and its misses were recorded the first time (a repeat ratio changes no miss).
-        key = (slot.inst.gpu, slot.usable, slot.gpn, slot.total, lay, ac, tuple(shapes))
+        key = (slot.fits, lay, ac, shapes)
         cached = self.fit_cache.get(key)
         if cached is None:
             cached = self.fit_cache[key] = self.scan_shapes(slot, lay, ac, shapes)
         return cached
 
     def scan_shapes(self, slot: _Slot, lay: _Layout, ac: str,
-                    shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+                    shapes: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int]]:
         """fitting_shapes without the brute force: settled by what is known, else the estimator."""
         total, gpn, usable = slot.total, slot.gpn, slot.usable
         out = []
@@ -542,14 +549,24 @@ class _Search:
     def walk_slot(self, slot: _Slot, degrees: list[tuple[int, int]]) -> None:
         """Every layout on one slot; HSDP is skipped where FSDP over every GPU (same TP x CP) fits nothing."""
         missed: set[tuple[int, int, int]] = set()  # (tp, cp, pp) whose FSDP fits nothing on this slot
-        for lay in self.layouts(slot, degrees):
-            f8 = self.float8_on(slot.gpu, lay.tp)
-            if f8 != lay.f8:  # _layouts leave it False; a copy only where float8 runs
-                lay = lay._replace(f8=f8)
+        for lay in self.slot_layouts(slot, degrees):
             if lay.sharding == "hsdp" and (lay.tp, lay.cp, lay.pp) in missed and not self.exhaustive:
                 continue  # HSDP holds at least what FSDP over every GPU holds: nothing fits either
             if self.walk_layout(slot, lay) and lay.sharding == "fsdp":
                 missed.add((lay.tp, lay.cp, lay.pp))
+
+    def slot_layouts(self, slot: _Slot, degrees: list[tuple[int, int]]) -> list[_Layout]:
+        """layouts() with float8 set where it runs; the same for every instance with this GPU, GPU count and node
+        count (degrees() and float8_on() read nothing else of the slot)."""
+        key = (slot.inst.gpu, slot.gpn, slot.nodes)
+        out = self.layout_cache.get(key)
+        if out is None:
+            out = []
+            for lay in self.layouts(slot, degrees):
+                f8 = self.float8_on(slot.gpu, lay.tp)
+                out.append(lay._replace(f8=f8) if f8 != lay.f8 else lay)  # _layouts leave it False
+            self.layout_cache[key] = out
+        return out
 
     def layouts(self, slot: _Slot, degrees: list[tuple[int, int]]) -> list[_Layout]:
         """The slot's layouts for each PP degree the search walks. A proposed pipeline's stages span whole
@@ -572,12 +589,13 @@ class _Search:
         for ac in self.ac_modes:
             if not self.exhaustive and fitted and fitted.issuperset(x[0] for x in all_shapes):
                 return False  # every micro-batch fits with less recompute: more recompute only costs
-            if self.beaten(slot.inst, slot.nodes, ac, self._tp_seconds(slot, lay.tp, ac)):
+            inc = None if self.exhaustive else self.best_by_group.get(slot.group)  # beaten(), its row known
+            if inc is not None and self.beats_bound(inc, slot.inst, slot.nodes, ac, self._tp_seconds(slot, lay.tp, ac)):
                 return False
             shapes = all_shapes
-            if not self.exhaustive:
+            if fitted and not self.exhaustive:
                 # same shape with less recompute fits already: dominated
-                shapes = [x for x in shapes if x[0] not in fitted]
+                shapes = tuple(x for x in shapes if x[0] not in fitted)
             for mb, ga, batch in self.fitting_shapes(slot, lay, ac, shapes):
                 fitted.add(mb)
                 self.fitting += 1

@@ -11,7 +11,7 @@ under 10 MiB) is reserved (get_allocation_size). Requests of 1 MiB or less go to
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 
 MiB = 2**20
 
@@ -24,61 +24,43 @@ def _index(seg: list[list], block: list) -> int:
 
 
 class CachingAllocator:
-    """One stream's large pool: segments of blocks [size, free, segment index].
+    """One stream's large pool: segments of blocks [size, free, segment index, offset in the segment].
 
-    The free blocks are also kept sorted by size (and, among equal sizes, in segment and block order), so a
-    request finds its best fit by bisection instead of looking at every block; the first in that order wins, as
-    a scan of every block in segment and block order finds it (tests/test_idle_cache.py compares the two). That
-    order between two blocks never changes: a split puts the rest right after its block, a merge removes one."""
+    The free blocks are also kept as (size, segment index, offset, block) in ascending order, so a request finds
+    its best fit by bisection instead of looking at every block: the smallest at least as large and, among equal
+    sizes, the first in segment and block order, as a scan of every block in that order finds it
+    (tests/test_idle_cache.py compares the two). A block's offset orders it within its segment: a split puts the
+    rest at the block's end, a merge keeps the first piece's offset."""
 
     def __init__(self) -> None:
         self.segments: list[list[list]] = []
-        self._sizes: list[int] = []  # the free blocks' sizes, ascending
-        self._free: list[list] = []  # the free blocks, in the order of _sizes
+        self._free: list[tuple] = []  # (size, segment, offset, block) of every free block, ascending
         self.reserved = 0
         self.active = 0
 
-    def _before(self, a: list, b: list) -> bool:
-        """Whether block `a` comes before `b` in segment and block order."""
-        if a[2] != b[2]:
-            return a[2] < b[2]
-        seg = self.segments[a[2]]
-        return _index(seg, a) < _index(seg, b)
-
     def _add_free(self, block: list) -> None:
-        sizes, size = self._sizes, block[0]
-        i = bisect_left(sizes, size)
-        end, where = len(sizes), block[2]
-        while i < end and sizes[i] == size:  # after the equal-sized blocks that come before it
-            other = self._free[i]
-            if other[2] > where or (other[2] == where and not self._before(other, block)):
-                break
-            i += 1
-        sizes.insert(i, size)
-        self._free.insert(i, block)
+        insort(self._free, (block[0], block[2], block[3], block))
 
     def _drop_free(self, block: list) -> None:
-        i = bisect_left(self._sizes, block[0])
-        while self._free[i] is not block:
-            i += 1
-        del self._sizes[i], self._free[i]
+        free = self._free
+        del free[bisect_left(free, (block[0], block[2], block[3]))]
 
     def malloc(self, size: int):
         size = (int(size) + 511) // 512 * 512
         if size <= MiB:
             return None  # small pool
-        i = bisect_left(self._sizes, size)
-        if i == len(self._sizes):
+        free = self._free
+        i = bisect_left(free, (size,))
+        if i == len(free):
             rounded = (size + 2 * MiB - 1) // (2 * MiB) * (2 * MiB) if size >= 10 * MiB else 20 * MiB
-            best = [rounded, True, len(self.segments)]
+            best = [rounded, True, len(self.segments), 0]
             self.segments.append([best])
             self.reserved += rounded
         else:
-            best = self._free[i]
-            del self._sizes[i], self._free[i]
+            best = free.pop(i)[3]
         if best[0] - size > MiB:
             seg = self.segments[best[2]]
-            rest = [best[0] - size, True, best[2]]
+            rest = [best[0] - size, True, best[2], best[3] + size]
             seg.insert(_index(seg, best) + 1, rest)
             best[0] = size
             self._add_free(rest)
