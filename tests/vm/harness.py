@@ -107,8 +107,9 @@ class Guest:
                     "-device", f"nvme,serial={self.serial(index)},drive=nvm{index}"]
         return cmd
 
-    def start(self, timeout: float = 300) -> float:
-        """Boot and wait for SSH; returns the seconds it took."""
+    def start(self, timeout: float = 600) -> float:
+        """Boot and wait for SSH; returns the seconds it took. The 600 s defaults (here and in reboot)
+        allow for three guests on two loaded cores, as in the suite's VM pass: a reboot took over 300 s."""
         began = time.monotonic()
         # keep each boot's console: the previous ones explain a failed reboot
         if self.console.exists():
@@ -133,7 +134,7 @@ class Guest:
         raise TimeoutError(f"no SSH on 127.0.0.1:{self.port} after {timeout}s ({last}); console:\n"
                            f"{self.console_tail()}")
 
-    def reboot(self, timeout: float = 300) -> float:
+    def reboot(self, timeout: float = 600) -> float:
         began = time.monotonic()
         boot_id = self.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
         # --no-block: the session ends before sshd stops; user-mode networking would otherwise
