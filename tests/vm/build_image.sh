@@ -3,7 +3,8 @@
 # kernel and initrd to boot it with qemu -kernel/-initrd. No loop mount is needed (mkfs.ext4 -d),
 # so it works in containers; debootstrap needs root. Output goes to $VM_CACHE (default
 # <repo>/.vm-cache/bookworm); a stamp holding this script's hash makes reruns free and rebuilds
-# when the recipe changes. Tests boot a qcow2 overlay on top, so the cached image stays clean.
+# when the recipe changes; a copy kept in the machine's store ($VM_IMAGE_STORE) serves the next checkout.
+# Tests boot a qcow2 overlay on top, so the cached image stays clean.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,9 +15,33 @@ stamp="$cache/stamp"
 extra=${VM_EXTRA_PACKAGES:-}
 recipe_hash=$({ cat "$0"; echo "$extra"; } | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$recipe_hash" ] \
-        && [ -f "$cache/root.img" ] && [ -f "$cache/vmlinuz" ] && [ -f "$cache/initrd.img" ]; then
+complete() { [ -f "$1/root.img" ] && [ -f "$1/vmlinuz" ] && [ -f "$1/initrd.img" ]; }
+fresh() {  # a complete stored image whose stamp (kept with the build's time) is young enough
+    complete "$1" && [ -n "$(find "$1/stamp" -mtime -"${VM_IMAGE_MAX_AGE_DAYS:-7}" 2>/dev/null)" ]
+}
+# The machine's store, shared by every checkout (CI clones afresh): an image of this recipe built there
+# within VM_IMAGE_MAX_AGE_DAYS (Debian's packages move on) is copied in instead of built again.
+# VM_IMAGE_STORE= (empty) turns it off.
+store=${VM_IMAGE_STORE-/var/cache/gpuprov-vm}
+stored=${store:+$store/$recipe_hash}
+keep() {  # this checkout's image into the store, where it is not there yet; optional
+    [ -n "$stored" ] && fresh "$cache" && ! fresh "$stored" && mkdir -p "$store" 2>/dev/null || return 0
+    { rm -rf "$stored.new" && mkdir -p "$stored.new" \
+        && for f in root.img vmlinuz initrd.img stamp; do cp -p --sparse=always "$cache/$f" "$stored.new/$f"; done \
+        && rm -rf "$stored" && mv "$stored.new" "$stored" && echo "vm image: stored at $stored"; } \
+        || { rm -rf "$stored.new"; echo "vm image: not stored at $store (kept only at $cache)" >&2; }
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$recipe_hash" ] && complete "$cache"; then
     echo "vm image: cached at $cache"
+    keep
+    exit 0
+fi
+if [ -n "$stored" ] && fresh "$stored"; then
+    rm -rf "$cache.copy" && mkdir -p "$cache.copy"
+    for f in root.img vmlinuz initrd.img; do cp --sparse=always "$stored/$f" "$cache.copy/$f"; done
+    cp -p "$stored/stamp" "$cache.copy/stamp"
+    rm -rf "$cache" && mv "$cache.copy" "$cache"
+    echo "vm image: copied from $stored (built $(date -u -r "$stored/stamp" +%F))"
     exit 0
 fi
 
@@ -102,3 +127,4 @@ rm -rf "$cache"
 mv "$work" "$cache"
 echo "$recipe_hash" >"$stamp"
 echo "vm image: built in $(( $(date +%s) - start ))s at $cache"
+keep
