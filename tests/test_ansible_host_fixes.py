@@ -232,6 +232,7 @@ GDSCHECK = """ GDS release version: 1.13.1.3
  NVMeOF             : Unsupported"""
 
 
+@pytest.mark.slow
 def test_gds_health_reports_the_mode_it_found(bundle):
     with private_dir("gds") as root:
         fake = _fake_tool_dir(root, {"gds-supported": GDSCHECK.format(nvme="Supported"),
@@ -260,6 +261,7 @@ OPEN_550 = "version:        550.163.01\nlicense:        Dual MIT/GPL\n"
 OPEN_570 = "version:        570.172.08\nlicense:        Dual MIT/GPL\n"
 
 
+@pytest.mark.slow
 def test_driver_decision_keeps_newer_drivers_and_installs_only_older_or_missing(bundle):
     facts = ("{'install': nvidia_driver_needs_install | bool, 'branch': nvidia_driver_effective_branch | int, "
              "'reboot': nvidia_driver_reboot_pending | bool, 'flavour_ok': nvidia_driver_flavour_ok | bool}")
@@ -412,6 +414,7 @@ def test_ports_are_waited_for_while_the_fabric_initializes(bundle):
     assert "FAILED - RETRYING" in out2  # it waited before failing
 
 
+@pytest.mark.slow
 def test_oci_rdma_nics_need_oci_cn_auth(bundle):
     oci = sample_plan("oci")
     assert oci.fabric.rdma_ipv4_by == "oci-rdma-configure" and oci.fabric.nccl_env["NCCL_IB_GID_INDEX"] == "3"
@@ -449,6 +452,7 @@ node0:1:1 [0] NCCL INFO Channel 00/32 : 0 1 2 3 4 5 6 7
 # Avg bus bandwidth    : 375.78"""
 
 
+@pytest.mark.slow
 def test_nccl_check_fails_when_nccl_falls_back_to_sockets(bundle):
     efa_net = get_fabric("efa", "aws", "p5.48xlarge").nccl_net
     with private_dir("net") as root:
@@ -555,6 +559,7 @@ def test_application_xids_pass_hardware_xids_fail(bundle):
     assert "1 hardware XID error(s) since boot (Xid 79)" in outs["hw"]
 
 
+@pytest.mark.slow
 def test_dcgm_is_installed_and_required(bundle):
     defaults = yaml.safe_load((ROLES / "nvidia_driver" / "defaults" / "main.yml").read_text())
     assert defaults["nvidia_driver_dcgm"] is True
@@ -767,6 +772,7 @@ def test_fabric_manager_builds_compare_in_debian_order_not_string_order():
     assert fm.compare("580.65.06-10", "580.65.06-9") > 0 and fm.compare("1:4.2.3-1", "4.9") > 0
 
 
+@pytest.mark.slow
 def test_efa_installer_runs_only_where_older(bundle):
     with private_dir("efa") as root:
         cases = []
@@ -780,6 +786,7 @@ def test_efa_installer_runs_only_where_older(bundle):
     assert [_reports(bundle, "efa.yml")[i] for i in range(5)] == [True, False, False, False, True]
 
 
+@pytest.mark.slow
 def test_dcgm_follows_the_drivers_cuda_major_and_keeps_the_images(bundle):
     with private_dir("dcgm") as root:
         (root / "none").mkdir(); (root / "have").mkdir()
@@ -827,6 +834,7 @@ CA 'mlx5_2'
 \t\tLink layer: Ethernet"""
 
 
+@pytest.mark.slow
 def test_onprem_ports_need_only_the_cabled_infiniband_ports(bundle):
     with private_dir("ibmixed") as root:
         fake = _fake_bin(root, {"ibstat": f"cat <<'EOF'\n{IBSTAT_MIXED}\nEOF"})

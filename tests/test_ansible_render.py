@@ -234,6 +234,7 @@ def planner_plans():
     return plans
 
 
+@pytest.mark.slow
 def test_planner_plans_render_and_pass_syntax_check(workdir, planner_plans):
     for cloud, plan in planner_plans.items():
         files = render_ansible(plan)

@@ -83,6 +83,7 @@ def test_repo_roles_pass_ansible_lint_production():
 # ---------------------------------------------------------------- early failures
 
 
+@pytest.mark.slow
 def test_unsupported_os_fails_before_anything_changes(bundle):
     # Force the mismatch whatever this machine runs: the check compares real facts to the list.
     result = playbook(bundle, "-i", "local-inventory.yml", "site.yml", "--tags", "gpu", "--check",
@@ -96,6 +97,7 @@ def test_unsupported_os_fails_before_anything_changes(bundle):
 
 @pytest.mark.skipif(has_nvidia_gpu(), reason="this machine has an NVIDIA GPU: the no-GPU path cannot be exercised")
 @pytest.mark.parametrize("tags", ["nccl", "health"])
+@pytest.mark.slow
 def test_no_gpu_fails_early_with_the_reason(bundle, tags):
     target = "health.yml" if tags == "health" else "site.yml"
     result = playbook(bundle, "-i", "local-inventory.yml", target, "--tags", tags, "--check",
@@ -131,6 +133,7 @@ def _run_scenarios(bundle, name: str, role: str, tasks_from: str, cases: list[di
     return result.stdout
 
 
+@pytest.mark.slow
 def test_raid_check_measures_the_mount(bundle):
     st = os.statvfs("/")
     total = st.f_frsize * st.f_blocks
@@ -310,6 +313,7 @@ def test_cufile_json_never_uses_p2pdma_and_falls_back_to_compat(bundle, scratch)
     assert "/scratch" in data["_comment"] and "compat mode" in data["_comment"]
 
 
+@pytest.mark.slow
 def test_gcp_mtu_check_reads_the_real_interfaces(bundle):
     out = _run_scenarios(bundle, "mtu.yml", "gcp_rdma", "main.yml", [
         {"gcp_rdma_mode": "checks-only", "gcp_rdma_mtu": 100000, "gcp_rdma_gpu_nics": ["lo"], "gcp_rdma_gpu_nic_count": 1},

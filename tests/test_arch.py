@@ -161,6 +161,7 @@ def test_mixtral_lora_adapts_attention_never_its_experts() -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_counts_match_transformers_models() -> None:
     """Build every preset on the meta device with transformers and count its parameters."""
     torch = pytest.importorskip("torch")

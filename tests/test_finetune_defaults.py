@@ -268,6 +268,7 @@ def test_lora_bundle_fetches_its_base_weights_once_without_writing_the_token(tmp
     assert "hf_secret_value" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_in_one_line_when_the_base_weights_are_missing(tmp_path: Path):
     out = tmp_path / "infra"
     assert run("generate", "--model", "8b", "--task", "lora", "--cloud", "aws", "-o", str(out)).returncode == 0

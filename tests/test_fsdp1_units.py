@@ -144,6 +144,7 @@ def test_fsdp1_gathers_the_blocks_the_estimate_counts(observed, wrap):
 
 
 @pytest.mark.parametrize("wrap", WRAPS)
+@pytest.mark.slow
 def test_fsdp1_root_stays_gathered_from_forward_to_backward(observed, wrap):
     assert observed[wrap]["root_reshards_in_forward"] == 0, observed[wrap]
     assert observed[wrap]["root_unsharded_at_backward"] is True, observed[wrap]

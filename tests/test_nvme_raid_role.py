@@ -54,6 +54,7 @@ def test_defaults_are_the_contract_and_commented():
     assert {p["name"] for p in platforms} >= {"Ubuntu"}
 
 
+@pytest.mark.slow
 def test_syntax_check_and_templates_render_to_valid_files():
     with private_dir("nvme-tpl") as root:
         out = root / "out"

@@ -21,10 +21,14 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+def _source_files(root: Path) -> list[Path]:
+    """The files under `root` the checkout holds: bytecode a test run left (.gitignore's __pycache__) is not one."""
+    return [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
 def test_wheel_ships_templates_roles_and_catalogs(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    repo_templates = [p for p in (REPO / "templates").rglob("*") if p.is_file()]
-    repo_roles = [p for p in (REPO / "ansible").rglob("*") if p.is_file()]
+    repo_templates, repo_roles = _source_files(REPO / "templates"), _source_files(REPO / "ansible")
     repo_catalogs = list((REPO / "gpuprov" / "catalog" / "data").glob("*.yaml"))
     for path in repo_templates:
         assert f"gpuprov/_templates/{path.relative_to(REPO / 'templates').as_posix()}" in names

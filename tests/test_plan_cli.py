@@ -34,6 +34,7 @@ def test_json_has_the_issue_keys(plan_json):
     assert d["host"]["checks"] and isinstance(d["alternatives"], list)
 
 
+@pytest.mark.slow
 def test_units_are_parsed(plan_json):
     assert plan_json["spec"]["tokens"] == 20 * 10**9
     assert plan_json["spec"]["deadline_hours"] == 720

@@ -7,9 +7,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_every_case_plans(capsys) -> None:
     spec = importlib.util.spec_from_file_location("gpuprov_planner_bench", REPO / "benchmarks" / "planner.py")
     bench = importlib.util.module_from_spec(spec)

@@ -71,13 +71,14 @@ def measured_real_peak(arch, s: TrainSetup) -> int:
     "kw",
     [
         dict(seq_len=1024),
-        dict(seq_len=1024, activation_checkpointing="selective", micro_batch=2),
-        dict(seq_len=1024, activation_checkpointing="full"),
+        # the longer steps (5-10 s each) run with the slow tests
+        pytest.param(dict(seq_len=1024, activation_checkpointing="selective", micro_batch=2), marks=pytest.mark.slow),
+        pytest.param(dict(seq_len=1024, activation_checkpointing="full"), marks=pytest.mark.slow),
         dict(precision="fp32"),
         dict(task="lora", activation_checkpointing="selective"),
         dict(task="qlora"),
         dict(optimizer="adamw-8bit", seq_len=256),
-        dict(chunked_cross_entropy=True, seq_len=1024),
+        pytest.param(dict(chunked_cross_entropy=True, seq_len=1024), marks=pytest.mark.slow),
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
@@ -137,6 +138,7 @@ def test_compiled_loss_and_activation_offloading_lower_the_peak():
     assert any("offloading" in a for a in offloaded.assumptions)
 
 
+@pytest.mark.slow
 def test_peak_shrinks_with_more_fsdp_gpus():
     arch = tiny(layers=4)
     ests = [precise.estimate_precise(arch, setup(sharding="fsdp", gpus=n, seq_len=256)) for n in (1, 2, 4, 8)]
@@ -155,6 +157,7 @@ def test_lora_has_far_fewer_optimizer_and_gradient_bytes_than_full():
     assert lora.model_states_bytes < full.model_states_bytes / 3
 
 
+@pytest.mark.slow
 def test_qlora_stores_frozen_linears_as_nf4():
     arch = tiny(layers=4, hidden=512, vocab=256)
     lora = precise.estimate_precise(arch, setup(task="lora"))
@@ -237,6 +240,7 @@ def test_building_the_model_leaves_the_catalog_config_untouched():
     assert get_model("llama-3.1-8b").hf_config == before
 
 
+@pytest.mark.slow
 def test_replicated_qlora_base_is_left_out_of_fsdp_and_matches_the_analytic_flag():
     """gpuprov's trainer keeps the NF4 base whole on every GPU; precise mode simulates the same."""
     from gpuprov.sizing.memory import ExtendedSetup, estimate_memory

@@ -267,6 +267,7 @@ def test_chat_needs_a_template_and_takes_one_from_a_file(prep, tokenizer, tmp_pa
     assert not getattr(tok, "chat_template", None)
 
 
+@pytest.mark.slow
 def test_command_line_bad_input_exits_2_with_one_line(tmp_path):
     import subprocess
 

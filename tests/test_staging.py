@@ -523,6 +523,7 @@ def _prepared(folder: Path, samples: int = 8, seq_len: int = 128) -> Path:
 
 
 @pytest.mark.parametrize("given", ["./prepared", "./prepared/meta.json"])
+@pytest.mark.slow
 def test_a_prepared_dataset_is_copied_to_data_path_even_from_scratch(tmp_path, given):
     """A from-scratch run has no tokenizer on the cluster, so a prepared directory is the only data it
     can be given: `up` copies it to where train.yaml's data.path points, and tokenizes nothing."""
