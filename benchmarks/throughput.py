@@ -144,8 +144,10 @@ def predict(row: dict[str, Any], model: str = "ops") -> Any:
     f8 = tp_model.float8_step_kw(gpu, arch) if row.get("float8") else {}
     pipeline = tp_model.Pipeline(stages=pp, micro_batches=int(row.get("pp_microbatches", pp)),
                                  stages_per_rank=int(row.get("pp_stages_per_rank", 1)))
-    ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled, task=task, trainable=trainable) \
-        if model == "ops" else None
+    # document_mask: the attention got a dense per-document mask (gpuprov's own trainer on packed data with SDPA);
+    # no published row states one (torchtitan runs causal FlashAttention, torchtune's packed runs a block mask)
+    ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled, task=task, trainable=trainable,
+                             document_mask=bool(row.get("document_mask", False))) if model == "ops" else None
     return tp_model.layout_step_estimate(
         shape=shape, tp=tp, cp=cp, layer=layer, ac=ac, flops=flops, peak_tflops=gpu.bf16_tflops, util=util,
         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,

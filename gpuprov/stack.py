@@ -50,9 +50,14 @@ def attention_notes(plan: Any) -> list[str]:
         return []
     share = tp.attention_flops_per_token / tp.flops_per_token if tp.flops_per_token else 0.0
     kernels = _facts()["attention_kernels"]
+    ran = f"Attention: the trainer runs {stack.attention_kernel or attention_kernel(stack.attention, c.cp)} on the packed samples"
+    cp = f"; its communication is timed as {kernels['timed_as_cp']}" if c.cp > 1 else ""
+    if document_mask(stack):
+        return [f"{ran}: the step time counts every score tile it computes (attention is {share:.0%} of the model "
+                f"FLOPs at {c.seq_len:,} tokens, the kernel computes twice that) at {kernels['timed_rate']}{cp}, so "
+                f"attention may take longer than planned (its memory is sized as the trainer runs it)"]
     timed = kernels["timed_as"] + (f" and {kernels['timed_as_cp']}" if c.cp > 1 else "")
-    return [f"Attention: the trainer runs {stack.attention_kernel or attention_kernel(stack.attention, c.cp)} on "
-            f"the packed samples; the step time is modelled on runs with {timed}, so attention ({share:.0%} of the "
+    return [f"{ran}; the step time is modelled on runs with {timed}, so attention ({share:.0%} of the "
             f"model FLOPs at {c.seq_len:,} tokens) may take longer than planned (its memory is sized as the trainer runs it)"]
 
 
@@ -96,6 +101,11 @@ TRAINER_CONSTANTS = dict(fsdp_version=2, autocast_fp32_params=False, shard_embed
                          compile_scope="block", loss_upcast=True)
 
 
+def document_mask(stack: Any) -> bool:
+    """The trainer hands its attention a dense per-document mask (setup_fields says when): SDPA on packed data."""
+    return stack.attention == "sdpa"
+
+
 def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
     """The estimator's (TrainSetup) view of the stack, for a layout of tensor-parallel degree `tp`:
     train.py chunks the loss only without TP (with it, loss_parallel runs on vocab-sharded logits).
@@ -105,7 +115,7 @@ def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
     trainer builds a per-document mask for SDPA (train_attention.py model_inputs); flash_attention_2 gets
     restarting positions and no mask. A run on data without recorded starts builds none: the plan sizes the
     default, which is the larger."""
-    return dict(compile=stack.compile, document_mask=stack.attention == "sdpa",
+    return dict(compile=stack.compile, document_mask=document_mask(stack),
                 chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,

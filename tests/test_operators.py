@@ -142,3 +142,32 @@ def test_the_gpu_waits_for_the_host_when_kernels_are_shorter_than_their_launches
     eager = operators.op_model(small, H100, ac="none", compiled=False).terms(micro_batch=1, seq_len=16)
     comp = operators.op_model(small, H100, ac="none", compiled=True).terms(micro_batch=1, seq_len=16)
     assert sum(eager.values()) > sum(comp.values())  # compile leaves fewer kernels to launch
+
+
+def test_a_dense_document_mask_computes_every_score_tile():
+    """SDPA given a dense mask runs the memory-efficient kernel, which skips no tile: twice the causal pairs of every
+    full-attention layer; sliding-window layers already compute their whole window; nothing else moves."""
+    causal, masked = (operators.op_model(ARCH, H100, ac="selective", document_mask=m) for m in (False, True))
+    a, b = (ops.terms(micro_batch=1, seq_len=4096) for ops in (causal, masked))
+    assert b["attention_s"] == pytest.approx(2 * a["attention_s"], rel=1e-12)
+    assert {k: v for k, v in a.items() if k != "attention_s"} == {k: v for k, v in b.items() if k != "attention_s"}
+    window = dataclasses.replace(causal.shape, sliding_window=1024, sliding_layers=causal.shape.layers)
+    w_causal, w_masked = (dataclasses.replace(ops, shape=window) for ops in (causal, masked))
+    assert w_masked.terms(micro_batch=1, seq_len=4096)["attention_s"] == \
+        pytest.approx(w_causal.terms(micro_batch=1, seq_len=4096)["attention_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("model, masked", [("llama-3.1-8b", True), ("gemma-2-9b", False)])
+def test_the_plan_times_the_attention_kernel_its_trainer_runs(model, masked):
+    """The default trainer hands SDPA a per-document mask (every tile timed); flash_attention_2 (Gemma 2) takes
+    per-document positions and skips masked tiles (timed causal): the plan's attention term says which."""
+    plan = make_plan(TrainingSpec(model=model, tokens=10**9, cloud="aws", gpus=["h100-80gb"], pp=1, cp=1))
+    c, arch = plan.cluster, get_model(model)
+    per_micro_batch = {
+        m: operators.op_model(arch, H100, ac=c.activation_checkpointing, compiled=plan.stack.compile, task="full",
+                              document_mask=m).terms(micro_batch=c.micro_batch, seq_len=c.seq_len, tp=c.tp)["attention_s"]
+        for m in (False, True)}
+    assert plan.stack.attention == ("sdpa" if masked else "flash_attention_2")
+    timed = plan.throughput.step_terms_s["attention"]  # rounded to the microsecond
+    assert timed == pytest.approx(per_micro_batch[masked] * c.grad_accum, rel=1e-4)
+    assert timed != pytest.approx(per_micro_batch[not masked] * c.grad_accum, rel=0.2)

@@ -21,6 +21,7 @@ from gpuprov.planning.space import (
     settings_set_batch, stack_for, task_trainable,
 )
 from gpuprov.sizing.operators import OpModel, op_model
+from gpuprov.stack import document_mask
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.step_parts import calibrated
 from gpuprov.sizing.throughput import (
@@ -202,7 +203,8 @@ class _Search:
         out = self.op_cache.get(key)
         if out is None:
             out = self.op_cache[key] = op_model(self.arch, gpu, ac=ac, compiled=self.stack.compile, task=self.task,
-                                                trainable=self.trainable, gemm_scale=self.gemm_scale.get(gpu.slug, 1.0))
+                                                trainable=self.trainable, gemm_scale=self.gemm_scale.get(gpu.slug, 1.0),
+                                                document_mask=document_mask(self.stack))
         return out
 
     def _compute_seconds(self, inst: Any, ac: str) -> float:

@@ -145,6 +145,7 @@ class Layout:
     qlora_factor: float = 1.0
     gemm_chunks: int = 1  # async TP: each forward and input-gradient GEMM runs as this many row chunks
     repeats: int = 1  # pipeline micro-batches of `micro_batch` samples in one pass (FSDP copies once per pass)
+    every_tile: bool = False  # the attention kernel computes every score tile (a dense mask: no causal skipping)
 
 
 def _block_gemm_seconds(s: OpShape, lay: Layout, g: GpuOps, tokens: float) -> tuple[float, float]:
@@ -168,7 +169,10 @@ def _block_gemm_seconds(s: OpShape, lay: Layout, g: GpuOps, tokens: float) -> tu
 
 def _attention_seconds(s: OpShape, lay: Layout, g: GpuOps, mb: int) -> float:
     """Forward + backward FlashAttention-2 of every layer on this rank (causal: half the square; CP splits
-    the work evenly with its load balancing; TP splits the heads); sliding-window layers see the window."""
+    the work evenly with its load balancing; TP splits the heads); sliding-window layers see the window.
+    With `every_tile` (SDPA given a dense per-document mask runs the memory-efficient kernel, which adds the
+    mask as a bias to every score tile and skips none: pytorch aten/src/ATen/native/transformers/cuda/
+    mem_eff_attention/kernel_forward.h) the whole square is computed, timed at the same measured rate."""
     total = 0.0
     seq = lay.seq_len
     for sliding, count in ((True, s.sliding_layers), (False, s.layers - s.sliding_layers)):
@@ -176,7 +180,7 @@ def _attention_seconds(s: OpShape, lay: Layout, g: GpuOps, mb: int) -> float:
             continue
         kv = min(seq, s.sliding_window) if sliding and s.sliding_window else seq
         # forward 4 s kv d per head causal-halved (full square when the window is shorter), backward 2.5x
-        pairs = seq * kv / 2.0 if kv == seq else seq * kv
+        pairs = seq * kv / 2.0 if kv == seq and not lay.every_tile else seq * kv
         flops = 3.5 * 4.0 * pairs * s.head_dim * s.heads / lay.tp / lay.cp * mb
         total += count * flops / attention_flops_per_s(seq / lay.cp, g)
     return total
@@ -224,6 +228,7 @@ class OpModel:
     task: str = "full"
     adapters: float = 0.0  # LoRA/QLoRA trainable parameters
     qlora_factor: float = 1.0
+    every_tile: bool = False  # attention under a dense per-document mask (Layout.every_tile)
 
     def terms(self, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1, pp: int = 1,
               float8_gain: float = 1.0, fsdp_params: float = 0.0, peak_fraction: float = 1.0,
@@ -233,7 +238,8 @@ class OpModel:
         lay = Layout(micro_batch=micro_batch // repeats, seq_len=seq_len, repeats=repeats, tp=tp, cp=cp, pp=pp, ac=self.ac, task=self.task,
                      gemm_chunks=gemm_chunks,
                      compiled=self.compiled, float8_gain=float8_gain, fsdp_params=fsdp_params,
-                     trainable=self.adapters if self.task != "full" else 0.0, qlora_factor=self.qlora_factor)
+                     trainable=self.adapters if self.task != "full" else 0.0, qlora_factor=self.qlora_factor,
+                     every_tile=self.every_tile)
         out = compute_terms(self.shape, lay, self.gpu)
         if peak_fraction != 1.0:  # fp32 matmuls run on TF32 tensor cores
             out["gemm_s"] /= peak_fraction
@@ -241,11 +247,14 @@ class OpModel:
 
 
 def op_model(arch: Any, gpu: Any, *, ac: str, compiled: bool = True, task: str = "full", trainable: float = 0.0,
-             gemm_scale: float = 1.0) -> OpModel:
+             gemm_scale: float = 1.0, document_mask: bool = False) -> OpModel:
+    """`document_mask`: the attention gets a dense per-document mask (TrainSetup.document_mask: SDPA on packed
+    data), so its kernel computes every score tile."""
     from gpuprov.sizing.throughput import assumptions
 
     return OpModel(shape=op_shape(arch), gpu=gpu_ops(gpu, gemm_scale), ac=ac, compiled=compiled, task=task,
-                   adapters=float(trainable), qlora_factor=assumptions().qlora_factor if task == "qlora" else 1.0)
+                   adapters=float(trainable), qlora_factor=assumptions().qlora_factor if task == "qlora" else 1.0,
+                   every_tile=document_mask)
 
 
 def min_gemm_seconds_per_flop(gpu: Any, gemm_scale: float = 1.0) -> float:

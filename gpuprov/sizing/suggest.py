@@ -171,7 +171,8 @@ def gpu_seconds_per_token(arch: Any, gpu: Any, s: TrainSetup, trainable: int) ->
         inter_gbytes=inter_node_gbytes("infiniband", 400.0), params=arch.params, trainable=trainable,
         num_layers=arch.num_layers, task=s.task, optimizer=s.optimizer, precision=s.precision,
         offload=s.offload, pcie_gen=gpu.pcie_gen,
-        ops=op_model(arch, gpu, ac=s.activation_checkpointing, compiled=s.compile, task=s.task, trainable=trainable),
+        ops=op_model(arch, gpu, ac=s.activation_checkpointing, compiled=s.compile, task=s.task, trainable=trainable,
+                     document_mask=bool(getattr(s, "document_mask", False))),
     )
     tokens = s.micro_batch * s.seq_len * s.grad_accumulation_steps * s.gpus
     return step.step_time_s * s.gpus / tokens
