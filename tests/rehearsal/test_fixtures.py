@@ -296,6 +296,7 @@ def test_the_lost_node_bundle_is_the_first_with_checkpoints_before_its_end(tmp_p
         bundles[kind] = (out, json.loads((out / "plan.json").read_text()))
     (scratch, plan0), (lost_node, plan) = bundles["scratch"], bundles["lost_node"]
     train = yaml.safe_load((lost_node / "launch" / "train.yaml").read_text())
-    assert train["checkpoint"]["every_steps"] == int(walk[-1]) and train["schedule"]["steps"] >= 4 * int(walk[-1])
+    # as many steps after the first checkpoint as before it: the kill lands mid-job, the resumed rest stays short
+    assert train["checkpoint"]["every_steps"] == int(walk[-1]) and train["schedule"]["steps"] >= 2 * int(walk[-1])
     assert plan["instance"]["name"] == recorded["instance_type"] and plan["cluster"]["nodes"] == 2
     assert _terraform_differences(scratch, lost_node, plan0, plan) == []
