@@ -98,8 +98,8 @@ def test_train_extra_floor_is_the_trainers():
 def test_the_plan_names_the_attention_kernel_the_trainer_runs(example_plan):
     """The Stack says which kernel computes attention for the plan's layout, from the inputs the trainer
     builds (train_attention.model_inputs): SDPA gets a dense per-document mask (not FlashAttention's
-    backend, which takes none), flash_attention_2 per-document positions; a note says the step time was
-    modelled on causal FlashAttention runs."""
+    backend, which takes none), flash_attention_2 per-document positions; a note says how the step time
+    counts that kernel's attention (a masked one: every score tile)."""
     import importlib.util
 
     from gpuprov.stack import attention_kernel
@@ -122,4 +122,6 @@ def test_the_plan_names_the_attention_kernel_the_trainer_runs(example_plan):
     assert len(notes) == (1 if masked or cp > 1 else 0)
     if notes:
         share = example_plan.throughput.attention_flops_per_token / example_plan.throughput.flops_per_token
-        assert f"({share:.0%} of the model FLOPs" in notes[0] and stack.attention_kernel in notes[0]
+        assert f" {share:.0%} of the model FLOPs" in notes[0] and stack.attention_kernel in notes[0]
+        # a masked run's step time counts the whole square (operators.Layout.every_tile)
+        assert ("counts every score tile" in notes[0]) == masked

@@ -604,9 +604,9 @@ LOST_NODE = "GPUPROV_REHEARSAL_LOST_NODE"  # =1 runs the lost-node walk (with GP
 
 @beyond_ci
 @pytest.mark.skipif(os.environ.get(LOST_NODE) != "1", reason=(
-    f"REHEARSAL SKIPPED for the lost-node walk: not yet seen passing end to end (its one run, 2026-12-07 on a "
-    f"2-core host loaded by other work, booted the guests in 268 s and passed ansible-site and the Slurm health "
-    f"check, but its first `up` ran past UP_TIMEOUT, the play alone 1,354 s); {LOST_NODE}=1 runs it"))
+    f"REHEARSAL SKIPPED for the lost-node walk: not yet seen passing end to end (alone on an idle host, 2026-12-07, "
+    f"it reached the requeued job's resume from step 25 on both nodes after the second `up`, about 75 minutes, "
+    f"with a 300-step job since cut to 50); {LOST_NODE}=1 runs it"))
 def test_up_replaces_a_lost_node_and_the_requeued_job_resumes(aws, tmp_path):
     """A node dies mid-job (no shutdown); Slurm requeues the job; `gpuprov up` run again finds the
     node lost, has Terraform replace it under its name (a new instance id and address), replays the
