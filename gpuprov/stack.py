@@ -54,7 +54,7 @@ def attention_notes(plan: Any) -> list[str]:
     cp = f"; its communication is timed as {kernels['timed_as_cp']}" if c.cp > 1 else ""
     if document_mask(stack):
         return [f"{ran}: the step time counts every score tile it computes (attention is {share:.0%} of the model "
-                f"FLOPs at {c.seq_len:,} tokens, the kernel computes twice that) at {kernels['timed_rate']}{cp}, so "
+                f"FLOPs at {c.seq_len:,} tokens; the kernel computes up to twice that) at {kernels['timed_rate']}{cp}, so "
                 f"attention may take longer than planned (its memory is sized as the trainer runs it)"]
     timed = kernels["timed_as"] + (f" and {kernels['timed_as_cp']}" if c.cp > 1 else "")
     return [f"{ran}; the step time is modelled on runs with {timed}, so attention ({share:.0%} of the "
