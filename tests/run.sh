@@ -18,14 +18,20 @@ python -m pip install --quiet -e '.[test,train,precise]'
 
 # The setup steps run apt-get, whose sandboxed user (_apt) writes its temporary files in $TMPDIR: where
 # that is root's alone (mode 700: fresh machines have had both /tmp and /var/tmp so) its signature
-# checks fail, so they get the first of $TMPDIR, /tmp, /var/tmp and /dev/shm that everyone may write.
-setup_tmp=${TMPDIR:-/tmp}
-for candidate in "$setup_tmp" /tmp /var/tmp /dev/shm; do
+# checks fail, so they get the first of $TMPDIR, /tmp, /var/tmp and /dev/shm that everyone may write, or
+# where all are private (a CI machine had all three so) the suite's own, as the Slurm tests use it.
+own_scratch=${GPUPROV_SCRATCH:-/var/lib/gpuprov-scratch}
+setup_tmp=""
+for candidate in "${TMPDIR:-/tmp}" /tmp /var/tmp /dev/shm; do
     if [ "$(stat -c %a "$candidate" 2>/dev/null)" = 1777 ]; then
         setup_tmp=$candidate
         break
     fi
 done
+if [ -z "$setup_tmp" ]; then
+    mkdir -p "$own_scratch" && chmod 1777 "$own_scratch"
+    setup_tmp=$own_scratch
+fi
 for step in .ci/setup.d/*.sh; do
     [ -e "$step" ] || continue
     echo "== setup: $step"

@@ -188,16 +188,34 @@ def _stepd_ancestors(pid: int) -> list[int]:
     return out
 
 
+SYSTEM_SCRATCH = (Path("/var/tmp"), Path("/tmp"), Path("/dev/shm"))
+# Used when every system scratch folder is root's alone, as /var/tmp, /tmp and /dev/shm all were on a
+# CI machine: a folder of the suite's own, sticky and open to all as /tmp normally is.
+OWN_SCRATCH = Path(os.environ.get("GPUPROV_SCRATCH", "/var/lib/gpuprov-scratch"))
+
+
+def _others_may_enter(path: Path) -> bool:
+    return path.is_dir() and all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
+
+
+def scratch_base(system=SYSTEM_SCRATCH, own: Path = OWN_SCRATCH) -> Path:
+    """The first of the system scratch folders whose every folder from / lets others pass, else our
+    own (made 1777 when absent)."""
+    for base in system:
+        if _others_may_enter(base):
+            return base
+    own.mkdir(parents=True, exist_ok=True)
+    own.chmod(0o1777)
+    if not _others_may_enter(own):
+        raise RuntimeError(f"no scratch folder other users may enter: {own} has a private parent")
+    return own
+
+
 def daemon_scratch(prefix: str) -> Path:
-    """A new folder (0755) that the daemons' own users can enter: under /var/tmp, /tmp or /dev/shm,
-    the first whose every folder from / lets others pass. Fresh machines have had both /tmp and
-    /var/tmp as root's alone (mode 700)."""
-    for base in (Path("/var/tmp"), Path("/tmp"), Path("/dev/shm")):
-        if base.is_dir() and all(p.stat().st_mode & 0o001 for p in (base, *base.parents)):
-            root = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-            root.chmod(0o755)
-            return root
-    raise RuntimeError("no scratch folder other users may enter: /var/tmp, /tmp and /dev/shm are all private")
+    """A new folder (0755) that the daemons' own users (munge, slurm) can enter, under scratch_base()."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=scratch_base()))
+    root.chmod(0o755)
+    return root
 
 
 @contextlib.contextmanager
