@@ -13,7 +13,7 @@ from gpuprov.planner import make_plan
 from gpuprov.sizing import operators
 from gpuprov.sizing.step_parts import STEP_TERMS, step_breakdown
 from gpuprov.sizing.throughput import (
-    LayerShape, Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
+    LayerShape, Shape, attention_executed, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate,
 )
 from gpuprov.spec import TrainingSpec
 
@@ -22,10 +22,10 @@ ARCH = get_model("llama-3.1-8b")
 
 
 def _step(*, seq=8192, nodes=1, gbps=400.0, fabric="infiniband", compiled=True, ac="selective", gpu=H100, mb=1,
-          tp=1, arch=ARCH):
+          tp=1, arch=ARCH, mask=False):
     shape = Shape(nodes=nodes, gpus_per_node=8, sharding="fsdp", shard_group=nodes * 8, micro_batch=mb, grad_accum=1,
                   seq_len=seq)
-    ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled)
+    ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled, document_mask=mask)
     return layout_step_estimate(
         shape=shape, tp=tp, cp=1, layer=LayerShape(arch.num_layers, arch.hidden_size, arch.q_dim), ac=ac,
         flops=flops_per_token(arch, seq, "full", arch.params, ac), peak_tflops=gpu.bf16_tflops, util=0.4,
@@ -155,6 +155,23 @@ def test_a_dense_document_mask_computes_every_score_tile():
     w_causal, w_masked = (dataclasses.replace(ops, shape=window) for ops in (causal, masked))
     assert w_masked.terms(micro_batch=1, seq_len=4096)["attention_s"] == \
         pytest.approx(w_causal.terms(micro_batch=1, seq_len=4096)["attention_s"], rel=1e-12)
+
+
+def test_the_utilisation_counts_the_attention_work_a_masked_kernel_executes():
+    """The plan's "N% of peak on the work it executes" divides the executed FLOPs by the compute time: under a dense
+    mask the kernel executes the whole square, so that work counts twice the causal attention."""
+    seq = 8192
+    fl = flops_per_token(ARCH, seq, "full", ARCH.params, "selective")
+    for mask, work in ((False, fl.executed), (True, fl.executed + attention_executed(fl))):
+        est = _step(seq=seq, mask=mask)
+        seconds = est.terms["compute_per_micro_batch_s"]
+        assert est.utilisation == pytest.approx(seq * work / (H100.bf16_tflops * 1e12 * seconds), rel=1e-9)
+    masked = operators.op_model(ARCH, H100, ac="selective", document_mask=True)
+    half = dataclasses.replace(masked.shape, sliding_window=1024, sliding_layers=masked.shape.layers // 2)
+    windowed = dataclasses.replace(masked, shape=half)
+    assert windowed.attention_work_factor(4096) == pytest.approx(1.5)  # only the full layers double
+    assert windowed.attention_work_factor(1024) == 2.0  # a window as long as the sequence is the whole square
+    assert operators.op_model(ARCH, H100, ac="selective").attention_work_factor(4096) == 1.0
 
 
 @pytest.mark.parametrize("model, masked", [("llama-3.1-8b", True), ("gemma-2-9b", False)])

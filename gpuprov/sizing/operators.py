@@ -245,6 +245,16 @@ class OpModel:
             out["gemm_s"] /= peak_fraction
         return out
 
+    def attention_work_factor(self, seq_len: int) -> float:
+        """Attention FLOPs the kernel executes over the causal count (1: causal skipping). Under a dense mask every
+        layer that sees the whole sequence computes the square, twice the causal half; sliding-window layers
+        computed their whole window already."""
+        if not self.every_tile or not self.shape.layers:
+            return 1.0
+        s = self.shape
+        windowed = s.sliding_layers if s.sliding_window and s.sliding_window < seq_len else 0
+        return 1.0 + (s.layers - windowed) / s.layers
+
 
 def op_model(arch: Any, gpu: Any, *, ac: str, compiled: bool = True, task: str = "full", trainable: float = 0.0,
              gemm_scale: float = 1.0, document_mask: bool = False) -> OpModel:

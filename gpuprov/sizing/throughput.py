@@ -446,7 +446,9 @@ def step_estimate(
         op_terms = _operation_terms(ops, shape, mp, float8_gain, fsdp, float(prec["peak_fraction"]), gemm_chunks,
                                     pp_micro_batches)
         compute_mb = sum(op_terms.values())
-        speed = tokens_mb * flops.executed / (peak_tflops * 1e12 * compute_mb)  # what the operations achieve
+        # what the operations achieve on the work they execute: a masked kernel's whole square included
+        executed = flops.executed + attention_executed(flops) * (ops.attention_work_factor(shape.seq_len * mp[1]) - 1.0)
+        speed = tokens_mb * executed / (peak_tflops * 1e12 * compute_mb)
     else:
         compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
     compute = compute_mb * shape.grad_accum
