@@ -190,7 +190,8 @@ class TrainingSpec(BaseModel):
         None, description="Remote Terraform state: rendered into terraform/backend.tf (default: local state)")
 
     tp: PositiveInt | None = Field(None, le=1024, description="Tensor-parallel degree (+ sequence parallel); default: the planner chooses")
-    cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (ring attention); default: the planner chooses")
+    cp: PositiveInt | None = Field(None, le=1024, description="Context-parallel degree (keys and values all-gathered "
+                                   "over the CP group for per-document attention); default: the planner chooses")
     pp: PositiveInt | None = Field(None, le=1024, description="Pipeline stages; default: the planner also tries 2, 4 and 8 where the "
                                  "trainer pipelines the run (full training, untied dense model); 1: no PP")
     pp_schedule: PpSchedule = Field(

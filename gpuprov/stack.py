@@ -38,8 +38,9 @@ def compile_refusal(task: str) -> str | None:
 def attention_kernel(attention: str, cp: int = 1) -> str:
     """What computes the attention core on the bundle's packed data (catalog/data/trainer.yaml attention_kernels)."""
     kernels = _facts()["attention_kernels"]
-    what = kernels[attention]
-    return what + ("; " + kernels["cp_documents"] if cp > 1 else "")
+    if cp > 1:  # every model's attention is the trainer's cp_attention: masked SDPA on the gathered window
+        return kernels["sdpa"] + "; " + kernels["cp_documents"]
+    return kernels[attention]
 
 
 def attention_notes(plan: Any) -> list[str]:
@@ -51,13 +52,12 @@ def attention_notes(plan: Any) -> list[str]:
     share = tp.attention_flops_per_token / tp.flops_per_token if tp.flops_per_token else 0.0
     kernels = _facts()["attention_kernels"]
     ran = f"Attention: the trainer runs {stack.attention_kernel or attention_kernel(stack.attention, c.cp)} on the packed samples"
-    cp = f"; its communication is timed as {kernels['timed_as_cp']}" if c.cp > 1 else ""
-    if document_mask(stack):
+    cp = f"; {kernels['cp_timed']}" if c.cp > 1 else ""
+    if document_mask(stack, c.cp):
         return [f"{ran}: the step time counts every score tile it computes (attention is {share:.0%} of the model "
                 f"FLOPs at {c.seq_len:,} tokens; the kernel computes up to twice that) at {kernels['timed_rate']}{cp}, so "
                 f"attention may take longer than planned (its memory is sized as the trainer runs it)"]
-    timed = kernels["timed_as"] + (f" and {kernels['timed_as_cp']}" if c.cp > 1 else "")
-    return [f"{ran}; the step time is modelled on runs with {timed}, so attention ({share:.0%} of the "
+    return [f"{ran}; the step time is modelled on runs with {kernels['timed_as']}, so attention ({share:.0%} of the "
             f"model FLOPs at {c.seq_len:,} tokens) may take longer than planned (its memory is sized as the trainer runs it)"]
 
 
@@ -101,21 +101,30 @@ TRAINER_CONSTANTS = dict(fsdp_version=2, autocast_fp32_params=False, shard_embed
                          compile_scope="block", loss_upcast=True)
 
 
-def document_mask(stack: Any) -> bool:
-    """The trainer hands its attention a dense per-document mask (setup_fields says when): SDPA on packed data."""
-    return stack.attention == "sdpa"
+def document_mask(stack: Any, cp: int = 1) -> bool:
+    """The trainer hands its attention a dense per-document mask (setup_fields says when): SDPA on packed data,
+    and under CP every model (cp_gathers)."""
+    return stack.attention == "sdpa" or (cp > 1 and cp_gathers(stack))
 
 
-def setup_fields(stack: Stack, tp: int = 1) -> dict[str, Any]:
+def cp_gathers(stack: Any) -> bool:
+    """Under CP the bundle's trainer attends per document: it switches every model's attention to cp_attention
+    (templates/launch/parallel.py parallelize), which all-gathers keys and values over the CP group and runs
+    masked SDPA on the whole window, not ring attention, whenever the batch carries document ids (step_context),
+    as every bundle's data does (setup_fields). Any plan with a Stack runs gpuprov's trainer."""
+    return stack is not None
+
+
+def setup_fields(stack: Stack, tp: int = 1, cp: int = 1) -> dict[str, Any]:
     """The estimator's (TrainSetup) view of the stack, for a layout of tensor-parallel degree `tp`:
     train.py chunks the loss only without TP (with it, loss_parallel runs on vocab-sharded logits).
 
     Document masks: the bundle trains on what its prepare_data.py wrote, which records every sample's start
     (`<shard>.starts`), and data.document_attention is on by default (templates/launch/train_config.py), so the
     trainer builds a per-document mask for SDPA (train_attention.py model_inputs); flash_attention_2 gets
-    restarting positions and no mask. A run on data without recorded starts builds none: the plan sizes the
-    default, which is the larger."""
-    return dict(compile=stack.compile, document_mask=document_mask(stack),
+    restarting positions and no mask, except under CP, where every model gets the mask (cp_gathers). A run on data
+    without recorded starts builds none: the plan sizes the default, which is the larger."""
+    return dict(compile=stack.compile, document_mask=document_mask(stack, cp),
                 chunked_cross_entropy=stack.chunked_cross_entropy and tp == 1,
                 loss_impl=stack.loss_impl, optimizer_impl=stack.optimizer_impl,
                 qlora_base_replicated=stack.qlora_base_replicated, lora_dropout=stack.lora_dropout,

@@ -82,7 +82,7 @@ def test_plan_pp_fixes_the_degree_fills_the_pipeline_and_sizes_what_estimate_siz
 
 def test_long_sequences_under_pp_get_no_context_parallelism():
     """The planner tries CP from 16k tokens, but the trainer's pipeline runs without it."""
-    kw = dict(model="llama-3.1-8b", tokens=10**9, seq_len=32768, gpu_count=16, global_batch=16)
+    kw = dict(model="llama-3.1-8b", tokens=10**9, seq_len=65536, gpu_count=16, global_batch=16)
     assert make_plan(TrainingSpec(**kw)).cluster.cp > 1  # without PP this spec trains with CP
     plan = make_plan(TrainingSpec(**kw, pp=2))
     assert plan.cluster.pp == 2 and plan.cluster.cp == 1

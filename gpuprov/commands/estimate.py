@@ -292,7 +292,8 @@ class _FrameworkChoice(click.Choice):
                    "keys/values all-gathered instead of ring attention.  [default: no]")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel degree (+ sequence parallelism); at most the GPUs of one node.")
-@click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree (ring attention).")
+@click.option("--cp", type=int, default=1, show_default=True,
+              help="Context-parallel degree (ring attention; with --document-mask keys and values all-gathered).")
 @click.option("--pp", type=int, default=1, show_default=True,
               help="Pipeline-parallel degree; --grad-accumulation is the micro-batches per step.")
 @click.option("--pp-schedule", type=click.Choice(PP_SCHEDULES), default="1F1B", show_default=True,

@@ -9,7 +9,7 @@ from typing import Any
 from gpuprov.catalog.gpus import get_gpu
 from gpuprov.catalog.models import get_model
 from gpuprov.sizing.operators import op_model
-from gpuprov.stack import document_mask
+from gpuprov.stack import cp_gathers, document_mask
 from gpuprov.sizing.throughput import (
     LayerShape, Shape, flops_per_token, inter_node_gbytes, intra_node_gbytes, layout_step_estimate, pipelined,
     power_capped,
@@ -58,13 +58,13 @@ def plan_step(plan: Any, gemm_scale: float | None = None) -> PlanStep:
                                       shard_group=c.replica_gpus, micro_batch=c.micro_batch, grad_accum=c.grad_accum,
                                       seq_len=c.seq_len), c.pp, c.pp_schedule)
     layer = LayerShape(arch.num_layers, arch.hidden_size,
-                       arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
+                       arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim, arch.kv_dim)
     timed = power_capped(gpu, t.gpu_power_w)  # the GPU at the power limit the plan was timed at
     cal = _calibration(plan)
     ops = op_model(arch, timed, ac=c.activation_checkpointing, compiled=_compiled(spec, plan), task=plan.task,
                    trainable=trainable, gemm_scale=gemm_scale if gemm_scale is not None else
                    float(getattr(cal, "gemm_efficiency_ratio", None) or 1.0),
-                   document_mask=plan.stack is not None and document_mask(plan.stack))
+                   document_mask=plan.stack is not None and document_mask(plan.stack), cp_gather=cp_gathers(plan.stack))
     st = layout_step_estimate(shape=shape, tp=c.tp, cp=c.cp, layer=layer, ac=c.activation_checkpointing,
                               flops=fl, peak_tflops=gpu.bf16_tflops, util=t.mfu_assumed,
                               hbm_gbytes_per_s=timed.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter or intra,

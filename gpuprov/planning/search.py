@@ -21,7 +21,7 @@ from gpuprov.planning.space import (
     settings_set_batch, stack_for, task_trainable,
 )
 from gpuprov.sizing.operators import OpModel, op_model
-from gpuprov.stack import document_mask
+from gpuprov.stack import cp_gathers, document_mask
 from gpuprov.sizing.setup import make_setup
 from gpuprov.sizing.step_parts import calibrated
 from gpuprov.sizing.throughput import (
@@ -140,7 +140,7 @@ class _Search:
         self.tp_cache, self.f8_on = {}, {}
         # what the TP and CP collectives move per layer (SDPA sees GQA's K/V repeated to the query heads)
         self.layer = LayerShape(arch.num_layers, arch.hidden_size,
-                                arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim)
+                                arch.q_dim if arch.num_kv_heads < arch.num_attention_heads else arch.kv_dim, arch.kv_dim)
         self.best: Candidate | None = None
         self.best_by_gpu: dict[str, Candidate] = {}
         self.best_by_group: dict[tuple[str, str], Candidate] = {}
@@ -204,7 +204,7 @@ class _Search:
         if out is None:
             out = self.op_cache[key] = op_model(self.arch, gpu, ac=ac, compiled=self.stack.compile, task=self.task,
                                                 trainable=self.trainable, gemm_scale=self.gemm_scale.get(gpu.slug, 1.0),
-                                                document_mask=document_mask(self.stack))
+                                                document_mask=document_mask(self.stack), cp_gather=cp_gathers(self.stack))
         return out
 
     def _compute_seconds(self, inst: Any, ac: str) -> float:

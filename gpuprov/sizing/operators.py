@@ -146,6 +146,9 @@ class Layout:
     gemm_chunks: int = 1  # async TP: each forward and input-gradient GEMM runs as this many row chunks
     repeats: int = 1  # pipeline micro-batches of `micro_batch` samples in one pass (FSDP copies once per pass)
     every_tile: bool = False  # the attention kernel computes every score tile (a dense mask: no causal skipping)
+    # CP with per-document attention: keys and values all-gathered, masked SDPA over the whole window inside its own
+    # checkpoint (OpModel.cp_gather), so backward runs the attention forward once more
+    cp_gather: bool = False
 
 
 def _block_gemm_seconds(s: OpShape, lay: Layout, g: GpuOps, tokens: float) -> tuple[float, float]:
@@ -186,6 +189,24 @@ def _attention_seconds(s: OpShape, lay: Layout, g: GpuOps, mb: int) -> float:
     return total
 
 
+def attention_forwards_again(ac: str, cp_gather: bool) -> int:
+    """How many more times backward runs each layer's attention forward. Full AC runs the block's forward again.
+    Under CP with documents the trainer's cp_attention wraps its gathers and SDPA in a non-reentrant checkpoint,
+    which recomputes once more on its own. Nested inside full AC's checkpoint the forward then runs three times in
+    all. Selective AC saves the SDPA output (train_model.selective_ac_context), so its recompute reads it back and
+    only the inner checkpoint computes again. Counted with aten dispatch on torch 2.13:
+    tests/test_operators.py test_cp_attention_runs_its_forward_as_counted."""
+    return int(ac == "full") + int(cp_gather)
+
+
+def cp_gather_passes(ac: str) -> int:
+    """All-gathers of each layer's keys and values per micro-batch under CP with documents (train_attention
+    _GatherSeq; its backward is one reduce-scatter more). The forward gathers, the inner checkpoint's recompute
+    gathers again, and any block-level AC recompute (full or selective: collectives are not saved) gathers a third
+    time."""
+    return 2 + int(ac in ("full", "selective"))
+
+
 def compute_terms(s: OpShape, lay: Layout, g: GpuOps) -> dict[str, float]:
     """Seconds of one micro-batch on one GPU by kind of operation: gemm, attention, memory_bound, launch."""
     c = constants()
@@ -199,8 +220,7 @@ def compute_terms(s: OpShape, lay: Layout, g: GpuOps) -> dict[str, float]:
     head = 3 * gemm_seconds(tokens, s.vocab / lay.tp, s.hidden, g) / lay.pp
     gemm = (gemm + head + 6.0 * lay.trainable / lay.tp / lay.pp * tokens / g.gemm_flops) / lay.qlora_factor
     attn = _attention_seconds(s, lay, g, lay.micro_batch) * frac
-    if lay.ac == "full":
-        attn *= 1.0 + 1.0 / 3.5  # the forward (1 of 3.5) again
+    attn *= 1.0 + attention_forwards_again(lay.ac, lay.cp_gather) / 3.5  # each forward again is 1 of 3.5
     mem = c["memory_bound"]
     w = mem[mode]
     fwd_bytes = (w["h"] * s.hidden + w["qkv"] * s.qkv + w["i"] * s.inter) / lay.tp
@@ -229,6 +249,10 @@ class OpModel:
     adapters: float = 0.0  # LoRA/QLoRA trainable parameters
     qlora_factor: float = 1.0
     every_tile: bool = False  # attention under a dense per-document mask (Layout.every_tile)
+    # packed documents attended per document: under CP (cp > 1) the trainer all-gathers keys and values over the CP
+    # group and runs masked SDPA on the whole window (templates/launch/train_attention.py cp_attention), whatever
+    # the model's attention implementation, instead of ring attention
+    cp_gather: bool = False
 
     def terms(self, *, micro_batch: int, seq_len: int, tp: int = 1, cp: int = 1, pp: int = 1,
               float8_gain: float = 1.0, fsdp_params: float = 0.0, peak_fraction: float = 1.0,
@@ -239,17 +263,21 @@ class OpModel:
                      gemm_chunks=gemm_chunks,
                      compiled=self.compiled, float8_gain=float8_gain, fsdp_params=fsdp_params,
                      trainable=self.adapters if self.task != "full" else 0.0, qlora_factor=self.qlora_factor,
-                     every_tile=self.every_tile)
+                     every_tile=self.every_tile or self.gathers(cp), cp_gather=self.gathers(cp))
         out = compute_terms(self.shape, lay, self.gpu)
         if peak_fraction != 1.0:  # fp32 matmuls run on TF32 tensor cores
             out["gemm_s"] /= peak_fraction
         return out
 
-    def attention_work_factor(self, seq_len: int) -> float:
+    def gathers(self, cp: int) -> bool:
+        """Whether a layout of this CP degree runs the trainer's all-gather attention (not ring attention)."""
+        return self.cp_gather and cp > 1
+
+    def attention_work_factor(self, seq_len: int, cp: int = 1) -> float:
         """Attention FLOPs the kernel executes over the causal count (1: causal skipping). Under a dense mask every
         layer that sees the whole sequence computes the square, twice the causal half; sliding-window layers
         computed their whole window already."""
-        if not self.every_tile or not self.shape.layers:
+        if not (self.every_tile or self.gathers(cp)) or not self.shape.layers:
             return 1.0
         s = self.shape
         windowed = s.sliding_layers if s.sliding_window and s.sliding_window < seq_len else 0
@@ -257,14 +285,15 @@ class OpModel:
 
 
 def op_model(arch: Any, gpu: Any, *, ac: str, compiled: bool = True, task: str = "full", trainable: float = 0.0,
-             gemm_scale: float = 1.0, document_mask: bool = False) -> OpModel:
+             gemm_scale: float = 1.0, document_mask: bool = False, cp_gather: bool = False) -> OpModel:
     """`document_mask`: the attention gets a dense per-document mask (TrainSetup.document_mask: SDPA on packed
-    data), so its kernel computes every score tile."""
+    data), so its kernel computes every score tile. `cp_gather`: under CP the trainer gathers keys and values
+    (OpModel.cp_gather), as gpuprov's trainer does on packed data; published ring-attention runs have not."""
     from gpuprov.sizing.throughput import assumptions
 
     return OpModel(shape=op_shape(arch), gpu=gpu_ops(gpu, gemm_scale), ac=ac, compiled=compiled, task=task,
                    adapters=float(trainable), qlora_factor=assumptions().qlora_factor if task == "qlora" else 1.0,
-                   every_tile=document_mask)
+                   every_tile=document_mask, cp_gather=cp_gather)
 
 
 def min_gemm_seconds_per_flop(gpu: Any, gemm_scale: float = 1.0) -> float:

@@ -31,10 +31,14 @@ Pure integer bookkeeping (no bytes): parallel.py turns each moment into memory t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from gpuprov.sizing.types import PP_SCHEDULES
+
+if TYPE_CHECKING:  # the step model's Shape (throughput.py imports this module)
+    from gpuprov.sizing.throughput import Shape
 
 SCHEDULES = PP_SCHEDULES
 
@@ -181,3 +185,31 @@ def moments(num_layers: int, pp: int, n: int, schedule: str, fsdp: bool) -> tupl
             end=True,
         ))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Pipeline parallelism of one layout: stages (the PP degree), micro-batches per step and model chunks
+    per rank (1 for 1F1B/GPipe, 2 for torchtitan's looped schedules such as Interleaved1F1B)."""
+
+    stages: int = 1
+    micro_batches: int = 1
+    stages_per_rank: int = 1
+
+    def bubble(self) -> float:
+        """Idle time over busy time: (p - 1)/m for 1F1B, (p - 1)/(v m) interleaved (Narayanan et al. 2021,
+        "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", sec. 2.2)."""
+        if self.stages <= 1:
+            return 0.0
+        return (self.stages - 1) / (max(1, self.stages_per_rank) * max(1, self.micro_batches))
+
+
+def pipelined(shape: Shape, pp: int, schedule: str) -> tuple[Shape, Pipeline | None]:
+    """The shape and Pipeline layout_step_estimate times a plan's PP layout with. The plan's micro_batch x
+    grad_accum samples are one data-parallel rank's local batch, which the schedule splits into grad_accum
+    pipeline micro-batches in one step (torchtitan train step: pp_schedule.step over the whole batch), so FSDP's
+    collectives run once per step: the shape carries the local batch and no accumulation."""
+    if pp <= 1:
+        return shape, None
+    local = replace(shape, micro_batch=shape.micro_batch * shape.grad_accum, grad_accum=1)
+    return local, Pipeline(stages=pp, micro_batches=shape.grad_accum, stages_per_rank=stages_per_rank(schedule))

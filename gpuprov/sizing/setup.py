@@ -34,7 +34,7 @@ def make_setup(*, grad_accum: int, framework: str | None = "gpuprov", stack: Any
     if framework == "gpuprov":  # the bundle's own trainer: the Plan's Stack says what it runs
         if stack is None:  # the stack any model of this task and precision gets (attention aside)
             stack = choose_stack(fields.get("task", "full"), fields.get("precision", "bf16-mixed"), "")
-        extra = setup_fields(stack, tp=int(fields.get("tp", 1)))
+        extra = setup_fields(stack, tp=int(fields.get("tp", 1)), cp=int(fields.get("cp", 1)))
     elif framework is not None:  # another framework's stack (catalog/data/frameworks.yaml); the candidate's own fields win
         preset = preset_stack(framework, fields.get("task", "full"), fields.get("sharding", "fsdp"),
                               int(fields.get("tp", 1)))

@@ -21,7 +21,9 @@ from typing import Any
 from gpuprov.catalog import load_data
 from gpuprov.sizing.async_tp import async_tp_seconds
 from gpuprov.sizing.nccl import fsdp_ring_seconds
-from gpuprov.sizing.pipeline import stages_per_rank
+from gpuprov.sizing.cp_gather import cp_gather_seconds
+from gpuprov.sizing.operators import attention_forwards_again
+from gpuprov.sizing.pipeline import Pipeline, pipelined  # noqa: F401  (re-exported: the planner's names)
 from gpuprov.sizing.step_parts import fsdp_exposed_seconds
 
 
@@ -406,6 +408,14 @@ def _operation_terms(ops: Any, shape: Shape, mp: tuple[int, int, int], float8_ga
                      gemm_chunks=gemm_chunks, repeats=repeats)
 
 
+def _executed(flops: Flops, ops: Any, seq: int, cp: int) -> float:
+    """FLOPs per token the operations execute: a masked kernel's whole square and the forwards CP's gather
+    checkpoint runs again included (what "N% of peak on the work it executes" divides by)."""
+    factor = ops.attention_work_factor(seq, cp)
+    again = attention_forwards_again(ops.ac, ops.gathers(cp)) - attention_forwards_again(ops.ac, False)
+    return flops.executed + attention_executed(flops) * (factor - 1.0) + flops.attention / 3.0 * again * factor
+
+
 def step_estimate(
     *,
     shape: Shape,
@@ -446,9 +456,7 @@ def step_estimate(
         op_terms = _operation_terms(ops, shape, mp, float8_gain, fsdp, float(prec["peak_fraction"]), gemm_chunks,
                                     pp_micro_batches)
         compute_mb = sum(op_terms.values())
-        # what the operations achieve on the work they execute: a masked kernel's whole square included
-        executed = flops.executed + attention_executed(flops) * (ops.attention_work_factor(shape.seq_len * mp[1]) - 1.0)
-        speed = tokens_mb * executed / (peak_tflops * 1e12 * compute_mb)
+        speed = tokens_mb * _executed(flops, ops, shape.seq_len * mp[1], mp[1]) / (peak_tflops * 1e12 * compute_mb)
     else:
         compute_mb = compute_seconds(tokens_mb, flops, peak_tflops, speed, float8_gain)
     compute = compute_mb * shape.grad_accum
@@ -495,6 +503,7 @@ class LayerShape:
     num_layers: int
     hidden: int
     kv_width: int  # K/V width as SDPA sees it (GQA repeated to the query heads)
+    projected_kv_width: int = 0  # GQA not repeated: what the trainer's CP all-gather moves (0: kv_width)
 
 
 def tp_gpu_seconds_per_token(*, layer: LayerShape, tp: int, ac: str, gbytes: float, float8: bool = False) -> float:
@@ -581,34 +590,6 @@ def cp_merge_seconds(*, tokens: float, layer: LayerShape, tp: int, cp: int, reco
     return layer.num_layers * (fwd * (2 if recompute else 1) + bwd) / (hbm_gbytes_per_s * 1e9)
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    """Pipeline parallelism of one layout: stages (the PP degree), micro-batches per step and model chunks
-    per rank (1 for 1F1B/GPipe, 2 for torchtitan's looped schedules such as Interleaved1F1B)."""
-
-    stages: int = 1
-    micro_batches: int = 1
-    stages_per_rank: int = 1
-
-    def bubble(self) -> float:
-        """Idle time over busy time: (p - 1)/m for 1F1B, (p - 1)/(v m) interleaved (Narayanan et al. 2021,
-        "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", sec. 2.2)."""
-        if self.stages <= 1:
-            return 0.0
-        return (self.stages - 1) / (max(1, self.stages_per_rank) * max(1, self.micro_batches))
-
-
-def pipelined(shape: Shape, pp: int, schedule: str) -> tuple[Shape, Pipeline | None]:
-    """The shape and Pipeline layout_step_estimate times a plan's PP layout with. The plan's micro_batch x
-    grad_accum samples are one data-parallel rank's local batch, which the schedule splits into grad_accum
-    pipeline micro-batches in one step (torchtitan train step: pp_schedule.step over the whole batch), so FSDP's
-    collectives run once per step: the shape carries the local batch and no accumulation."""
-    if pp <= 1:
-        return shape, None
-    local = replace(shape, micro_batch=shape.micro_batch * shape.grad_accum, grad_accum=1)
-    return local, Pipeline(stages=pp, micro_batches=shape.grad_accum, stages_per_rank=stages_per_rank(schedule))
-
-
 def _cp_exposed(kw: dict[str, Any], compute_mb: float, tokens: float, layer: LayerShape, tp: int, cp: int, ac: str,
                 gbytes: float, latency: float, attn_s: float | None = None) -> float:
     """cp_exposed_seconds with the layer's attention time split out of the micro-batch's compute time
@@ -663,13 +644,19 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
                            float8=f8)
     ring_intra = tp * cp <= shape.gpus_per_node
     cp_bw = intra_gbytes if ring_intra else min(intra_gbytes, inter_gbytes)
-    cp_s = cp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,
-                           latency=a.lat_intra if ring_intra else a.lat_inter)
+    cp_lat = a.lat_intra if ring_intra else a.lat_inter
     compute_mb = base.terms["compute_per_micro_batch_s"]
-    cp_exposed = _cp_exposed(kw, compute_mb, tokens, stage_layer, tp, cp, ac, cp_bw,
-                             a.lat_intra if ring_intra else a.lat_inter, base.terms.get("attention_per_micro_batch_s"))
-    cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
-                                hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
+    ops = kw.get("ops")
+    if ops is not None and ops.gathers(cp):  # gpuprov's trainer on packed documents: all-gathers, no ring
+        cp_s, cp_merge, _ = cp_gather_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,
+                                              latency=cp_lat, ac=ac, hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
+        cp_exposed = cp_s
+    else:
+        cp_s = cp_comm_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw, latency=cp_lat)
+        cp_exposed = _cp_exposed(kw, compute_mb, tokens, stage_layer, tp, cp, ac, cp_bw, cp_lat,
+                                 base.terms.get("attention_per_micro_batch_s"))
+        cp_merge = cp_merge_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, recompute=ac == "full",
+                                    hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
     tp_exposed, tp_reduce = tp_s, 0.0
     if async_tp and "gemm_per_micro_batch_s" in base.terms:
         tp_exposed, tp_reduce = async_tp_seconds(tp_s, base.terms["gemm_per_micro_batch_s"], tokens=tokens,
