@@ -5,6 +5,9 @@ reduce-scatter per layer, none hidden, masked attention over the whole window wi
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -80,3 +83,15 @@ def test_published_ring_runs_stay_ring():
     assert not ops.gathers(CP)
     window = dataclasses.replace(ops, cp_gather=True)
     assert window.gathers(CP) and not window.gathers(1)
+
+
+def test_explain_reports_the_gathers_all_exposed():
+    """`gpuprov explain --json` on a CP plan: the trainer's exchange is counted whole as exposed, and the step is the
+    plan's."""
+    args = ["--model", "llama-3.1-8b", "--seq-len", "65536", "--cp", "2", "--pp", "1", "--json"]
+    explained, planned = (subprocess.run([sys.executable, "-m", "gpuprov", command, *args], capture_output=True,
+                                         text=True, timeout=120) for command in ("explain", "plan"))
+    assert explained.returncode == 0 and planned.returncode == 0, explained.stderr + planned.stderr
+    step = json.loads(explained.stdout)["step"]
+    assert step["terms_s"]["cp_exposed_per_micro_batch_s"] == step["terms_s"]["cp_ring_per_micro_batch_s"] > 0
+    assert step["step_time_s"] == json.loads(planned.stdout)["throughput"]["step_time_s"]

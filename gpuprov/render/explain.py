@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuprov.planning.retime import plan_step
 from gpuprov.render.step_terms import STEP_TERM_WORDS
-from gpuprov.sizing.operators import constants as op_constants
+from gpuprov.sizing.operators import constants as op_constants, cp_gather_passes
 from gpuprov.sizing.step_parts import step_breakdown
 from gpuprov.sizing.throughput import assumptions
 from gpuprov.units import GiB, TB
@@ -160,7 +160,12 @@ def _comm(x: _Inputs) -> list[str]:
                    f"recompute; SP splits each into reduce-scatter + all-gather) on {x.link}: "
                    f"{terms['tp_comm_per_micro_batch_s']:,.3f} s per micro-batch, not hidden (the next matmul waits "
                    "for it)")
-    if c.cp > 1:
+    if c.cp > 1 and x.ops is not None and x.ops.gathers(c.cp):
+        out.append(f"   context parallel {c.cp} on packed documents (the trainer's cp_attention: per layer "
+                   f"{cp_gather_passes(c.activation_checkpointing)} all-gathers of K/V, forward and recomputes, + a "
+                   f"reduce-scatter of dK/dV; nothing runs beside them): "
+                   f"{terms['cp_ring_per_micro_batch_s']:,.3f} s per micro-batch, all exposed")
+    elif c.cp > 1:
         out.append(f"   context parallel {c.cp} ring (K/V forward, K/V + fp32 dK/dV backward, cp-1 hops per layer): "
                    f"{terms['cp_ring_per_micro_batch_s']:,.3f} s per micro-batch, exposed "
                    f"{terms['cp_exposed_per_micro_batch_s']:,.3f} s")
