@@ -63,7 +63,7 @@ guest_pass() {  # NAME ALLOWANCE_MINUTES PYTEST_ARGS...
 }
 python -m pytest -m "not vm" -n 2 --dist loadfile || status=$?
 if [ "${GPUPROV_REHEARSAL:-ci}" != 0 ]; then
-    guest_pass "THE REHEARSAL" "${REHEARSAL_PASS_MIN:-32}" -m rehearsal -rP  # -rP: each phase's time, also when it passes
+    guest_pass "THE REHEARSAL" "${REHEARSAL_PASS_MIN:-45}" -m rehearsal -rP  # -rP: each phase's time, also when it passes
 fi
 guest_pass "THE VM TESTS" "${VM_PASS_MIN:-24}" -m "vm and not rehearsal" -n 2 --dist loadfile
 exit "$status"
