@@ -300,3 +300,29 @@ def test_the_lost_node_bundle_is_the_first_with_checkpoints_before_its_end(tmp_p
     assert train["checkpoint"]["every_steps"] == int(walk[-1]) and train["schedule"]["steps"] >= 2 * int(walk[-1])
     assert plan["instance"]["name"] == recorded["instance_type"] and plan["cluster"]["nodes"] == 2
     assert _terraform_differences(scratch, lost_node, plan0, plan) == []
+
+
+def test_the_tiny_dataset_is_what_prepare_data_writes_and_the_trainer_attends_per_document():
+    """tiny-data/ carries the sample starts prepare_data.py records, so the rehearsed job runs the trainer's default
+    per-document attention (not the one-sequence fallback of data without them)."""
+    import importlib
+
+    launch = cluster.REPO / "templates" / "launch"
+    data = cluster.FIXTURES / "tiny-data"
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["boundaries"] == "starts" and meta["packing"] == "stream"
+    sys.path.insert(0, str(launch))
+    try:
+        train_data, train_config = importlib.import_module("train_data"), importlib.import_module("train_config")
+        windows = train_data.TokenWindows(train_config.DataSection(path=str(data)), meta["seq_len"], meta["vocab_size"], 0)
+        assert windows.documents and windows.size == meta["train_samples"]
+        batch = windows.micro_batch(0, windows.size)
+    finally:
+        sys.path.remove(str(launch))
+        for name in ("train_data", "train_config"):
+            sys.modules.pop(name, None)
+    # positions restart exactly where the next document starts (documents of seq_len + 1 tokens: in almost every
+    # window)
+    restarts = [(i, j) for i in range(windows.size) for j in range(1, meta["seq_len"]) if int(batch.positions[i, j]) == 0]
+    assert len(restarts) >= windows.size - 2
+    assert all(int(batch.documents[i, j]) != int(batch.documents[i, j - 1]) for i, j in restarts)
