@@ -195,7 +195,7 @@ def attention_forwards_again(ac: str, cp_gather: bool) -> int:
     which recomputes once more on its own. Nested inside full AC's checkpoint the forward then runs three times in
     all. Selective AC saves the SDPA output (train_model.selective_ac_context), so its recompute reads it back and
     only the inner checkpoint computes again. Counted with aten dispatch on torch 2.13:
-    tests/test_operators.py test_cp_attention_runs_its_forward_as_counted."""
+    tests/test_cp_attention_counts.py."""
     return int(ac == "full") + int(cp_gather)
 
 
