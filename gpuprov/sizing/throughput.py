@@ -648,7 +648,7 @@ def layout_step_estimate(*, shape: Shape, tp: int, cp: int, layer: LayerShape, a
     compute_mb = base.terms["compute_per_micro_batch_s"]
     ops = kw.get("ops")
     if ops is not None and ops.gathers(cp):  # gpuprov's trainer on packed documents: all-gathers, no ring
-        cp_s, cp_merge, _ = cp_gather_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,
+        cp_s, cp_merge = cp_gather_seconds(tokens=tokens, layer=stage_layer, tp=tp, cp=cp, gbytes=cp_bw,
                                               latency=cp_lat, ac=ac, hbm_gbytes_per_s=float(kw["hbm_gbytes_per_s"]))
         cp_exposed = cp_s
     else:
