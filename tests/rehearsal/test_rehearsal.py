@@ -159,12 +159,15 @@ def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = Non
                           stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     output: list[str] = []
     steps: list[tuple[float, str]] = []
+    tasks: list[tuple[float, str]] = []  # Ansible's task and play headers: where the play's time goes
 
     def read() -> None:
         for line in up.stdout:
             output.append(line)
             if re.match(r"\[\d+/\d+\] ", line):
                 steps.append((time.monotonic() - began, line.strip()))
+            elif line.startswith(("TASK [", "PLAY [", "PLAY RECAP")):
+                tasks.append((time.monotonic() - began, line.strip(" *\n")))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -179,6 +182,9 @@ def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = Non
     ends = [t for t, _ in steps[1:]] + [took]
     for (start, line), end in zip(steps, ends):
         print(f"rehearsal:   {end - start:5.0f}s  {line[:110]}")
+    spans = sorted(((b[0] - a[0], a[1]) for a, b in zip(tasks, tasks[1:])), reverse=True)
+    for seconds, name in spans[:15]:
+        print(f"rehearsal:   slowest Ansible tasks: {seconds:5.0f}s  {name[:100]}")
     return up.returncode, "".join(output), steps
 
 
