@@ -166,7 +166,7 @@ def _up(cloud: cluster.Cloud, bundle: Path, watch: "SlurmConfWatch | None" = Non
             output.append(line)
             if re.match(r"\[\d+/\d+\] ", line):
                 steps.append((time.monotonic() - began, line.strip()))
-            elif line.startswith(("TASK [", "PLAY [", "PLAY RECAP")):
+            elif line.startswith(("TASK [", "RUNNING HANDLER [", "PLAY [", "PLAY RECAP")):
                 tasks.append((time.monotonic() - began, line.strip(" *\n")))
 
     reader = threading.Thread(target=read, daemon=True)
