@@ -9,7 +9,6 @@ import getpass
 import grp
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,19 +42,18 @@ def _bundle(root: Path) -> Path:
     return shared / "jobs" / "t" / "launch"
 
 
-def _archives() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("*.launch.tar.gz")}
-
-
-def test_launch_files_arrive_as_one_archive_idempotent_and_check_mode_safe(tmp_path):
+def test_launch_files_arrive_as_one_archive_idempotent_and_check_mode_safe(tmp_path, monkeypatch):
     staged = _bundle(tmp_path)
-    before = _archives()
+    controller_tmp = tmp_path / "controller-tmp"  # where the controller's temporary archive is made
+    controller_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(controller_tmp))
     check = playbook(tmp_path, "-i", "inventory.yml", "job.yml", "--check")
     assert check.returncode == 0, check.stdout[-3000:]
     assert not (tmp_path / "shared").exists()  # check mode wrote nothing on the node
 
-    first = playbook(tmp_path, "-i", "inventory.yml", "job.yml")
+    first = playbook(tmp_path, "-i", "inventory.yml", "job.yml", "-v")
     assert first.returncode == 0 and recap(first.stdout)["changed"] > 0, first.stdout[-3000:]
+    assert f"{controller_tmp}/" in first.stdout and ".launch.tar.gz" in first.stdout  # the archive was made there
     assert sorted(p.name for p in staged.iterdir()) == sorted(LAUNCH)
     for name, (text, mode) in LAUNCH.items():
         assert (staged / name).read_text() == text and (staged / name).stat().st_mode & 0o777 == mode
@@ -69,4 +67,4 @@ def test_launch_files_arrive_as_one_archive_idempotent_and_check_mode_safe(tmp_p
     third = playbook(tmp_path, "-i", "inventory.yml", "job.yml")
     assert third.returncode == 0 and recap(third.stdout)["changed"] == 1, third.stdout[-3000:]
     assert (staged / "train.yaml").read_text() == "steps: 20\n"
-    assert _archives() == before  # each run removed its archive
+    assert not list(controller_tmp.iterdir())  # each run removed its archive
