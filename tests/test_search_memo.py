@@ -126,6 +126,48 @@ def test_the_code_hash_covers_every_source_and_catalog_file(tmp_path: Path, monk
     search_memo.code_tag.cache_clear()
 
 
+def _tree_tag(root: Path) -> bytes:
+    import hashlib
+
+    digest = hashlib.sha256()
+    search_memo.hash_tree(digest, str(root), lambda folder, name: True)
+    return digest.digest()
+
+
+def test_a_file_unchanged_for_seconds_is_keyed_by_its_metadata_without_reading_it(tmp_path: Path, monkeypatch):
+    f = tmp_path / "m.py"
+    f.write_text("X = 1\n")
+    old = f.stat().st_mtime_ns - 10 * search_memo.RECENT_NS
+    os.utime(f, ns=(old, old))
+    monkeypatch.setattr("time.time_ns", lambda: max(old, f.stat().st_ctime_ns) + 2 * search_memo.RECENT_NS)
+    first = _tree_tag(tmp_path)
+    real_open = open
+
+    def no_read(path, *args, **kwargs):
+        assert Path(path) != f, "an old file was read"
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", no_read)
+    assert _tree_tag(tmp_path) == first
+    os.utime(f, ns=(old, old + 1))  # any other modification time (a checkout, a copy with -p) is another key
+    assert _tree_tag(tmp_path) != first
+
+
+def test_a_file_changed_within_the_window_is_keyed_by_its_text(tmp_path: Path, monkeypatch):
+    """Two writes of one size within one tick of the file system's clock can share every time stamp: a young file
+    is keyed by its text alone (the same text in another file, another inode, is the same key)."""
+    trees = {}
+    for name, text in (("a", "X = 1\n"), ("b", "X = 1\n"), ("c", "X = 2\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "m.py").write_text(text)
+        trees[name] = tmp_path / name
+    young = max(max(t.joinpath("m.py").stat().st_mtime_ns, t.joinpath("m.py").stat().st_ctime_ns)
+                for t in trees.values())
+    monkeypatch.setattr("time.time_ns", lambda: young + search_memo.RECENT_NS // 2)
+    assert _tree_tag(trees["a"]) == _tree_tag(trees["b"])
+    assert _tree_tag(trees["a"]) != _tree_tag(trees["c"])
+
+
 # ---------------------------------------------------------------- whole processes, on an edited copy
 
 

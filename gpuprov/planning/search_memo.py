@@ -3,7 +3,8 @@ without walking the space again (the walk is most of `gpuprov plan`'s time).
 
 An entry is keyed by a hash of everything the walk reads: the spec (every field), the model's architecture, the
 instances offered and the GPUs they carry (as given, after the power limit), the estimator's name and the
-walk's switches, plus the text of every gpuprov source file and catalog file, gpuprov's version and Python's.
+walk's switches, plus every gpuprov source file and catalog file (each by its text or, unchanged for two
+seconds, by its inode, size and times: hash_tree), gpuprov's version and Python's.
 Anything else changed is another key, so an entry is either exactly what this walk would return or it is not
 found. The memo serves a command run as a process (`gpuprov ...`, `python -m gpuprov`), switched on by
 cli.main: code patched in memory by a library caller or a test is what no file hash can see.
@@ -46,19 +47,34 @@ def code_tag() -> bytes:
     return digest.digest()
 
 
+# A file changed this recently is keyed by its text, older ones by their metadata (see hash_tree)
+RECENT_NS = 2_000_000_000
+
+
 def hash_tree(digest: Any, root: str, wanted: Callable[[str, str], bool]) -> None:
-    """Add to `digest` every file under `root` that `wanted(folder, name)` keeps: its relative path, length and
-    bytes, in a fixed order (compiled-code folders skipped)."""
+    """Add to `digest` every file under `root` that `wanted(folder, name)` keeps, in a fixed order (compiled-code
+    folders skipped): its relative path and length, then its inode, modification and change times or, for a file
+    changed in the last RECENT_NS, its bytes. Any write gives a file a new change time (no user can set one back),
+    so metadata tells an edited file from the one hashed before, as Python's own bytecode cache trusts size and
+    modification time, without reading 3 MB on every run; only two edits within one tick of the file system's
+    clock (milliseconds) can share a change time, and a file that young is read instead (git's "racily clean"
+    rule)."""
+    import time
+
+    now = time.time_ns()
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
         for name in sorted(names):
             if not wanted(folder, name):
                 continue
             path = os.path.join(folder, name)
+            st = os.stat(path)
+            digest.update(f"\0{os.path.relpath(path, root)}\0{st.st_size}\0".encode())
+            if now - max(st.st_mtime_ns, st.st_ctime_ns) > RECENT_NS:
+                digest.update(f"{st.st_ino}\0{st.st_mtime_ns}\0{st.st_ctime_ns}".encode())
+                continue
             with open(path, "rb") as handle:
-                text = handle.read()
-            digest.update(f"\0{os.path.relpath(path, root)}\0{len(text)}\0".encode())
-            digest.update(text)
+                digest.update(handle.read())
 
 
 def trim(folder: Path, pattern: str, keep: int) -> None:
