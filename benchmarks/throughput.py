@@ -73,7 +73,8 @@ NO_GPU = "the GPU is not one of the catalog's (the source does not name it, or t
 LOW_PRECISION = "MX / NVFP4 linears (torchao low_precision_recipe): the model times bf16 and float8 tensorwise only"
 ROWWISE = "float8 rowwise scaling: the model's float8 gain is the tensorwise recipe's"
 NO_F8_GAIN = "float8 on a GPU class the catalog has no measured float8 gain for (the planner leaves float8 off there)"
-REASONS = (*UNMODELLED.values(), UNPACKED, NO_GPU, LOW_PRECISION, ROWWISE, NO_F8_GAIN)
+NO_ATTENTION = "an SDPA backend with no published measurement on this GPU class (operators.yaml attention)"
+REASONS = (*UNMODELLED.values(), UNPACKED, NO_GPU, LOW_PRECISION, ROWWISE, NO_F8_GAIN, NO_ATTENTION)
 
 
 def not_predicted(row: dict[str, Any]) -> str | None:
@@ -95,6 +96,13 @@ def not_predicted(row: dict[str, Any]) -> str | None:
         return "; ".join([NO_GPU, *why])
     if row.get("float8") and not tp_model.float8_step_kw(gpu, get_model(row["model"])):
         why.append(NO_F8_GAIN)
+    if row.get("sdpa_backend"):
+        from gpuprov.sizing import operators
+
+        try:
+            operators.attention_curve(tp_model.gpu_class(gpu), row["sdpa_backend"])
+        except ValueError:
+            why.append(NO_ATTENTION)
     return "; ".join(why) or None
 
 
@@ -146,8 +154,10 @@ def predict(row: dict[str, Any], model: str = "ops") -> Any:
                                  stages_per_rank=int(row.get("pp_stages_per_rank", 1)))
     # document_mask: the attention got a dense per-document mask (gpuprov's own trainer on packed data with SDPA);
     # no published row states one (torchtitan runs causal FlashAttention, torchtune's packed runs a block mask)
+    # sdpa_backend: the attention kernel the run's code picked where that is not the flash kernel the planner times
     ops = operators.op_model(arch, gpu, ac=ac, compiled=compiled, task=task, trainable=trainable,
-                             document_mask=bool(row.get("document_mask", False))) if model == "ops" else None
+                             document_mask=bool(row.get("document_mask", False)),
+                             sdpa_backend=row.get("sdpa_backend")) if model == "ops" else None
     return tp_model.layout_step_estimate(
         shape=shape, tp=tp, cp=cp, layer=layer, ac=ac, flops=flops, peak_tflops=gpu.bf16_tflops, util=util,
         hbm_gbytes_per_s=gpu.hbm_gbytes_per_s, intra_gbytes=intra, inter_gbytes=inter, params=arch.params,

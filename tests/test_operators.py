@@ -188,3 +188,47 @@ def test_the_plan_times_the_attention_kernel_its_trainer_runs(model, masked):
     timed = plan.throughput.step_terms_s["attention"]  # rounded to the microsecond
     assert timed == pytest.approx(per_micro_batch[masked] * c.grad_accum, rel=1e-4)
     assert timed != pytest.approx(per_micro_batch[not masked] * c.grad_accum, rel=0.2)
+
+
+B200 = get_gpu("b200-180gb")
+
+
+def _published(backend: str, seq: int) -> float:
+    """fwd + bwd TFLOP/s of one catalogued B200 measurement, combined as FlashAttention counts the work."""
+    row = next(r for r in load_data("operators.yaml")["attention"]["fwd_bwd_by_backend"][backend]["blackwell"]
+               if r[0] == seq)
+    return 3.5 / (1 / row[1] + 2.5 / row[2])
+
+
+@pytest.mark.parametrize("backend", [None, "flash", "cudnn"])
+def test_blackwell_attention_is_timed_at_the_kernel_measured_on_it(backend):
+    """B200 attention runs at the B200 measurement of the kernel the run picks (the trainer's torch: flash first),
+    not Hopper's scaled by the dense peak; at its TDP no power scaling applies."""
+    ops = operators.gpu_ops(B200, sdpa_backend=backend)
+    for seq in (2048, 8192, 32768):
+        assert operators.attention_flops_per_s(seq, ops) == pytest.approx(_published(backend or "flash", seq) * 1e12)
+    hopper = operators.attention_flops_per_s(8192, operators.gpu_ops(H100))
+    if backend == "cudnn":
+        assert operators.attention_flops_per_s(8192, ops) > 3 * hopper
+    else:  # torch's flash kernel gains little from Hopper to Blackwell (mma.sync, not the new tensor cores)
+        assert operators.attention_flops_per_s(8192, ops) < 1.1 * hopper
+
+
+def test_a_backend_without_a_measurement_on_the_gpu_is_refused_not_guessed():
+    with pytest.raises(ValueError, match="cudnn"):
+        operators.gpu_ops(H100, sdpa_backend="cudnn")
+    with pytest.raises(ValueError, match="unknown SDPA backend"):
+        operators.gpu_ops(B200, sdpa_backend="triton")
+
+
+def test_a_plan_on_b200_times_attention_at_the_trainers_kernel():
+    plan = make_plan(TrainingSpec(model="llama-3.1-8b", tokens=10**9, cloud="gcp", gpus=["b200-180gb"], pp=1, cp=1,
+                                  objective="time"))
+    c = plan.cluster
+    ops = {b: operators.op_model(ARCH, B200, ac=c.activation_checkpointing, compiled=plan.stack.compile, task="full",
+                                 document_mask=plan.stack.attention == "sdpa", sdpa_backend=b)
+           for b in ("flash", "cudnn")}
+    per = {b: o.terms(micro_batch=c.micro_batch, seq_len=c.seq_len, tp=c.tp)["attention_s"] * c.grad_accum
+           for b, o in ops.items()}
+    assert plan.throughput.step_terms_s["attention"] == pytest.approx(per["flash"], rel=1e-4)
+    assert per["cudnn"] < 0.6 * per["flash"]

@@ -69,7 +69,7 @@ class GpuOps:
     gemm_flops: float  # achieved bf16 FLOP/s of a large GEMM in training
     sms: int
     hbm_bytes: float  # bytes/s
-    attn_curve: tuple[tuple[float, float], ...]  # (log2 seq, FLOP/s) FlashAttention-2 fwd+bwd causal
+    attn_curve: tuple[tuple[float, float], ...]  # (log2 seq, FLOP/s) the SDPA kernel's fwd+bwd, causal
     kernel_s: float
 
 
@@ -83,26 +83,42 @@ def _clock(gpu: Any, cls: str, measured_at: dict[str, Any]) -> float:
     return float((float(tdp) / float(at)) ** float(assumptions().raw["power"]["clock_exponent"]))
 
 
-def gpu_ops(gpu: Any, gemm_scale: float = 1.0) -> GpuOps:
-    """The GPU's operation rates; `gemm_scale` multiplies the achieved GEMM throughput (a calibration)."""
+def gpu_ops(gpu: Any, gemm_scale: float = 1.0, sdpa_backend: str | None = None) -> GpuOps:
+    """The GPU's operation rates; `gemm_scale` multiplies the achieved GEMM throughput (a calibration);
+    `sdpa_backend` (flash | cudnn; None: what gpuprov's trainer runs) picks the attention kernel's curve."""
     from gpuprov.sizing.throughput import gpu_class
 
     c, cls = constants(), gpu_class(gpu)
     g, at = c["gemm"], c["attention"]
     ceiling = float(g["ceiling"].get(cls, g["ceiling"]["hopper"]))
     gemm = gpu.bf16_tflops * 1e12 * ceiling * float(g["in_training"]) * _clock(gpu, cls, g["ceiling_measured_at_w"])
-    curves = at["fwd_bwd_causal_tflops"]
-    if cls in curves:
-        scale = _clock(gpu, cls, at["measured_at_w"])
-        curve = curves[cls]
-    else:  # no published curve: the reference class's, scaled by the dense peak
+    curve = attention_curve(cls, sdpa_backend or at["trainer_backend"])
+    if curve is None:  # no published curve: the reference class's, scaled by the dense peak
         ref = at["scale_from"]
         scale = gpu.bf16_tflops / 989.4 if ref == "hopper" else 1.0
-        curve = curves[ref]
+        curve = at["fwd_bwd_causal_tflops"][ref]
+    else:
+        scale = _clock(gpu, cls, at["measured_at_w"])
     return GpuOps(gemm_flops=gemm * gemm_scale, sms=int(g["sm_count"].get(gpu.slug, g["sm_count_default"])),
                   hbm_bytes=gpu.hbm_gbytes_per_s * 1e9,
                   attn_curve=tuple((math.log2(s), t * 1e12 * scale) for s, t in curve),
                   kernel_s=float(c["launch"]["seconds_per_kernel"]))
+
+
+def attention_curve(cls: str, backend: str) -> list[tuple[float, float]] | None:
+    """[(seq, fwd + bwd TFLOP/s)] of `backend`'s kernel measured on this GPU class, or None where only the
+    flash kernel's reference class was measured. The forward and backward are combined as FlashAttention counts
+    the work: 1 unit at the forward's rate, 2.5 at the backward's."""
+    at = constants()["attention"]
+    measured = at["fwd_bwd_by_backend"].get(backend)
+    if measured is None:
+        raise ValueError(f"unknown SDPA backend {backend!r} (one of: {', '.join(at['fwd_bwd_by_backend'])})")
+    if cls in measured:
+        return [(float(s), 3.5 / (1.0 / f + 2.5 / b)) for s, f, b in measured[cls]]
+    if backend == "flash":
+        curve = at["fwd_bwd_causal_tflops"].get(cls)
+        return [(float(s), float(t)) for s, t in curve] if curve else None
+    raise ValueError(f"no published {backend} attention measurement for {cls} GPUs")
 
 
 def gemm_seconds(m: float, n: float, k: float, g: GpuOps) -> float:
@@ -117,7 +133,7 @@ def gemm_seconds(m: float, n: float, k: float, g: GpuOps) -> float:
 
 
 def attention_flops_per_s(seq: float, g: GpuOps) -> float:
-    """FlashAttention-2's published fwd+bwd throughput at this sequence length (log-linear, clamped)."""
+    """The SDPA kernel's published fwd+bwd throughput at this sequence length (log-linear, clamped)."""
     pts, x = g.attn_curve, math.log2(max(1.0, seq))
     if x <= pts[0][0]:
         return pts[0][1] * max(0.05, seq / 2 ** pts[0][0])  # shorter: the launch grid is not full
@@ -285,14 +301,17 @@ class OpModel:
 
 
 def op_model(arch: Any, gpu: Any, *, ac: str, compiled: bool = True, task: str = "full", trainable: float = 0.0,
-             gemm_scale: float = 1.0, document_mask: bool = False, cp_gather: bool = False) -> OpModel:
+             gemm_scale: float = 1.0, document_mask: bool = False, cp_gather: bool = False,
+             sdpa_backend: str | None = None) -> OpModel:
     """`document_mask`: the attention gets a dense per-document mask (TrainSetup.document_mask: SDPA on packed
     data), so its kernel computes every score tile. `cp_gather`: under CP the trainer gathers keys and values
-    (OpModel.cp_gather), as gpuprov's trainer does on packed data; published ring-attention runs have not."""
+    (OpModel.cp_gather), as gpuprov's trainer does on packed data; published ring-attention runs have not.
+    `sdpa_backend`: the attention kernel a run's code picks (gpu_ops)."""
     from gpuprov.sizing.throughput import assumptions
 
-    return OpModel(shape=op_shape(arch), gpu=gpu_ops(gpu, gemm_scale), ac=ac, compiled=compiled, task=task,
-                   adapters=float(trainable), qlora_factor=assumptions().qlora_factor if task == "qlora" else 1.0,
+    return OpModel(shape=op_shape(arch), gpu=gpu_ops(gpu, gemm_scale, sdpa_backend), ac=ac, compiled=compiled,
+                   task=task, adapters=float(trainable),
+                   qlora_factor=assumptions().qlora_factor if task == "qlora" else 1.0,
                    every_tile=document_mask, cp_gather=cp_gather)
 
 
