@@ -29,8 +29,8 @@ its cluster); the bundles are brought down at the end, the last first.
 
 The lost node (after the on-prem bundle, on the same guests): the from-scratch bundle with a longer
 run checkpointing every 25 steps (fixtures/aws-g5.json "lost_node") is brought up; after its first
-checkpoint node 1's guest is killed (no shutdown: a reclaimed spot instance); once Slurm has requeued
-the job, `gpuprov up` runs again: it asks the stand-in aws which recorded instances run, lists node
+checkpoint and the next logged loss node 1's guest is killed (no shutdown: a reclaimed spot instance);
+once Slurm has requeued the job, `gpuprov up` runs again: it asks the stand-in aws which recorded instances run, lists node
 1 in replaced_nodes.auto.tfvars.json, the stand-in terraform's apply has a guest booted under the
 recorded replacement's id, address and hostname (tests/data/terraform_output/aws-g5-2-replaced.json),
 the play configures it, the job is not submitted again and resumes from its checkpoint.
@@ -587,9 +587,23 @@ def _replaced_and_configured(aws: cluster.Cloud, bundle: Path, lost: str, asked:
     assert node["NodeAddr"] == new_ip, node
 
 
+def _logged_steps(metrics: Path) -> set[int]:
+    """The steps with a loss in the metrics file so far (a line still being written is not one yet)."""
+    steps = set()
+    for line in metrics.read_text().splitlines() if metrics.exists() else ():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in record:
+            steps.add(record["step"])
+    return steps
+
+
 def _resumed(metrics: Path, last: int, resume_from: int) -> None:
     """The metrics file: a start at the checkpoint's step on both nodes that trained to the last step,
-    its losses finite and, where the killed start logged the same steps, equal to them."""
+    its losses finite and, at the steps past the checkpoint the killed start logged (at least one), equal to
+    the killed start's."""
     runs = _starts(metrics)
     losses = lambda run: {r["step"]: r["loss"] for r in run if "loss" in r}  # noqa: E731
     resumed = [run for run in runs if losses(run)][-1]
@@ -598,9 +612,10 @@ def _resumed(metrics: Path, last: int, resume_from: int) -> None:
     after = losses(resumed)
     assert max(after) == last and min(after) > resume_from, sorted(after)
     assert all(0 < loss < 100 for loss in after.values()), after  # finite, not NaN
-    for step, loss in losses(runs[0]).items():  # steps past the checkpoint the killed start had logged
-        if step in after:
-            assert after[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    again = sorted(set(losses(runs[0])) & set(after))  # steps past the checkpoint the killed start had logged
+    assert again, (sorted(losses(runs[0])), sorted(after))  # the walk kills after one: never an empty comparison
+    for step in again:
+        assert after[step] == pytest.approx(losses(runs[0])[step], rel=1e-5, abs=1e-6), step
     print(f"rehearsal: lost node: starts at steps {[r[0]['step'] for r in runs]}, resumed losses "
           f"{ {k: round(v, 4) for k, v in sorted(after.items())} }")
 
@@ -610,9 +625,9 @@ LOST_NODE = "GPUPROV_REHEARSAL_LOST_NODE"  # =1 runs the lost-node walk (with GP
 
 @beyond_ci
 @pytest.mark.skipif(os.environ.get(LOST_NODE) != "1", reason=(
-    f"REHEARSAL SKIPPED for the lost-node walk: not yet seen passing end to end (alone on an idle host, 2026-12-07, "
-    f"it reached the requeued job's resume from step 25 on both nodes after the second `up`, about 75 minutes, "
-    f"with a 300-step job since cut to 50); {LOST_NODE}=1 runs it"))
+    f"REHEARSAL SKIPPED for the lost-node walk: it takes about 76 minutes alone on an idle 2-core host (it passed "
+    f"end to end there on 2026-12-07, then killing the node before a loss past the checkpoint was logged); "
+    f"{LOST_NODE}=1 runs it"))
 def test_up_replaces_a_lost_node_and_the_requeued_job_resumes(aws, tmp_path):
     """A node dies mid-job (no shutdown); Slurm requeues the job; `gpuprov up` run again finds the
     node lost, has Terraform replace it under its name (a new instance id and address), replays the
@@ -635,6 +650,13 @@ def test_up_replaces_a_lost_node_and_the_requeued_job_resumes(aws, tmp_path):
     assert every < last, train["checkpoint"]  # checkpoints before the end to resume from
     ckpt_dir, metrics = on_host(train["checkpoint"]["dir"]), on_host(train["logging"]["metrics_file"])
     trained = _wait_for(ckpt_dir / f"step-{every:08d}" / ".metadata", controller, job_id, aws.shared, TRAIN_TIMEOUT)
+    # a loss logged past the checkpoint, so the resumed start logs that step again and the two can be compared
+    past = (every // int(train["logging"]["every_steps"]) + 1) * int(train["logging"]["every_steps"])
+    assert past < last, (past, last)
+    deadline = time.monotonic() + TRAIN_TIMEOUT
+    while past not in _logged_steps(metrics):
+        assert time.monotonic() < deadline, f"no loss logged at step {past}"
+        time.sleep(5)
 
     aws.kill(lost)  # the instance is gone: no shutdown, nothing saved (a reclaimed spot node)
     killed_at = time.monotonic()
