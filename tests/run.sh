@@ -37,6 +37,10 @@ for step in .ci/setup.d/*.sh; do
     echo "== setup: $step"
     TMPDIR="$setup_tmp" bash "$step"
 done
+# Bytecode for the checkout's own sources, once (compileall writes it whatever the environment says): where
+# PYTHONDONTWRITEBYTECODE is set, as on some CI and sandbox images, every Python process the tests start (each
+# CLI run, each trainer rank) would otherwise compile every gpuprov and trainer module it imports again.
+python -m compileall -q -j 0 gpuprov templates tests benchmarks scripts > /dev/null
 
 if [ "$#" -gt 0 ]; then
     exec python -m pytest "$@"
