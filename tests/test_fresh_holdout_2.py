@@ -101,3 +101,17 @@ def test_nothing_in_the_model_reads_the_file() -> None:
                + list((REPO / "benchmarks").glob("*.py"))
                if "fresh-holdout-2-throughput" in p.read_text(encoding="utf-8")]
     assert [p.name for p in readers] == ["fresh_holdout.py"]
+
+
+def test_a_rows_sdpa_backend_is_timed_or_the_row_is_not_predicted() -> None:
+    """A row's stated SDPA backend times its attention (cuDNN on the B200 row is faster than flash); a backend
+    with no measurement on the row's GPU class makes the row not predicted, with that reason."""
+    b = _load("gpuprov_throughput_bench_f2s", "throughput.py")
+    row = next(r for r in b.load_rows(FILE) if r["id"] == "b200-8b-bf16")
+    assert row["sdpa_backend"] == "cudnn"
+    cudnn, flash = b.predict(row), b.predict({**row, "sdpa_backend": "flash"})
+    assert cudnn.terms["attention_per_micro_batch_s"] < 0.6 * flash.terms["attention_per_micro_batch_s"]
+    assert b.not_predicted(row) is None
+    hopper = {**row, "gpu": "h100-80gb"}
+    hopper.pop("gpu_power_w")
+    assert b.not_predicted(hopper) == b.NO_ATTENTION
